@@ -1,0 +1,45 @@
+# nftblockd: every target installs what it needs, idempotently, so a fresh Debian machine (as root) works.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban
+STAMP := $(VENV)/.installed
+
+.PHONY: all venv deps demo test bench lint deb clean
+
+all: test
+
+# System packages: only installed when one is missing (dpkg -s is cheap), apt lists refreshed once.
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing apt packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml | deps
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: deps $(STAMP)
+
+demo: venv
+	$(PY) -m nftblockd.demo
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: venv
+	$(PY) bench/run.py
+
+lint: venv
+	$(VENV)/bin/ruff check nftblockd tests bench
+	$(VENV)/bin/mypy
+
+deb: venv
+	bash packaging/build-deb.sh
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

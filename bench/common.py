@@ -1,0 +1,52 @@
+"""Shared helpers for benchmark scripts: every script records its figures through `record`.
+
+Results are appended to bench/results.json (one object per benchmark: name, value, unit and, where there is a
+reference measured in the same run, reference, reference_value and ratio = ours / reference).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(os.environ.get("NFTBLOCK_BENCH_RESULTS", Path(__file__).with_name("results.json")))
+
+
+def record(name: str, value: float, unit: str, *, reference: str | None = None,
+           reference_value: float | None = None, target: str | None = None, note: str = "") -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": name, "value": round(value, 6), "unit": unit}
+    if reference is not None and reference_value is not None:
+        entry["reference"] = reference
+        entry["reference_value"] = round(reference_value, 6)
+        entry["ratio"] = round(value / reference_value, 4) if reference_value else None
+    if target:
+        entry["target"] = target
+    if note:
+        entry["note"] = note
+    data: list[dict[str, Any]] = []
+    if RESULTS.exists():
+        try:
+            data = json.loads(RESULTS.read_text())
+        except ValueError:
+            data = []
+    data = [d for d in data if d.get("name") != name] + [entry]
+    RESULTS.write_text(json.dumps(data, indent=2) + "\n")
+    ratio = f"  ratio {entry['ratio']:.3f} vs {reference} ({reference_value:.4g} {unit})" if "ratio" in entry \
+        and entry["ratio"] is not None else ""
+    tgt = f"  [target {target}]" if target else ""
+    print(f"{name:<58} {value:>12.4g} {unit:<8}{ratio}{tgt}", flush=True)
+    return entry
+
+
+def median_time(fn: Callable[[], Any], repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)

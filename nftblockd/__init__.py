@@ -1,0 +1,3 @@
+"""nftblockd: a dynamic blocklist daemon for nftables."""
+
+__version__ = "0.1.0"

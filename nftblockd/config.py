@@ -1,0 +1,503 @@
+"""Load and validate the YAML config into frozen dataclasses.
+
+Every problem is collected and reported at once as `file:line: where: reason`, so an operator fixes a config
+in one pass. This module never touches the kernel, the network or the filesystem beyond reading the file;
+compiling filters happens in the daemon's build step, which reports with the line numbers kept here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .durations import parse_duration, parse_timeout
+from .events import AddressError, IPNet, parse_target
+from .yamlsrc import Located, Path_, YamlError, load_yaml
+
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,23}$")
+TABLE_FAMILIES = ("inet",)
+HOOK_PRIORITIES = {"raw": -300, "mangle": -150, "dstnat": -100, "filter": 0}
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    file: str
+    line: int
+    where: str
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"{self.where}: " if self.where else ""
+        return f"{self.file}:{self.line}: {where}{self.reason}"
+
+
+class ConfigError(Exception):
+    """The operator's config is wrong; `problems` lists every finding."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("\n".join(str(p) for p in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True, slots=True)
+class BlocklistConfig:
+    name: str
+    timeout: float | None = 3600.0  # default ban duration for bans that do not say
+    size: int = 262144  # per kernel set; the kernel answers ENFILE beyond it
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChainConfig:
+    hook: str = "prerouting"
+    priority: int = -300
+    ingress: tuple[str, ...] = ()  # interfaces that also get an ingress chain (drops before prerouting)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    socket: str = "/run/nftblockd/control.sock"
+    mode: int = 0o600
+    group: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchConfig:
+    max_ops: int = 10000
+    delay: float = 0.002  # seconds after a batch's first op before it is flushed
+
+
+@dataclass(frozen=True, slots=True)
+class Escalation:
+    """bantime × factor^(previous bans) up to `max` (recidive-style growth)."""
+
+    factor: float = 2.0
+    max: float = 7 * 86400.0
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class JailConfig:
+    name: str
+    filter: str
+    files: tuple[str, ...] = ()
+    journal_matches: tuple[tuple[str, str], ...] = ()
+    maxretry: int = 5
+    findtime: float = 600.0
+    bantime: float | None = 3600.0
+    escalation: Escalation = Escalation()
+    blocklist: str = "default"
+    ignoreip: tuple[IPNet, ...] = ()
+    ipv6_prefix: int = 128
+    enabled: bool = True
+    line: int = 0
+    filter_line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FeedConfig:
+    name: str
+    blocklist: str
+    url: str | None = None
+    path: str | None = None
+    format: str = "plain"  # plain | csv | json
+    column: int | str = 0  # for csv (index or header name) and json (key of objects in a list)
+    refresh: float = 3600.0
+    jitter: float = 0.1
+    timeout: float = 30.0
+    max_size: int = 64 * 1024 * 1024
+    ban_timeout: float | None = None  # None: entries stay until the feed drops them
+    max_shrink: float = 0.5
+    min_prefix_v4: int = 8
+    min_prefix_v6: int = 16
+    allow_special: bool = False
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    file: str
+    table: str = "nftblock"
+    family: str = "inet"
+    chain: ChainConfig = ChainConfig()
+    control: ControlConfig = ControlConfig()
+    state_dir: str = "/var/lib/nftblockd"
+    batch: BatchConfig = BatchConfig()
+    reconcile_interval: float = 30.0
+    allowlist: tuple[IPNet, ...] = ()
+    allowlist_self: bool = True
+    blocklists: tuple[BlocklistConfig, ...] = (BlocklistConfig("default"),)
+    metrics_listen: str | None = None
+    jails: tuple[JailConfig, ...] = ()
+    feeds: tuple[FeedConfig, ...] = ()
+    leave_bans_on_stop: bool = True
+    log_level: str = "info"
+    lines: dict[Path_, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def blocklist(self, name: str) -> BlocklistConfig:
+        for b in self.blocklists:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate `path`; raises ConfigError listing every problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([Problem(str(p), 0, "", f"cannot read the config: {exc}")]) from None
+    return parse_config(text, str(p))
+
+
+def parse_config(text: str, file: str = "<config>") -> Config:
+    try:
+        doc = load_yaml(text, file)
+    except YamlError as exc:
+        raise ConfigError([Problem(exc.file, exc.line, "", exc.reason)]) from None
+    return _Builder(doc).build()
+
+
+class _Builder:
+    """Walks the document once, collecting problems instead of stopping at the first."""
+
+    def __init__(self, doc: Located) -> None:
+        self.doc = doc
+        self.problems: list[Problem] = []
+
+    def fail(self, path: Path_, reason: str) -> None:
+        where = ".".join(str(p) for p in path)
+        self.problems.append(Problem(self.doc.file, self.doc.line(path), where, reason))
+
+    # -- typed getters: on error they record a problem and return the default ------------------------
+
+    def mapping(self, value: Any, path: Path_, known: set[str]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.fail(path, f"expected a mapping, got {type(value).__name__}")
+            return {}
+        for key in value:
+            if key not in known:
+                hint = f" (known: {', '.join(sorted(known))})" if known else ""
+                self.fail((*path, key), f"unknown key {key!r}{hint}")
+        return value
+
+    def get(self, m: dict[str, Any], key: str, path: Path_, kind: type | tuple[type, ...], default: Any) -> Any:
+        if key not in m or m[key] is None:
+            return default
+        v = m[key]
+        if isinstance(v, bool) and kind in (int, float, (int, float)):
+            self.fail((*path, key), f"expected a number, got {v!r}")
+            return default
+        if not isinstance(v, kind):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            self.fail((*path, key), f"expected {names}, got {v!r}")
+            return default
+        return v
+
+    def duration(self, m: dict[str, Any], key: str, path: Path_, default: float) -> float:
+        if key not in m:
+            return default
+        try:
+            return parse_duration(m[key])
+        except ValueError as exc:
+            self.fail((*path, key), str(exc))
+            return default
+
+    def timeout(self, m: dict[str, Any], key: str, path: Path_, default: float | None) -> float | None:
+        if key not in m:
+            return default
+        try:
+            return parse_timeout(m[key])
+        except ValueError as exc:
+            self.fail((*path, key), str(exc))
+            return default
+
+    def positive_int(self, m: dict[str, Any], key: str, path: Path_, default: int, lo: int = 1,
+                     hi: int = 2**31) -> int:
+        v = self.get(m, key, path, int, default)
+        if not lo <= v <= hi:
+            self.fail((*path, key), f"must be between {lo} and {hi}, got {v}")
+            return default
+        return int(v)
+
+    def addresses(self, value: Any, path: Path_) -> tuple[IPNet, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self.fail(path, "expected a list of addresses or CIDRs")
+            return ()
+        out = []
+        for i, item in enumerate(value):
+            try:
+                out.append(parse_target(str(item)))
+            except AddressError as exc:
+                self.fail((*path, i), str(exc))
+        return tuple(out)
+
+    # -- sections ------------------------------------------------------------------------------------
+
+    def build(self) -> Config:
+        top = self.mapping(self.doc.value, (), {
+            "table", "chain", "control", "state_dir", "batch", "reconcile", "allowlist", "allowlist_self",
+            "blocklists", "metrics", "jails", "feeds", "leave_bans_on_stop", "log_level",
+        })
+        family, table = self.table(top.get("table"))
+        blocklists = self.blocklists(top.get("blocklists"))
+        names = {b.name for b in blocklists}
+        cfg = Config(
+            file=self.doc.file,
+            table=table,
+            family=family,
+            chain=self.chain(top.get("chain")),
+            control=self.control(top.get("control")),
+            state_dir=self.get(top, "state_dir", (), str, "/var/lib/nftblockd"),
+            batch=self.batch(top.get("batch")),
+            reconcile_interval=self.reconcile(top.get("reconcile")),
+            allowlist=self.addresses(top.get("allowlist"), ("allowlist",)),
+            allowlist_self=self.get(top, "allowlist_self", (), bool, True),
+            blocklists=blocklists,
+            metrics_listen=self.metrics(top.get("metrics")),
+            jails=self.jails(top.get("jails"), names),
+            feeds=self.feeds(top.get("feeds"), names),
+            leave_bans_on_stop=self.get(top, "leave_bans_on_stop", (), bool, True),
+            log_level=self.log_level(top),
+            lines=self.doc.lines,
+        )
+        if self.problems:
+            raise ConfigError(self.problems)
+        return cfg
+
+    def log_level(self, top: dict[str, Any]) -> str:
+        level = self.get(top, "log_level", (), str, "info").lower()
+        if level not in ("debug", "info", "warning", "error"):
+            self.fail(("log_level",), "must be one of debug, info, warning, error")
+            return "info"
+        return str(level)
+
+    def table(self, value: Any) -> tuple[str, str]:
+        if value is None:
+            return "inet", "nftblock"
+        if isinstance(value, str):
+            family, _, name = value.rpartition(" ")
+            family = family or "inet"
+        elif isinstance(value, dict):
+            m = self.mapping(value, ("table",), {"family", "name"})
+            family = self.get(m, "family", ("table",), str, "inet")
+            name = self.get(m, "name", ("table",), str, "nftblock")
+        else:
+            self.fail(("table",), "expected a table name such as 'inet nftblock'")
+            return "inet", "nftblock"
+        if family not in TABLE_FAMILIES:
+            self.fail(("table",), f"table family must be inet (covers IPv4 and IPv6), got {family!r}")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", name):
+            self.fail(("table",), f"invalid table name {name!r}")
+        return "inet", name
+
+    def chain(self, value: Any) -> ChainConfig:
+        path: Path_ = ("chain",)
+        m = self.mapping(value, path, {"hook", "priority", "ingress"})
+        hook = self.get(m, "hook", path, str, "prerouting")
+        if hook not in ("prerouting", "input", "forward"):
+            self.fail((*path, "hook"), f"hook must be prerouting, input or forward, got {hook!r}")
+        prio_raw = m.get("priority", "raw")
+        if isinstance(prio_raw, str) and prio_raw in HOOK_PRIORITIES:
+            prio = HOOK_PRIORITIES[prio_raw]
+        elif isinstance(prio_raw, int) and not isinstance(prio_raw, bool):
+            prio = prio_raw
+        else:
+            self.fail((*path, "priority"), f"priority must be a number or one of {', '.join(HOOK_PRIORITIES)}")
+            prio = -300
+        ingress = m.get("ingress") or []
+        if not isinstance(ingress, list) or not all(isinstance(i, str) and 0 < len(i) < 16 for i in ingress):
+            self.fail((*path, "ingress"), "ingress must be a list of interface names")
+            ingress = []
+        return ChainConfig(hook=hook, priority=prio, ingress=tuple(ingress))
+
+    def control(self, value: Any) -> ControlConfig:
+        path: Path_ = ("control",)
+        m = self.mapping(value, path, {"socket", "mode", "group"})
+        mode = m.get("mode", 0o600)
+        if isinstance(mode, str):
+            try:
+                mode = int(mode, 8)
+            except ValueError:
+                self.fail((*path, "mode"), f"mode must be octal such as '0600', got {mode!r}")
+                mode = 0o600
+        if not isinstance(mode, int) or mode & ~0o660:
+            self.fail((*path, "mode"), "mode may only grant read/write to owner and group (e.g. 0600, 0660)")
+            mode = 0o600
+        return ControlConfig(
+            socket=self.get(m, "socket", path, str, "/run/nftblockd/control.sock"),
+            mode=mode,
+            group=self.get(m, "group", path, str, None),
+        )
+
+    def batch(self, value: Any) -> BatchConfig:
+        path: Path_ = ("batch",)
+        m = self.mapping(value, path, {"max_ops", "delay"})
+        return BatchConfig(
+            max_ops=self.positive_int(m, "max_ops", path, 10000, 1, 1_000_000),
+            delay=self.duration(m, "delay", path, 0.002),
+        )
+
+    def reconcile(self, value: Any) -> float:
+        m = self.mapping(value, ("reconcile",), {"interval"})
+        return self.duration(m, "interval", ("reconcile",), 30.0)
+
+    def metrics(self, value: Any) -> str | None:
+        m = self.mapping(value, ("metrics",), {"listen"})
+        listen = self.get(m, "listen", ("metrics",), str, None)
+        if listen is not None and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[0-9.]+|localhost):\d{1,5}", listen):
+            self.fail(("metrics", "listen"), f"expected ADDRESS:PORT such as 127.0.0.1:9789, got {listen!r}")
+            return None
+        return listen
+
+    def blocklists(self, value: Any) -> tuple[BlocklistConfig, ...]:
+        if value is None:
+            return (BlocklistConfig("default"),)
+        m = self.mapping(value, ("blocklists",), set(value) if isinstance(value, dict) else set())
+        out = []
+        for name, body in m.items():
+            path: Path_ = ("blocklists", name)
+            if not NAME_RE.fullmatch(name):
+                self.fail(path, "a blocklist name is a letter then up to 23 letters, digits or _")
+                continue
+            b = self.mapping(body, path, {"timeout", "size"})
+            out.append(BlocklistConfig(
+                name=name,
+                timeout=self.timeout(b, "timeout", path, 3600.0),
+                size=self.positive_int(b, "size", path, 262144, 1, 2**28),
+                line=self.doc.line(path),
+            ))
+        if not out:
+            self.fail(("blocklists",), "at least one blocklist is needed")
+        return tuple(out)
+
+    def jails(self, value: Any, blocklists: set[str]) -> tuple[JailConfig, ...]:
+        m = self.mapping(value, ("jails",), set(value) if isinstance(value, dict) else set())
+        out = []
+        for name, body in m.items():
+            path: Path_ = ("jails", name)
+            if not NAME_RE.fullmatch(name):
+                self.fail(path, "a jail name is a letter then up to 23 letters, digits or _")
+                continue
+            j = self.mapping(body, path, {
+                "files", "journal", "filter", "maxretry", "findtime", "bantime", "escalation", "blocklist",
+                "ignoreip", "ipv6_prefix", "enabled",
+            })
+            files = j.get("files") or []
+            if isinstance(files, str):
+                files = [files]
+            if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+                self.fail((*path, "files"), "files must be a list of paths or globs")
+                files = []
+            matches: tuple[tuple[str, str], ...] = ()
+            if "journal" in j:
+                jm = self.mapping(j["journal"], (*path, "journal"), {"matches"})
+                raw = jm.get("matches") or {}
+                if not isinstance(raw, dict) or not raw:
+                    self.fail((*path, "journal", "matches"), "journal needs matches such as "
+                              "{_SYSTEMD_UNIT: sshd.service}")
+                else:
+                    matches = tuple((str(k), str(v)) for k, v in raw.items())
+            if not files and not matches and j.get("enabled", True):
+                self.fail(path, "a jail needs files: or journal: to read from")
+            flt = self.get(j, "filter", path, str, "")
+            if not flt:
+                self.fail(path, "a jail needs a filter (a built-in name, a YAML file or a fail2ban .conf)")
+            blocklist = self.get(j, "blocklist", path, str, "default")
+            if blocklist not in blocklists:
+                self.fail((*path, "blocklist"), f"unknown blocklist {blocklist!r}")
+            esc = self.mapping(j.get("escalation"), (*path, "escalation"), {"factor", "max", "enabled"})
+            factor = self.get(esc, "factor", (*path, "escalation"), (int, float), 2.0)
+            if factor < 1:
+                self.fail((*path, "escalation", "factor"), "factor must be at least 1")
+            v6 = self.positive_int(j, "ipv6_prefix", path, 128, 16, 128)
+            out.append(JailConfig(
+                name=name,
+                filter=flt,
+                files=tuple(files),
+                journal_matches=matches,
+                maxretry=self.positive_int(j, "maxretry", path, 5, 1, 1_000_000),
+                findtime=self.duration(j, "findtime", path, 600.0),
+                bantime=self.timeout(j, "bantime", path, 3600.0),
+                escalation=Escalation(
+                    factor=float(factor),
+                    max=self.duration(esc, "max", (*path, "escalation"), 7 * 86400.0),
+                    enabled=self.get(esc, "enabled", (*path, "escalation"), bool, True),
+                ),
+                blocklist=blocklist,
+                ignoreip=self.addresses(j.get("ignoreip"), (*path, "ignoreip")),
+                ipv6_prefix=v6,
+                enabled=self.get(j, "enabled", path, bool, True),
+                line=self.doc.line(path),
+                filter_line=self.doc.line((*path, "filter")),
+            ))
+        return tuple(out)
+
+    def feeds(self, value: Any, blocklists: set[str]) -> tuple[FeedConfig, ...]:
+        m = self.mapping(value, ("feeds",), set(value) if isinstance(value, dict) else set())
+        out = []
+        for name, body in m.items():
+            path: Path_ = ("feeds", name)
+            if not NAME_RE.fullmatch(name):
+                self.fail(path, "a feed name is a letter then up to 23 letters, digits or _")
+                continue
+            f = self.mapping(body, path, {
+                "url", "path", "format", "column", "refresh", "jitter", "timeout", "max_size", "blocklist",
+                "ban_timeout", "max_shrink", "min_prefix_v4", "min_prefix_v6", "allow_special",
+            })
+            url = self.get(f, "url", path, str, None)
+            fpath = self.get(f, "path", path, str, None)
+            if (url is None) == (fpath is None):
+                self.fail(path, "a feed needs exactly one of url: or path:")
+            if url is not None and not re.match(r"^https?://", url):
+                self.fail((*path, "url"), "url must start with http:// or https://")
+            fmt = self.get(f, "format", path, str, "plain")
+            if fmt not in ("plain", "csv", "json"):
+                self.fail((*path, "format"), "format must be plain, csv or json")
+            blocklist = self.get(f, "blocklist", path, str, "")
+            if blocklist not in blocklists:
+                self.fail((*path, "blocklist"), f"unknown blocklist {blocklist!r}")
+            shrink = self.get(f, "max_shrink", path, (int, float), 0.5)
+            if not 0 < shrink <= 1:
+                self.fail((*path, "max_shrink"), "max_shrink is a share between 0 and 1")
+            jitter = self.get(f, "jitter", path, (int, float), 0.1)
+            if not 0 <= jitter < 1:
+                self.fail((*path, "jitter"), "jitter is a share between 0 and 1")
+            out.append(FeedConfig(
+                name=name,
+                blocklist=blocklist,
+                url=url,
+                path=fpath,
+                format=fmt,
+                column=self.get(f, "column", path, (int, str), 0),
+                refresh=self.duration(f, "refresh", path, 3600.0),
+                jitter=float(jitter),
+                timeout=self.duration(f, "timeout", path, 30.0),
+                max_size=self.positive_int(f, "max_size", path, 64 * 1024 * 1024, 1, 2**34),
+                ban_timeout=self.timeout(f, "ban_timeout", path, None),
+                max_shrink=float(shrink),
+                min_prefix_v4=self.positive_int(f, "min_prefix_v4", path, 8, 1, 32),
+                min_prefix_v6=self.positive_int(f, "min_prefix_v6", path, 16, 1, 128),
+                allow_special=self.get(f, "allow_special", path, bool, False),
+                line=self.doc.line(path),
+            ))
+        return tuple(out)
+
+
+def is_allowlisted(allow: tuple[IPNet, ...], net: IPNet) -> bool:
+    """True if `net` overlaps any allowlisted network (a ban touching an allowed range is refused)."""
+    return any(a.version == net.version and a.overlaps(net) for a in allow)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "BatchConfig", "BlocklistConfig", "ChainConfig", "Config", "ConfigError", "ControlConfig", "Escalation",
+    "FeedConfig", "JailConfig", "Problem", "is_allowlisted", "load_config", "parse_config",
+]
+

@@ -1,0 +1,62 @@
+"""Parse and print durations ("90s", "10m", "1h30m", "2d", "500ms", plain seconds). Pure."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+PERMANENT_WORDS = frozenset({"permanent", "never", "forever"})
+
+
+def parse_duration(value: object) -> float:
+    """Seconds as a float; raises ValueError with a reason an operator understands."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 30s, 10m, 1h or 2d, got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative: {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"expected a duration such as 30s, 10m, 1h or 2d, got {value!r}")
+    text = value.strip().lower().replace(" ", "")
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    pos = 0
+    total = 0.0
+    for m in _PART.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"expected a duration such as 30s, 10m, 1h or 2d, got {value!r}")
+    return total
+
+
+def parse_timeout(value: object) -> float | None:
+    """Like parse_duration, but "permanent"/"never" give None and zero is refused.
+
+    A zero timeout would mean "never expires" to the kernel, so it must be asked for by name, never computed.
+    """
+    if isinstance(value, str) and value.strip().lower() in PERMANENT_WORDS:
+        return None
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError("a ban timeout must be positive (write 'permanent' for a ban that never expires)")
+    return seconds
+
+
+def format_duration(seconds: float | None) -> str:
+    """Compact human form: 3725 → '1h2m5s'; None → 'permanent'."""
+    if seconds is None:
+        return "permanent"
+    if seconds < 1:
+        return f"{int(seconds * 1000)}ms"
+    s = int(round(seconds))
+    out = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size:
+            out.append(f"{s // size}{unit}")
+            s %= size
+    return "".join(out) or "0s"

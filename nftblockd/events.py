@@ -1,0 +1,170 @@
+"""Values that cross module boundaries: addresses, log lines, hits and ban decisions.
+
+Everything here is a frozen, slotted dataclass or a pure function. Decisions (`Ban`, `Unban`) are plain
+serialisable values (`to_dict` / `from_dict`) so that a decision can come from a log jail, the CLI, a feed,
+fail2ban or, later, a fleet stream, and be replayed from the store. Nothing here does IO or reads the clock.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+IPNet: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPAddr: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+_V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+
+
+class AddressError(ValueError):
+    """The text is not an address or CIDR nftblockd accepts (the caller's input is at fault)."""
+
+
+def normalise_address(addr: IPAddr) -> IPAddr:
+    """IPv4-mapped IPv6 (`::ffff:1.2.3.4`) becomes the IPv4 address it carries; everything else is unchanged."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def normalise_network(net: IPNet) -> IPNet:
+    """`::ffff:10.0.0.0/104` becomes `10.0.0.0/8`; prefixes shorter than /96 keep their IPv6 form."""
+    if isinstance(net, ipaddress.IPv6Network) and net.prefixlen >= 96 and net.subnet_of(_V4_MAPPED):
+        v4 = ipaddress.IPv4Address(int(net.network_address) & 0xFFFFFFFF)
+        return ipaddress.IPv4Network((v4, net.prefixlen - 96))
+    return net
+
+
+def parse_target(text: str, *, strict: bool = False) -> IPNet:
+    """Parse an address or CIDR into a network (`1.2.3.4` → `1.2.3.4/32`).
+
+    With `strict`, a CIDR with host bits set (`10.0.0.5/8`) is refused; otherwise it is widened to its
+    network. Scoped addresses (`fe80::1%eth0`), names and leading-zero octets are always refused: nftblockd
+    never guesses.
+    """
+    s = text.strip()
+    if not s or "%" in s or len(s) > 64:
+        raise AddressError(f"not an IP address or CIDR: {text!r}")
+    try:
+        if "/" in s:
+            net: IPNet = ipaddress.ip_network(s, strict=strict)
+        else:
+            addr = ipaddress.ip_address(s)
+            net = ipaddress.ip_network(addr)
+    except ValueError as exc:
+        raise AddressError(f"not an IP address or CIDR: {text!r} ({exc})") from None
+    return normalise_network(net)
+
+
+def is_single(net: IPNet) -> bool:
+    return net.prefixlen == net.max_prefixlen
+
+
+def format_target(net: IPNet) -> str:
+    """`1.2.3.4/32` prints as `1.2.3.4`; ranges keep their prefix."""
+    return str(net.network_address) if is_single(net) else str(net)
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One line from a source. `time` is the source's own timestamp (journal) or None (files)."""
+
+    source: str
+    text: str
+    time: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A filter matched: `host` failed at `time` (the line's timestamp if it had one, else arrival)."""
+
+    jail: str
+    host: IPAddr
+    time: float
+    line: str = ""
+
+
+Origin: TypeAlias = Literal["cli", "jail", "feed", "fail2ban", "store", "remote"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ban:
+    """Block `target` in `blocklist` until the wall-clock time `until` (epoch seconds; None = no expiry).
+
+    `until` is absolute so that decisions can be coalesced ("the later end wins"), stored and replayed
+    across restarts; the kernel timeout is computed from it at the moment of sending.
+    """
+
+    target: IPNet
+    blocklist: str
+    until: float | None
+    origin: Origin = "cli"
+    reason: str = ""
+    jail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "ban",
+            "target": format_target(self.target),
+            "blocklist": self.blocklist,
+            "until": self.until,
+            "origin": self.origin,
+            "reason": self.reason,
+            "jail": self.jail,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Unban:
+    target: IPNet
+    blocklist: str
+    origin: Origin = "cli"
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": "unban",
+            "target": format_target(self.target),
+            "blocklist": self.blocklist,
+            "origin": self.origin,
+            "reason": self.reason,
+        }
+
+
+Decision: TypeAlias = Ban | Unban
+
+
+def decision_from_dict(d: dict[str, Any]) -> Decision:
+    """Inverse of `to_dict`; raises ValueError (AddressError) for anything malformed."""
+    kind = d.get("type")
+    target = parse_target(str(d["target"]), strict=True)
+    blocklist = str(d["blocklist"])
+    if kind == "ban":
+        until = d.get("until")
+        return Ban(
+            target=target,
+            blocklist=blocklist,
+            until=None if until is None else float(until),
+            origin=d.get("origin", "remote"),
+            reason=str(d.get("reason", "")),
+            jail=str(d.get("jail", "")),
+        )
+    if kind == "unban":
+        return Unban(target=target, blocklist=blocklist, origin=d.get("origin", "remote"),
+                     reason=str(d.get("reason", "")))
+    raise ValueError(f"unknown decision type {kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class BanInfo:
+    """What the daemon knows about one active ban (answers `list` and `check`)."""
+
+    target: IPNet
+    blocklist: str
+    set_name: str
+    until: float | None
+    origin: str
+    reason: str
+    jail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
