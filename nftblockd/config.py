@@ -364,8 +364,9 @@ class _Builder:
         out = []
         for name, body in m.items():
             path: Path_ = ("blocklists", name)
-            if not NAME_RE.fullmatch(name):
-                self.fail(path, "a blocklist name is a letter then up to 23 letters, digits or _")
+            if not NAME_RE.fullmatch(name) or name == "allow":
+                self.fail(path, "a blocklist name is a letter then up to 23 letters, digits or _ "
+                                "('allow' is reserved for the allowlist)")
                 continue
             b = self.mapping(body, path, {"timeout", "size"})
             out.append(BlocklistConfig(

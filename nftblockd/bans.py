@@ -1,0 +1,322 @@
+"""What nftblockd believes its kernel sets hold: the active bans, compactly, and the rules for changing them.
+
+Pure: no IO, no clock (`now` is passed in). The batcher turns the `SetOp`s returned here into netlink
+transactions; the store persists the same decisions.
+
+Rules
+-----
+* A ban of a single address goes to the blocklist's hash set for its family; a range (CIDR) goes to the
+  interval set. IPv4-mapped IPv6 was already normalised to IPv4 by `events.parse_target`.
+* Re-banning what is already banned never shortens it: the later end wins (`None` = permanent wins over any
+  end). A re-ban that ends earlier is a no-op (`Outcome.UNCHANGED`).
+* The kernel refuses overlapping ranges in an interval set and never merges them, so overlaps are resolved
+  here, keeping "unbanning one entry never unbans its neighbours" true:
+    - a range inside an active range that lasts at least as long is already enforced: `COVERED`, no kernel op;
+    - a range inside an active range that ends sooner is refused (`CONFLICT`): extending the outer range would
+      block more than was asked for, and splitting it would change what the operator sees. The message says
+      which range to unban first;
+    - a range that contains active ranges absorbs them in one transaction (delete the inner ones, add the
+      outer one with the latest end of all of them), so no address loses protection.
+  Adjacent ranges are separate entries and stay separate.
+* Unban removes exactly the entry named. Unbanning an address that is only covered by a range reports that
+  range instead of doing anything.
+* The kernel expires elements itself; `expire(now)` forgets entries whose end has passed without any kernel op.
+
+Memory: one `dict[int, int]` per set (key: address int, or `start << 8 | prefixlen` for ranges; value: end in
+milliseconds << 22 | index of an interned (origin, reason, jail, comment) tuple). About 110 bytes per ban,
+against ~500 for a dataclass holding ipaddress objects.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import ipaddress
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from .events import Ban, BanInfo, IPNet, Unban, format_target
+from .ruleset import Ruleset, SetSpec, set_name
+
+META_BITS = 22
+META_MASK = (1 << META_BITS) - 1
+PERMANENT = 0  # packed end of a ban that never expires
+
+
+class Outcome(enum.Enum):
+    ADDED = "added"
+    EXTENDED = "extended"
+    UNCHANGED = "unchanged"  # already banned at least as long
+    COVERED = "covered"  # inside an active range that lasts at least as long
+    ABSORBED = "absorbed"  # replaced narrower active ranges
+    CONFLICT = "conflict"
+    REMOVED = "removed"
+    NOT_FOUND = "not_found"
+    UNKNOWN_SET = "unknown_set"
+    EXPIRED = "expired"  # the end had already passed when the ban arrived
+
+
+@dataclass(frozen=True, slots=True)
+class SetOp:
+    """One element operation for the batcher. `until_ms` None with add=True means permanent."""
+
+    set_name: str
+    key: int
+    add: bool
+    until_ms: int | None = None
+    comment: str = ""
+    existed: bool = False  # the element may already be in the kernel: an add must refresh its timeout
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    outcome: Outcome
+    ops: tuple[SetOp, ...] = ()
+    message: str = ""
+    related: tuple[str, ...] = ()  # ranges that cover, conflict with or were absorbed
+
+
+def net_key(net: IPNet) -> int:
+    """Key of a range in an interval set: start address and prefix length in one int."""
+    return (int(net.network_address) << 8) | net.prefixlen
+
+
+def key_net(key: int, version: int) -> IPNet:
+    start, plen = key >> 8, key & 0xFF
+    if version == 4:
+        return ipaddress.IPv4Network((start, plen))
+    return ipaddress.IPv6Network((start, plen))
+
+
+def range_of(key: int, version: int) -> tuple[int, int]:
+    """Inclusive [first, last] of an interval key."""
+    bits = 32 if version == 4 else 128
+    start, plen = key >> 8, key & 0xFF
+    return start, start + (1 << (bits - plen)) - 1
+
+
+def to_ms(t: float | None) -> int | None:
+    return None if t is None else int(t * 1000)
+
+
+def _pack(until_ms: int | None, meta: int) -> int:
+    # max(1, ...) keeps a real end distinct from PERMANENT
+    return ((PERMANENT if until_ms is None else max(1, until_ms)) << META_BITS) | meta
+
+
+def _until(packed: int) -> int | None:
+    u = packed >> META_BITS
+    return None if u == PERMANENT else u
+
+
+def _later(a: int | None, b: int | None) -> bool:
+    """True if end `a` is strictly later than end `b` (None = never)."""
+    if a is None:
+        return b is not None
+    return b is not None and a > b
+
+
+@dataclass(slots=True)
+class SetEntries:
+    spec: SetSpec
+    entries: dict[int, int] = field(default_factory=dict)
+    # interval sets only: sorted starts and the keys at those starts (ranges never overlap)
+    starts: list[int] = field(default_factory=list)
+    keys: list[int] = field(default_factory=list)
+
+    def index_add(self, key: int) -> None:
+        start = key >> 8
+        i = bisect.bisect_left(self.starts, start)
+        self.starts.insert(i, start)
+        self.keys.insert(i, key)
+
+    def index_remove(self, key: int) -> None:
+        start = key >> 8
+        i = bisect.bisect_left(self.starts, start)
+        if i < len(self.starts) and self.keys[i] == key:
+            del self.starts[i]
+            del self.keys[i]
+
+    def containing(self, first: int, last: int) -> int | None:
+        """The key of an active range that contains [first, last], if any."""
+        i = bisect.bisect_right(self.starts, first) - 1
+        if i >= 0:
+            k = self.keys[i]
+            s, e = range_of(k, self.spec.version)
+            if s <= first and last <= e:
+                return k
+        return None
+
+    def inside(self, first: int, last: int) -> list[int]:
+        """Keys of active ranges lying within [first, last]."""
+        i = bisect.bisect_left(self.starts, first)
+        out = []
+        while i < len(self.starts) and self.starts[i] <= last:
+            out.append(self.keys[i])
+            i += 1
+        return out
+
+
+class BanState:
+    def __init__(self, ruleset: Ruleset) -> None:
+        self.sets: dict[str, SetEntries] = {
+            s.name: SetEntries(s) for s in ruleset.sets if s.blocklist is not None
+        }
+        self._meta: list[tuple[str, str, str, str]] = [("", "", "", "")]
+        self._meta_ids: dict[tuple[str, str, str, str], int] = {("", "", "", ""): 0}
+
+    # -- helpers --------------------------------------------------------------------------------------
+
+    def _intern(self, meta: tuple[str, str, str, str]) -> int:
+        i = self._meta_ids.get(meta)
+        if i is None:
+            i = len(self._meta)
+            if i > META_MASK:  # absurdly many distinct reasons: share the generic slot rather than overflow
+                return 0
+            self._meta.append(meta)
+            self._meta_ids[meta] = i
+        return i
+
+    def set_for(self, blocklist: str, net: IPNet) -> SetEntries | None:
+        single = net.prefixlen == net.max_prefixlen
+        return self.sets.get(set_name(blocklist, net.version, not single))
+
+    def key_for(self, entries: SetEntries, net: IPNet) -> int:
+        return net_key(net) if entries.spec.interval else int(net.network_address)
+
+    def net_of(self, entries: SetEntries, key: int) -> IPNet:
+        if entries.spec.interval:
+            return key_net(key, entries.spec.version)
+        return ipaddress.ip_network(ipaddress.ip_address(key) if entries.spec.version == 4
+                                    else ipaddress.IPv6Address(key))
+
+    # -- changes ---------------------------------------------------------------------------------------
+
+    def ban(self, ban: Ban, now: float, comment: str = "") -> Change:
+        entries = self.set_for(ban.blocklist, ban.target)
+        if entries is None:
+            return Change(Outcome.UNKNOWN_SET, message=f"unknown blocklist {ban.blocklist!r}")
+        until_ms = to_ms(ban.until)
+        if until_ms is not None and until_ms <= int(now * 1000):
+            return Change(Outcome.EXPIRED, message="the ban had already ended")
+        meta = self._intern((ban.origin, ban.reason, ban.jail, comment))
+        key = self.key_for(entries, ban.target)
+        old = entries.entries.get(key)
+        if old is not None:
+            if not _later(until_ms, _until(old)):
+                return Change(Outcome.UNCHANGED)
+            entries.entries[key] = _pack(until_ms, meta)
+            return Change(Outcome.EXTENDED, (SetOp(entries.spec.name, key, True, until_ms, comment, True),))
+        if not entries.spec.interval:
+            entries.entries[key] = _pack(until_ms, meta)
+            return Change(Outcome.ADDED, (SetOp(entries.spec.name, key, True, until_ms, comment),))
+        return self._ban_range(entries, key, until_ms, meta, comment)
+
+    def _ban_range(self, entries: SetEntries, key: int, until_ms: int | None, meta: int, comment: str) -> Change:
+        v = entries.spec.version
+        first, last = range_of(key, v)
+        outer = entries.containing(first, last)
+        if outer is not None:
+            outer_net = format_target(key_net(outer, v))
+            if _later(until_ms, _until(entries.entries[outer])):
+                return Change(Outcome.CONFLICT, related=(outer_net,), message=(
+                    f"{format_target(key_net(key, v))} lies inside the active ban {outer_net}, which ends "
+                    "sooner; unban that range first or ban it for longer"))
+            return Change(Outcome.COVERED, related=(outer_net,))
+        inner = entries.inside(first, last)
+        ops: list[SetOp] = []
+        end = until_ms
+        for k in inner:
+            u = _until(entries.entries.pop(k))
+            entries.index_remove(k)
+            if _later(u, end):
+                end = u
+            ops.append(SetOp(entries.spec.name, k, False))
+        entries.entries[key] = _pack(end, meta)
+        entries.index_add(key)
+        ops.append(SetOp(entries.spec.name, key, True, end, comment))
+        if inner:
+            return Change(Outcome.ABSORBED, tuple(ops),
+                          related=tuple(format_target(key_net(k, v)) for k in inner))
+        return Change(Outcome.ADDED, tuple(ops))
+
+    def unban(self, unban: Unban) -> Change:
+        entries = self.set_for(unban.blocklist, unban.target)
+        if entries is None:
+            return Change(Outcome.UNKNOWN_SET, message=f"unknown blocklist {unban.blocklist!r}")
+        key = self.key_for(entries, unban.target)
+        if entries.entries.pop(key, None) is not None:
+            if entries.spec.interval:
+                entries.index_remove(key)
+            return Change(Outcome.REMOVED, (SetOp(entries.spec.name, key, False),))
+        covering = [format_target(b.target) for b in self.covering(unban.target, unban.blocklist)]
+        if covering:
+            return Change(Outcome.NOT_FOUND, related=tuple(covering), message=(
+                f"{format_target(unban.target)} is not banned itself; it lies inside {', '.join(covering)}"))
+        return Change(Outcome.NOT_FOUND, message=f"{format_target(unban.target)} is not banned")
+
+    def forget(self, set_name_: str, key: int) -> None:
+        """Drop an entry the kernel refused (the ban did not happen)."""
+        entries = self.sets[set_name_]
+        if entries.entries.pop(key, None) is not None and entries.spec.interval:
+            entries.index_remove(key)
+
+    def expire(self, now: float) -> int:
+        """Forget entries whose end has passed; the kernel removed them on its own."""
+        limit = int(now * 1000)
+        dropped = 0
+        for entries in self.sets.values():
+            dead = [k for k, v in entries.entries.items() if (v >> META_BITS) != PERMANENT
+                    and (v >> META_BITS) <= limit]
+            for k in dead:
+                del entries.entries[k]
+                if entries.spec.interval:
+                    entries.index_remove(k)
+            dropped += len(dead)
+        return dropped
+
+    # -- queries ---------------------------------------------------------------------------------------
+
+    def info(self, entries: SetEntries, key: int) -> BanInfo:
+        packed = entries.entries[key]
+        origin, reason, jail, comment = self._meta[packed & META_MASK]
+        u = _until(packed)
+        extra = {"comment": comment} if comment else {}
+        return BanInfo(self.net_of(entries, key), entries.spec.blocklist or "", entries.spec.name,
+                       None if u is None else u / 1000, origin, reason, jail, extra)
+
+    def covering(self, net: IPNet, blocklist: str | None = None) -> list[BanInfo]:
+        """Active bans that cover `net`: the exact entry and any range containing it."""
+        out = []
+        for entries in self.sets.values():
+            if entries.spec.version != net.version:
+                continue
+            if blocklist is not None and entries.spec.blocklist != blocklist:
+                continue
+            if entries.spec.interval:
+                k = entries.containing(int(net.network_address), int(net.broadcast_address))
+                if k is not None:
+                    out.append(self.info(entries, k))
+            elif net.prefixlen == net.max_prefixlen and int(net.network_address) in entries.entries:
+                out.append(self.info(entries, int(net.network_address)))
+        return out
+
+    def iter_bans(self, blocklist: str | None = None) -> Iterator[BanInfo]:
+        for entries in self.sets.values():
+            if blocklist is None or entries.spec.blocklist == blocklist:
+                for k in entries.entries:
+                    yield self.info(entries, k)
+
+    def counts(self) -> dict[str, int]:
+        return {name: len(e.entries) for name, e in self.sets.items()}
+
+    def all_ops(self, set_names: Iterable[str] | None = None) -> Iterator[SetOp]:
+        """Add ops for every active entry: used to rebuild a set the kernel lost."""
+        names = self.sets.keys() if set_names is None else set_names
+        for name in names:
+            entries = self.sets[name]
+            for k, packed in entries.entries.items():
+                yield SetOp(name, k, True, _until(packed), self._meta[packed & META_MASK][3], True)
+
+    def __len__(self) -> int:
+        return sum(len(e.entries) for e in self.sets.values())

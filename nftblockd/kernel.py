@@ -1,0 +1,359 @@
+"""Kernel-side operations built on `netlink.NftSocket`: set up the table, apply element ops, verify, repair.
+
+Blocking; the daemon calls it from its single kernel worker thread. What it guarantees:
+- `apply` never loses the rest of a batch because of one bad element: the offender is located through the
+  extack offset, reported with its errno, and the transaction is resent without it;
+- deleting an element that is already gone is not an error (DESTROYSETELEM where the kernel has it, else
+  ENOENT on a delete is dropped and the batch resent);
+- a timeout of 0 is never sent (0 means "never expires"): an op whose end has passed is reported as expired;
+- re-adding an element refreshes its timeout: TIMEOUT + EXPIRATION on kernels that update timeouts (>= 6.12),
+  destroy + add in the same transaction elsewhere.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno as E
+import ipaddress
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from . import nfmsg as m
+from . import ruleset as rs
+from .bans import SetOp, range_of
+from .events import IPNet
+from .netlink import KernelError, KernelSetInfo, NftSocket, kernel_release
+
+log = logging.getLogger("nftblockd.kernel")
+
+ADD_FLAGS = m.NLM_F_REQUEST | m.NLM_F_CREATE  # no EXCL: re-adding an existing element is not an error
+
+
+class KernelStateError(Exception):
+    """The kernel holds objects nftblockd cannot use as they are (e.g. a set of the wrong type)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    release: tuple[int, int]
+    owner: bool
+    persist: bool
+    destroy: bool
+    timeout_update: bool
+
+    def describe(self) -> dict[str, object]:
+        return {"release": "%d.%d" % self.release, "table_owner": self.owner, "table_persist": self.persist,
+                "destroy_setelem": self.destroy, "timeout_update": self.timeout_update}
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    failed: dict[int, tuple[int, str]] = field(default_factory=dict)  # op index -> (errno, text)
+    expired: list[int] = field(default_factory=list)
+    committed_ops: int = 0
+    transactions: int = 0
+    elements_sent: int = 0
+    seconds: float = 0.0
+    missing_sets: set[str] = field(default_factory=set)
+
+
+def _key_bytes(key: int, version: int) -> bytes:
+    return key.to_bytes(4 if version == 4 else 16, "big")
+
+
+class KernelWriter:
+    def __init__(self, plan: rs.Ruleset, sock: NftSocket | None = None, *, protect: bool = True) -> None:
+        self.plan = plan
+        self.sock = sock or NftSocket()
+        self.protect = protect
+        self.features = Features(kernel_release(), False, False, False, False)
+        self.table_flags = 0
+        self._specs = {s.name: s for s in plan.sets}
+
+    # -- set-up ----------------------------------------------------------------------------------------
+
+    def setup(self, allowlist: Sequence[IPNet]) -> None:
+        """Create or adopt the table, verify existing sets, (re)install chains, rules and the allowlist.
+
+        One transaction, so a reload never leaves a gap. Raises KernelStateError for unusable objects.
+        """
+        self.sock.get_generation()
+        existing = self.sock.list_sets(self.plan.table)
+        self._verify_sets(existing)
+        stale = tuple(name for name in existing if name not in self._specs)
+        flags_options = [m.NFT_TABLE_F_OWNER | m.NFT_TABLE_F_PERSIST] if self.protect else []
+        flags_options.append(0)
+        last_error: KernelError | None = None
+        for flags in flags_options:
+            msgs = rs.encode_ruleset(self.plan, flags, self.sock.next_seq(10000), stale)
+            msgs += self._allowlist_msgs(allowlist)
+            out = self.sock.transact(msgs)
+            if out.committed:
+                self.table_flags = flags
+                break
+            err = out.errors[0]
+            last_error = KernelError(err.errno, f"creating table inet {self.plan.table}", err.text)
+            if err.errno == E.EPERM and flags:
+                raise KernelError(E.EPERM, f"table inet {self.plan.table} is owned by another process "
+                                  "(is another nftblockd running in this network namespace?)")
+            log.info("table flags %#x refused (%s); trying without ownership", flags, last_error)
+        else:
+            assert last_error is not None
+            raise last_error
+        owner = bool(self.table_flags & m.NFT_TABLE_F_OWNER)
+        self.features = Features(kernel_release(), owner, bool(self.table_flags & m.NFT_TABLE_F_PERSIST),
+                                 *self._probe_elements())
+
+    def _verify_sets(self, existing: dict[str, KernelSetInfo]) -> None:
+        problems = []
+        for name, info in existing.items():
+            spec = self._specs.get(name)
+            if spec is None:
+                continue
+            want_type = m.TYPE_IPADDR if spec.version == 4 else m.TYPE_IP6ADDR
+            want_flags = spec.flags
+            if info.key_type != want_type or info.key_len != spec.key_len or (info.flags & 0x1F) != want_flags:
+                problems.append(
+                    f"set {name} in table inet {self.plan.table} exists with key type {info.key_type}/"
+                    f"{info.key_len} bytes and flags {info.flags:#x}; nftblockd needs type {want_type}/"
+                    f"{spec.key_len} bytes and flags {want_flags:#x}. Delete the table "
+                    f"(nft delete table inet {self.plan.table}) or choose another table name")
+        if problems:
+            raise KernelStateError("; ".join(problems))
+
+    def _allowlist_msgs(self, allowlist: Sequence[IPNet]) -> list[bytes]:
+        msgs = []
+        for v in (4, 6):
+            name = rs.set_name(rs.ALLOW, v, True)
+            msgs.append(rs.encode_flush_set(self.plan.table, name, self.sock.next_seq()))
+            nets = sorted(ipaddress.collapse_addresses(n for n in allowlist if n.version == v))  # type: ignore
+            elems = [m.encode_element(_interval_element(n, None, "")) for n in nets]
+            if elems:
+                msgs += [sm.data for sm in m.split_set_messages(
+                    m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, self.plan.table, name, elems,
+                    self.sock.next_seq(len(elems) + 1), ADD_FLAGS)]
+        return msgs
+
+    def _probe_elements(self) -> tuple[bool, bool]:
+        """Probe DESTROYSETELEM and timeout update on a scratch set (kernel versions lie: backports)."""
+        t = self.plan.table
+        probe = rs.SetSpec("nftblockd_probe", 4, False, True, 16, "probe")
+        key = bytes((192, 0, 2, 1))
+        seq = self.sock.next_seq(10)
+        create = [rs.encode_set(t, probe, 9999, seq)]
+        self.sock.transact(create)
+        destroy = self._elements(m.NFT_MSG_DESTROYSETELEM, probe.name, [m.encode_element(m.Element(key))],
+                                 m.NLM_F_REQUEST)
+        destroy_ok = self.sock.transact(destroy).committed
+        update_ok = False
+        add1 = self._elements(m.NFT_MSG_NEWSETELEM, probe.name,
+                              [m.encode_element(m.Element(key, 60000))], ADD_FLAGS)
+        add2 = self._elements(m.NFT_MSG_NEWSETELEM, probe.name,
+                              [m.encode_element(m.Element(key, 120000, refresh=True))], ADD_FLAGS)
+        if self.sock.transact(add1).committed and self.sock.transact(add2).committed:
+            e = self.sock.get_element(t, probe.name, key)
+            update_ok = bool(e and e.expiration_ms and e.expiration_ms > 60000)
+        self.sock.transact([rs.encode_del_set(t, probe.name, self.sock.next_seq())])
+        return destroy_ok, update_ok
+
+    def _elements(self, msg_type: int, set_name: str, encoded: Sequence[bytes], flags: int) -> list[bytes]:
+        return [sm.data for sm in m.split_set_messages(msg_type, m.NFPROTO_INET, self.plan.table, set_name,
+                                                       encoded, self.sock.next_seq(len(encoded) + 1), flags)]
+
+    # -- element ops ----------------------------------------------------------------------------------
+
+    def apply(self, ops: Sequence[SetOp], now_ms: int | None = None) -> ApplyResult:
+        """Apply ops in as few transactions as possible; see the module docstring for the guarantees."""
+        t0 = time.perf_counter()
+        res = ApplyResult()
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        live = list(range(len(ops)))
+        for i in live:
+            o = ops[i]
+            if o.add and o.until_ms is not None and o.until_ms - now_ms <= 0:
+                res.expired.append(i)
+        expired = set(res.expired)
+        live = [i for i in live if i not in expired and ops[i].set_name in self._specs]
+        for i in range(len(ops)):
+            if ops[i].set_name not in self._specs:
+                res.failed[i] = (E.ENOENT, f"no set {ops[i].set_name}")
+        no_replace: set[int] = set()  # refreshes whose delete half found nothing: just add
+        for _attempt in range(len(live) + 3):
+            if not live:
+                break
+            msgs, where = self._encode(ops, live, now_ms, no_replace)
+            res.transactions += 1
+            res.elements_sent += len(live)
+            out = self.sock.transact([x.data for x in msgs])
+            if out.committed:
+                res.committed_ops += len(live)
+                break
+            drop: set[int] = set()
+            retry_whole = False
+            for err in out.errors:
+                hit = where.get(err.seq)
+                if hit is None:  # error on BATCH_BEGIN/END: the commit itself failed
+                    if err.errno in (E.ERESTART, E.ENOBUFS, E.EINTR, E.EAGAIN, E.EBUSY):
+                        retry_whole = True
+                        continue
+                    for i in live:
+                        res.failed[i] = (err.errno, err.text or "transaction refused")
+                    drop.update(live)
+                    continue
+                msg, op_ids, is_delete = hit
+                j = bisect.bisect_right(msg.offsets, err.offset) - 1 if err.offset is not None else -1
+                if j < 0:
+                    # the message itself is bad (usually: the set is gone): every op in it fails this round
+                    in_msg = [op_ids[k] for k in msg.op_index]
+                    if err.errno == E.ENOENT:
+                        res.missing_sets.add(ops[in_msg[0]].set_name)
+                    for i in in_msg:
+                        res.failed[i] = (err.errno, err.text or "set refused the message")
+                    drop.update(in_msg)
+                    continue
+                i = op_ids[msg.op_index[j]]
+                if err.errno == E.ENOENT and is_delete:
+                    if ops[i].add:
+                        no_replace.add(i)  # the old element expired meanwhile: a plain add will do
+                        retry_whole = True
+                    else:
+                        drop.add(i)  # already gone: that is what a delete wanted
+                        res.committed_ops += 1
+                    continue
+                res.failed[i] = (err.errno, err.text)
+                drop.add(i)
+            if not drop and not retry_whole:
+                for i in live:
+                    res.failed[i] = (E.EIO, "transaction failed without a usable error")
+                break
+            live = [i for i in live if i not in drop]
+        res.seconds = time.perf_counter() - t0
+        return res
+
+    def _encode(self, ops: Sequence[SetOp], live: Sequence[int], now_ms: int, no_replace: set[int]
+                ) -> tuple[list[m.SetMessage], dict[int, tuple[m.SetMessage, list[int], bool]]]:
+        """Messages for the live ops: per set, deletes (destroys) first, then adds."""
+        by_set: dict[str, tuple[list[int], list[int]]] = {}
+        refresh_by_replace = not self.features.timeout_update
+        for i in live:
+            o = ops[i]
+            dels, adds = by_set.setdefault(o.set_name, ([], []))
+            if o.add:
+                adds.append(i)
+                if o.existed and refresh_by_replace and i not in no_replace:
+                    dels.append(i)
+            else:
+                dels.append(i)
+        msgs: list[m.SetMessage] = []
+        where: dict[int, tuple[m.SetMessage, list[int], bool]] = {}
+        del_type = m.NFT_MSG_DESTROYSETELEM if self.features.destroy else m.NFT_MSG_DELSETELEM
+        refresh = self.features.timeout_update
+        for name, (dels, adds) in by_set.items():
+            spec = self._specs[name]
+            for msg_type, ids, flags in ((del_type, dels, m.NLM_F_REQUEST), (m.NFT_MSG_NEWSETELEM, adds,
+                                                                                  ADD_FLAGS)):
+                if not ids:
+                    continue
+                adding = msg_type == m.NFT_MSG_NEWSETELEM
+                encoded = self._encode_elements(spec, ops, ids, now_ms if adding else None, refresh)
+                parts = m.split_set_messages(msg_type, m.NFPROTO_INET, self.plan.table, name, encoded,
+                                             self.sock.next_seq(len(encoded) + 1), flags)
+                for sm in parts:
+                    seq = int.from_bytes(sm.data[8:12], "little")
+                    where[seq] = (sm, ids, not adding)
+                msgs += parts
+        return msgs, where
+
+    def _encode_elements(self, spec: rs.SetSpec, ops: Sequence[SetOp], ids: Sequence[int], now_ms: int | None,
+                         refresh: bool) -> list[bytes]:
+        v = spec.version
+        if not spec.interval:
+            plain = all(not ops[i].comment for i in ids)
+            if plain:
+                keys = [_key_bytes(ops[i].key, v) for i in ids]
+                tmo = [None if now_ms is None or ops[i].until_ms is None else ops[i].until_ms - now_ms  # type: ignore
+                       for i in ids]
+                return m.encode_hash_elements(keys, tmo, refresh)
+            return [m.encode_element(m.Element(
+                _key_bytes(ops[i].key, v),
+                None if now_ms is None or ops[i].until_ms is None else ops[i].until_ms - now_ms,  # type: ignore
+                refresh, ops[i].comment)) for i in ids]
+        out = []
+        for i in ids:
+            o = ops[i]
+            first, last = range_of(o.key, v)
+            net = ipaddress.ip_network((first, o.key & 0xFF)) if v == 4 else ipaddress.IPv6Network(
+                (first, o.key & 0xFF))
+            tmo = None if now_ms is None or o.until_ms is None else o.until_ms - now_ms
+            out.append(m.encode_element(_interval_element(net, tmo, o.comment if now_ms is not None else "",
+                                                          refresh and now_ms is not None)))
+        return out
+
+    # -- verification ---------------------------------------------------------------------------------
+
+    def generation(self) -> int:
+        return self.sock.get_generation()
+
+    def table_intact(self) -> list[str]:
+        """What is missing from our table (empty list = intact). Cheap: a few small GET/dump requests."""
+        exists, _flags = self.sock.table_exists(self.plan.table)
+        if not exists:
+            return [f"table inet {self.plan.table}"]
+        missing = []
+        sets = self.sock.list_sets(self.plan.table)
+        missing += [f"set {s.name}" for s in self.plan.sets if s.name not in sets]
+        chains = self.sock.list_chains(self.plan.table)
+        for c in self.plan.chains:
+            if c.name not in chains:
+                missing.append(f"chain {c.name}")
+            elif self.sock.count_rules(self.plan.table, c.name) != len(c.rules):
+                missing.append(f"rules of chain {c.name}")
+        return missing
+
+    def set_counts(self) -> dict[str, int | None]:
+        sets = self.sock.list_sets(self.plan.table)
+        return {name: (sets[name].count if name in sets else None) for name in self._specs}
+
+    def dump_keys(self, set_name: str) -> dict[int, int | None]:
+        """key -> remaining ms (None = permanent) as the kernel holds it; interval sets give range keys."""
+        spec = self._specs[set_name]
+        elems = self.sock.dump_elements(self.plan.table, set_name)
+        out: dict[int, int | None] = {}
+        if not spec.interval:
+            for e in elems:
+                out[int.from_bytes(e.key, "big")] = e.expiration_ms
+            return out
+        bits = 32 if spec.version == 4 else 128
+        starts = sorted((int.from_bytes(e.key, "big"), e.flags & m.NFT_SET_ELEM_INTERVAL_END, e.expiration_ms)
+                        for e in elems)
+        pending: tuple[int, int | None] | None = None
+        for addr, is_end, exp in starts:
+            if is_end:
+                if pending is not None:
+                    out.update(_cidr_keys(pending[0], addr - 1, bits, pending[1]))
+                    pending = None
+            else:
+                if pending is not None:  # a start without an end runs to the top of the space
+                    out.update(_cidr_keys(pending[0], addr - 1, bits, pending[1]))
+                pending = (addr, exp)
+        if pending is not None:
+            out.update(_cidr_keys(pending[0], (1 << bits) - 1, bits, pending[1]))
+        return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _cidr_keys(first: int, last: int, bits: int, exp: int | None) -> dict[int, int | None]:
+    cls = ipaddress.IPv4Address if bits == 32 else ipaddress.IPv6Address
+    return {(int(n.network_address) << 8) | n.prefixlen: exp
+            for n in ipaddress.summarize_address_range(cls(first), cls(last))}
+
+
+def _interval_element(net: IPNet, timeout_ms: int | None, comment: str, refresh: bool = False) -> m.Element:
+    end_int = int(net.broadcast_address) + 1
+    bits = net.max_prefixlen
+    end = end_int.to_bytes(bits // 8, "big") if end_int < (1 << bits) else None
+    return m.Element(net.network_address.packed, timeout_ms, refresh, comment, end, True)

@@ -1,0 +1,422 @@
+"""nf_tables netlink wire format: constants, attribute encoding, element templates and reply parsing.
+
+Pure: bytes in, bytes out. This module never opens a socket (that is `netlink.py`). Element batches are encoded
+by hand with precomputed templates because per-element cost is where Python spends its time (see
+shared/docs/netlink-notes.md §1, §9: a template encoder is ~50x faster than generic attribute encoders).
+Host-order fields (nlmsghdr, nlattr headers) use native byte order; keys, timeouts and flags are big-endian.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+# --- netlink / nfnetlink -------------------------------------------------------------------------------
+NETLINK_NETFILTER = 12
+SOL_NETLINK = 270
+NETLINK_CAP_ACK = 10
+NETLINK_EXT_ACK = 11
+SO_SNDBUFFORCE = 32
+SO_RCVBUFFORCE = 33
+
+NLM_F_REQUEST = 0x1
+NLM_F_MULTI = 0x2
+NLM_F_ACK = 0x4
+NLM_F_DUMP = 0x300
+NLM_F_REPLACE = 0x100
+NLM_F_EXCL = 0x200
+NLM_F_CREATE = 0x400
+NLM_F_APPEND = 0x800
+NLM_F_ACK_TLVS = 0x200  # on NLMSG_ERROR replies
+
+NLMSG_NOOP = 1
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+NLMSGERR_ATTR_MSG = 1
+NLMSGERR_ATTR_OFFS = 2
+
+NLA_F_NESTED = 0x8000
+NLA_TYPE_MASK = 0x3FFF
+
+NFNL_SUBSYS_NFTABLES = 10
+NFNL_MSG_BATCH_BEGIN = 0x10
+NFNL_MSG_BATCH_END = 0x11
+NFNL_BATCH_GENID = 1
+
+NFPROTO_INET = 1
+NFPROTO_IPV4 = 2
+NFPROTO_IPV6 = 10
+
+# nf_tables message types (include/uapi/linux/netfilter/nf_tables.h; DESTROY* are >= 6.3 and missing from
+# Debian 12's headers, hence spelled out here)
+NFT_MSG_NEWTABLE = 0
+NFT_MSG_GETTABLE = 1
+NFT_MSG_DELTABLE = 2
+NFT_MSG_NEWCHAIN = 3
+NFT_MSG_GETCHAIN = 4
+NFT_MSG_NEWRULE = 6
+NFT_MSG_GETRULE = 7
+NFT_MSG_DELRULE = 8
+NFT_MSG_NEWSET = 9
+NFT_MSG_GETSET = 10
+NFT_MSG_DELSET = 11
+NFT_MSG_NEWSETELEM = 12
+NFT_MSG_GETSETELEM = 13
+NFT_MSG_DELSETELEM = 14
+NFT_MSG_NEWGEN = 15
+NFT_MSG_GETGEN = 16
+NFT_MSG_DESTROYSETELEM = 30
+
+# attributes
+NFTA_TABLE_NAME = 1
+NFTA_TABLE_FLAGS = 2
+NFTA_TABLE_USERDATA = 6
+NFT_TABLE_F_OWNER = 0x2
+NFT_TABLE_F_PERSIST = 0x4
+
+NFTA_CHAIN_TABLE = 1
+NFTA_CHAIN_NAME = 3
+NFTA_CHAIN_HOOK = 4
+NFTA_CHAIN_POLICY = 5
+NFTA_CHAIN_TYPE = 7
+NFTA_HOOK_HOOKNUM = 1
+NFTA_HOOK_PRIORITY = 2
+NFTA_HOOK_DEV = 3
+NF_INET_PRE_ROUTING = 0
+NF_INET_LOCAL_IN = 1
+NF_INET_FORWARD = 2
+NF_INET_INGRESS = 5
+HOOKS = {"prerouting": NF_INET_PRE_ROUTING, "input": NF_INET_LOCAL_IN, "forward": NF_INET_FORWARD,
+         "ingress": NF_INET_INGRESS}
+
+NFTA_SET_TABLE = 1
+NFTA_SET_NAME = 2
+NFTA_SET_FLAGS = 3
+NFTA_SET_KEY_TYPE = 4
+NFTA_SET_KEY_LEN = 5
+NFTA_SET_POLICY = 8
+NFTA_SET_DESC = 9
+NFTA_SET_ID = 10
+NFTA_SET_TIMEOUT = 11
+NFTA_SET_GC_INTERVAL = 12
+NFTA_SET_USERDATA = 13
+NFTA_SET_COUNT = 20  # element count, returned by recent kernels (not in Debian 12's headers)
+NFTA_SET_DESC_SIZE = 1
+NFT_SET_INTERVAL = 0x4
+NFT_SET_TIMEOUT = 0x10
+NFT_SET_POL_PERFORMANCE = 0
+TYPE_IPADDR = 7
+TYPE_IP6ADDR = 8
+# nftables stores the key's byte order in set userdata so that `nft list` prints addresses correctly
+NFTNL_UDATA_SET_KEYBYTEORDER = 0
+NFT_BYTEORDER_BIG_ENDIAN = 2
+
+NFTA_SET_ELEM_LIST_TABLE = 1
+NFTA_SET_ELEM_LIST_SET = 2
+NFTA_SET_ELEM_LIST_ELEMENTS = 3
+NFTA_LIST_ELEM = 1
+NFTA_SET_ELEM_KEY = 1
+NFTA_SET_ELEM_FLAGS = 3
+NFTA_SET_ELEM_TIMEOUT = 4
+NFTA_SET_ELEM_EXPIRATION = 5
+NFTA_SET_ELEM_USERDATA = 6
+NFT_SET_ELEM_INTERVAL_END = 0x1
+NFTA_DATA_VALUE = 1
+NFTA_DATA_VERDICT = 2
+NFTA_VERDICT_CODE = 1
+NFTNL_UDATA_SET_ELEM_COMMENT = 0
+NFT_USERDATA_MAXLEN = 256
+
+NFTA_GEN_ID = 1
+
+NFTA_RULE_TABLE = 1
+NFTA_RULE_CHAIN = 2
+NFTA_RULE_EXPRESSIONS = 4
+NFTA_RULE_USERDATA = 7
+NFTNL_UDATA_RULE_COMMENT = 0
+NFTA_EXPR_NAME = 1
+NFTA_EXPR_DATA = 2
+NFT_REG_VERDICT = 0
+NFT_REG_1 = 1
+NF_DROP = 0
+NF_ACCEPT = 1
+
+MAX_NEST = 0xFFFF  # an attribute's length field is 16 bits: a message's ELEMENTS nest must stay below it
+
+_NLMSGHDR = struct.Struct("=IHHII")
+_NFGENMSG = struct.Struct("=BBH")  # family, version, res_id (big-endian value written by hand)
+_NLA = struct.Struct("=HH")
+_BE32 = struct.Struct(">I")
+_BE64 = struct.Struct(">Q")
+
+
+# --- attribute encoding --------------------------------------------------------------------------------
+
+def _pad(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def attr(kind: int, payload: bytes) -> bytes:
+    length = 4 + len(payload)
+    return _NLA.pack(length, kind) + payload + b"\0" * (_pad(length) - length)
+
+
+def nest(kind: int, *children: bytes) -> bytes:
+    return attr(kind | NLA_F_NESTED, b"".join(children))
+
+
+def strz(kind: int, text: str) -> bytes:
+    return attr(kind, text.encode() + b"\0")
+
+
+def be32(kind: int, value: int) -> bytes:
+    return attr(kind, _BE32.pack(value))
+
+
+def be64(kind: int, value: int) -> bytes:
+    return attr(kind, _BE64.pack(value))
+
+
+def comment_udata(kind: int, text: str) -> bytes:
+    """A libnftnl userdata TLV holding a comment: {u8 type, u8 len, text + NUL}."""
+    raw = text.encode()[: NFT_USERDATA_MAXLEN - 3] + b"\0"
+    return bytes((kind, len(raw))) + raw
+
+
+def message(msg_type: int, flags: int, seq: int, family: int, body: bytes, res_id: int = 0) -> bytes:
+    """One nfnetlink message; `msg_type` is the nf_tables type (the subsystem is added here)."""
+    full_type = (NFNL_SUBSYS_NFTABLES << 8) | msg_type
+    head = _NFGENMSG.pack(family, 0, 0) if res_id == 0 else struct.pack("=BB", family, 0) + struct.pack(
+        ">H", res_id)
+    length = 16 + len(head) + len(body)
+    return _NLMSGHDR.pack(length, full_type, flags, seq, 0) + head + body
+
+
+def batch_marker(begin: bool, seq: int, genid: int | None = None) -> bytes:
+    body = be32(NFNL_BATCH_GENID, genid) if (begin and genid is not None) else b""
+    head = struct.pack("=BB", 0, 0) + struct.pack(">H", NFNL_SUBSYS_NFTABLES)
+    msg_type = NFNL_MSG_BATCH_BEGIN if begin else NFNL_MSG_BATCH_END
+    length = 16 + len(head) + len(body)
+    return _NLMSGHDR.pack(length, msg_type, NLM_F_REQUEST, seq, 0) + head + body
+
+
+# --- set element encoding -----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Element:
+    """One element operation in wire terms. `key` is the network-order address; `end` (interval sets only)
+    is the first address after the range, or None when the range reaches the top of the address space."""
+
+    key: bytes
+    timeout_ms: int | None = None  # None: no TIMEOUT attribute (only for deletes and permanent bans)
+    refresh: bool = False  # also send EXPIRATION=timeout so that a re-add restarts the countdown (>= 6.12)
+    comment: str = ""
+    end: bytes | None = None
+    interval: bool = False
+
+
+def encode_element(e: Element) -> bytes:
+    """The element nest(s): one for a hash set, start + end for an interval set."""
+    inner = nest(NFTA_SET_ELEM_KEY, attr(NFTA_DATA_VALUE, e.key))
+    if e.timeout_ms is not None:
+        inner += _BE_TIMEOUT_HDR + _BE64.pack(e.timeout_ms)
+        if e.refresh:
+            inner += _BE_EXPIRATION_HDR + _BE64.pack(e.timeout_ms)
+    if e.comment:
+        inner += attr(NFTA_SET_ELEM_USERDATA, comment_udata(NFTNL_UDATA_SET_ELEM_COMMENT, e.comment))
+    out = nest(NFTA_LIST_ELEM, inner)
+    if e.interval and e.end is not None:
+        out += nest(NFTA_LIST_ELEM, nest(NFTA_SET_ELEM_KEY, attr(NFTA_DATA_VALUE, e.end)),
+                    be32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END))
+    return out
+
+
+_BE_TIMEOUT_HDR = _NLA.pack(12, NFTA_SET_ELEM_TIMEOUT)
+_BE_EXPIRATION_HDR = _NLA.pack(12, NFTA_SET_ELEM_EXPIRATION)
+
+
+def encode_hash_elements(keys: Sequence[bytes], timeouts_ms: Sequence[int | None], refresh: bool) -> list[bytes]:
+    """Fast path for hash sets without comments: one template per (key length, timeout)."""
+    out = []
+    cache: dict[tuple[int, int | None], tuple[bytes, bytes]] = {}
+    for key, t in zip(keys, timeouts_ms, strict=True):
+        tpl = cache.get((len(key), t))
+        if tpl is None:
+            tail = b""
+            if t is not None:
+                tail = _BE_TIMEOUT_HDR + _BE64.pack(t)
+                if refresh:
+                    tail += _BE_EXPIRATION_HDR + _BE64.pack(t)
+            key_nest_len = 4 + 4 + len(key)
+            total = 4 + key_nest_len + len(tail)
+            head = _NLA.pack(total, NFTA_LIST_ELEM | NLA_F_NESTED) + _NLA.pack(
+                key_nest_len, NFTA_SET_ELEM_KEY | NLA_F_NESTED) + _NLA.pack(4 + len(key), NFTA_DATA_VALUE)
+            tpl = cache[(len(key), t)] = (head, tail)
+        out.append(tpl[0] + key + tpl[1])
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SetMessage:
+    """One element message plus, for each element nest it carries, the index of the op it came from and the
+    nest's byte offset inside the message (the kernel's extack error offset points at it)."""
+
+    data: bytes
+    op_index: tuple[int, ...]
+    offsets: tuple[int, ...]
+
+
+def split_set_messages(msg_type: int, family: int, table: str, set_name: str, encoded: Sequence[bytes],
+                       seq_start: int, flags: int) -> list[SetMessage]:
+    """Pack encoded elements into as few messages as fit the 16-bit ELEMENTS nest, all for one batch."""
+    head_attrs = strz(NFTA_SET_ELEM_LIST_TABLE, table) + strz(NFTA_SET_ELEM_LIST_SET, set_name)
+    base = 16 + 4 + len(head_attrs) + 4  # nlmsghdr + nfgenmsg + names + ELEMENTS nest header
+    out: list[SetMessage] = []
+    chunk: list[bytes] = []
+    idx: list[int] = []
+    offs: list[int] = []
+    size = 0
+    seq = seq_start
+
+    def close() -> None:
+        nonlocal size, seq
+        elems = b"".join(chunk)
+        body = head_attrs + _NLA.pack(4 + len(elems), NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED) + elems
+        out.append(SetMessage(message(msg_type, flags, seq, family, body), tuple(idx), tuple(offs)))
+        seq += 1
+        chunk.clear()
+        idx.clear()
+        offs.clear()
+        size = 0
+
+    for i, blob in enumerate(encoded):
+        if chunk and 4 + size + len(blob) > MAX_NEST:
+            close()
+        offs.append(base + size)
+        chunk.append(blob)
+        idx.append(i)
+        size += len(blob)
+    if chunk:
+        close()
+    return out
+
+
+# --- reply parsing ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    msg_type: int
+    flags: int
+    seq: int
+    payload: bytes  # after nlmsghdr
+
+    @property
+    def nft_type(self) -> int:
+        return self.msg_type & 0xFF
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    seq: int
+    errno: int  # positive; 0 = ACK
+    offset: int | None  # byte offset of the bad attribute inside the request message
+    text: str
+
+
+def iter_messages(buf: bytes) -> Iterator[Reply]:
+    pos = 0
+    end = len(buf)
+    while pos + 16 <= end:
+        length, msg_type, flags, seq, _pid = _NLMSGHDR.unpack_from(buf, pos)
+        if length < 16 or pos + length > end:
+            break
+        yield Reply(msg_type, flags, seq, buf[pos + 16: pos + length])
+        pos += _pad(length)
+
+
+def parse_error(r: Reply) -> ErrorReply:
+    """Decode an NLMSG_ERROR payload: int error, the request's nlmsghdr (capped) and extack TLVs."""
+    (err,) = struct.unpack_from("=i", r.payload, 0)
+    req_len, _t, _f, req_seq, _p = _NLMSGHDR.unpack_from(r.payload, 4)
+    tlv_start = 4 + 16
+    if not r.flags & 0x100:  # NLM_F_CAPPED not set: the whole request was echoed
+        tlv_start = 4 + _pad(req_len)
+    offset = None
+    text = ""
+    if r.flags & NLM_F_ACK_TLVS:
+        for kind, value in iter_attrs(r.payload[tlv_start:]):
+            if kind == NLMSGERR_ATTR_OFFS and len(value) >= 4:
+                (offset,) = struct.unpack_from("=I", value)
+            elif kind == NLMSGERR_ATTR_MSG:
+                text = value.rstrip(b"\0").decode(errors="replace")
+    return ErrorReply(seq=req_seq, errno=-err, offset=offset, text=text)
+
+
+def iter_attrs(buf: bytes) -> Iterator[tuple[int, bytes]]:
+    pos = 0
+    end = len(buf)
+    while pos + 4 <= end:
+        length, kind = _NLA.unpack_from(buf, pos)
+        if length < 4 or pos + length > end:
+            break
+        yield kind & NLA_TYPE_MASK, buf[pos + 4: pos + length]
+        pos += _pad(length)
+
+
+def attrs_dict(buf: bytes) -> dict[int, bytes]:
+    return dict(iter_attrs(buf))
+
+
+def read_strz(b: bytes) -> str:
+    return b.split(b"\0", 1)[0].decode(errors="replace")
+
+
+def read_be32(b: bytes) -> int:
+    return int(_BE32.unpack_from(b)[0])
+
+
+def read_be64(b: bytes) -> int:
+    return int(_BE64.unpack_from(b)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class DumpedElement:
+    key: bytes
+    flags: int
+    timeout_ms: int | None
+    expiration_ms: int | None
+    comment: str
+
+
+def parse_elements(payload: bytes) -> Iterator[DumpedElement]:
+    """Elements of one NEWSETELEM dump part (payload after nlmsghdr, starting with nfgenmsg)."""
+    for kind, value in iter_attrs(payload[4:]):
+        if kind != NFTA_SET_ELEM_LIST_ELEMENTS:
+            continue
+        for _k, elem in iter_attrs(value):
+            a = attrs_dict(elem)
+            key = b""
+            if NFTA_SET_ELEM_KEY in a:
+                key = attrs_dict(a[NFTA_SET_ELEM_KEY]).get(NFTA_DATA_VALUE, b"")
+            comment = ""
+            ud = a.get(NFTA_SET_ELEM_USERDATA)
+            if ud and len(ud) >= 2 and ud[0] == NFTNL_UDATA_SET_ELEM_COMMENT:
+                comment = read_strz(ud[2: 2 + ud[1]])
+            yield DumpedElement(
+                key=key,
+                flags=read_be32(a[NFTA_SET_ELEM_FLAGS]) if NFTA_SET_ELEM_FLAGS in a else 0,
+                timeout_ms=read_be64(a[NFTA_SET_ELEM_TIMEOUT]) if NFTA_SET_ELEM_TIMEOUT in a else None,
+                expiration_ms=read_be64(a[NFTA_SET_ELEM_EXPIRATION]) if NFTA_SET_ELEM_EXPIRATION in a else None,
+                comment=comment,
+            )
+
+
+def res_id(r: Reply) -> int:
+    """The nfgenmsg res_id: for nf_tables dumps, the low 16 bits of the ruleset generation."""
+    return int(struct.unpack_from(">H", r.payload, 2)[0])
+
+
+def chunked(items: Sequence[bytes], n: int) -> Iterable[Sequence[bytes]]:
+    for i in range(0, len(items), n):
+        yield items[i: i + n]

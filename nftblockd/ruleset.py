@@ -1,0 +1,218 @@
+"""The kernel objects nftblockd owns, planned from the config, rendered as nft text and encoded for netlink.
+
+Pure: `plan_ruleset(cfg)` returns values; `encode_ruleset(...)` returns message bytes. The rules exist once, as
+data (`RuleSpec`), so the netlink encoding, the README's `nft list` view and the tests all derive from the same
+plan instead of strings scattered around.
+
+Layout of table `inet nftblock` (names derived from the blocklist name):
+  set allow_net4 / allow_net6      interval, the allowlist: matched first, `accept` ends our chain
+  set <bl>_ip4 / <bl>_ip6          hash + timeout: exact addresses, O(1) per packet
+  set <bl>_net4 / <bl>_net6        interval + timeout: CIDR ranges
+  chain prerouting                 hook prerouting priority raw: sees forwarded traffic too (containers, VMs)
+  chain ingress_<dev>              optional, hook ingress on named devices: drops before anything else
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from . import nfmsg as m
+from .config import Config
+
+ALLOW = "allow"
+
+
+@dataclass(frozen=True, slots=True)
+class SetSpec:
+    name: str
+    version: int  # 4 or 6
+    interval: bool
+    timeout: bool
+    size: int | None
+    blocklist: str | None  # None for the allowlist sets
+
+    @property
+    def key_len(self) -> int:
+        return 4 if self.version == 4 else 16
+
+    @property
+    def flags(self) -> int:
+        return (m.NFT_SET_INTERVAL if self.interval else 0) | (m.NFT_SET_TIMEOUT if self.timeout else 0)
+
+    @property
+    def kind(self) -> str:
+        return "interval" if self.interval else "hash"
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSpec:
+    version: int
+    set_name: str
+    verdict: str  # "accept" | "drop"
+    counter: bool
+    comment: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChainSpec:
+    name: str
+    hook: str
+    priority: int
+    device: str | None
+    rules: tuple[RuleSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ruleset:
+    table: str
+    sets: tuple[SetSpec, ...]
+    chains: tuple[ChainSpec, ...]
+
+    def set(self, name: str) -> SetSpec:
+        for s in self.sets:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+
+def set_name(blocklist: str, version: int, interval: bool) -> str:
+    return f"{blocklist}_{'net' if interval else 'ip'}{version}"
+
+
+def plan_ruleset(cfg: Config) -> Ruleset:
+    sets: list[SetSpec] = [SetSpec(set_name(ALLOW, v, True), v, True, False, None, None) for v in (4, 6)]
+    for bl in cfg.blocklists:
+        for interval in (False, True):
+            for v in (4, 6):
+                sets.append(SetSpec(set_name(bl.name, v, interval), v, interval, True, bl.size, bl.name))
+    rules: list[RuleSpec] = [RuleSpec(s.version, s.name, "accept", False, "nftblockd allowlist")
+                             for s in sets if s.blocklist is None]
+    rules += [RuleSpec(s.version, s.name, "drop", True, f"nftblockd blocklist {s.blocklist}")
+              for s in sets if s.blocklist is not None]
+    chains = [ChainSpec(cfg.chain.hook, cfg.chain.hook, cfg.chain.priority, None, tuple(rules))]
+    chains += [ChainSpec(f"ingress_{dev}", "ingress", -500, dev, tuple(rules)) for dev in cfg.chain.ingress]
+    return Ruleset(cfg.table, tuple(sets), tuple(chains))
+
+
+# --- rendering (documentation, `nftblock ruleset`, tests) ----------------------------------------------
+
+_PRIORITY_NAMES = {-300: "raw", -150: "mangle", -100: "dstnat", 0: "filter", 50: "security"}
+
+def render_nft(rs: Ruleset) -> str:
+    lines = [f"table inet {rs.table} {{"]
+    for s in rs.sets:
+        lines.append(f"\tset {s.name} {{")
+        lines.append(f"\t\ttype {'ipv4_addr' if s.version == 4 else 'ipv6_addr'}")
+        flags = [f for f, on in (("interval", s.interval), ("timeout", s.timeout)) if on]
+        if flags:
+            lines.append(f"\t\tflags {','.join(flags)}")
+        if s.size:
+            lines.append(f"\t\tsize {s.size}")
+        lines.append("\t}")
+    for c in rs.chains:
+        lines.append(f"\tchain {c.name} {{")
+        dev = f" device \"{c.device}\"" if c.device else ""
+        prio = _PRIORITY_NAMES.get(c.priority, str(c.priority)) if c.hook != "ingress" else str(c.priority)
+        lines.append(f"\t\ttype filter hook {c.hook}{dev} priority {prio}; policy accept;")
+        for r in c.rules:
+            proto = "ip" if r.version == 4 else "ip6"
+            counter = " counter" if r.counter else ""
+            lines.append(f"\t\t{proto} saddr @{r.set_name}{counter} {r.verdict} comment \"{r.comment}\"")
+        lines.append("\t}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# --- netlink encoding ---------------------------------------------------------------------------------
+
+def _expr(name: str, *data: bytes) -> bytes:
+    return m.nest(m.NFTA_LIST_ELEM, m.strz(m.NFTA_EXPR_NAME, name), m.nest(m.NFTA_EXPR_DATA, *data))
+
+
+def rule_expressions(r: RuleSpec, set_id: int) -> bytes:
+    nfproto = m.NFPROTO_IPV4 if r.version == 4 else m.NFPROTO_IPV6
+    offset, length = (12, 4) if r.version == 4 else (8, 16)
+    exprs = [
+        _expr("meta", m.be32(1, m.NFT_REG_1), m.be32(2, 15)),  # meta load nfproto => reg 1
+        _expr("cmp", m.be32(1, m.NFT_REG_1), m.be32(2, 0), m.nest(3, m.attr(m.NFTA_DATA_VALUE, bytes([nfproto])))),
+        _expr("payload", m.be32(1, m.NFT_REG_1), m.be32(2, 1), m.be32(3, offset), m.be32(4, length)),
+        _expr("lookup", m.strz(1, r.set_name), m.be32(2, m.NFT_REG_1), m.be32(4, set_id)),
+    ]
+    if r.counter:
+        exprs.append(_expr("counter", m.be64(1, 0), m.be64(2, 0)))
+    code = m.NF_ACCEPT if r.verdict == "accept" else m.NF_DROP
+    exprs.append(_expr("immediate", m.be32(1, m.NFT_REG_VERDICT),
+                       m.nest(2, m.nest(m.NFTA_DATA_VERDICT, m.be32(m.NFTA_VERDICT_CODE, code)))))
+    return m.nest(m.NFTA_RULE_EXPRESSIONS, *exprs)
+
+
+def encode_table(table: str, flags: int, seq: int) -> bytes:
+    body = m.strz(m.NFTA_TABLE_NAME, table) + m.be32(m.NFTA_TABLE_FLAGS, flags)
+    return m.message(m.NFT_MSG_NEWTABLE, m.NLM_F_REQUEST | m.NLM_F_CREATE, seq, m.NFPROTO_INET, body)
+
+
+def encode_set(table: str, s: SetSpec, set_id: int, seq: int) -> bytes:
+    body = (m.strz(m.NFTA_SET_TABLE, table) + m.strz(m.NFTA_SET_NAME, s.name)
+            + m.be32(m.NFTA_SET_FLAGS, s.flags) + m.be32(m.NFTA_SET_KEY_TYPE,
+                                                        m.TYPE_IPADDR if s.version == 4 else m.TYPE_IP6ADDR)
+            + m.be32(m.NFTA_SET_KEY_LEN, s.key_len) + m.be32(m.NFTA_SET_ID, set_id)
+            + m.attr(m.NFTA_SET_USERDATA, bytes((m.NFTNL_UDATA_SET_KEYBYTEORDER, 4))
+                     + struct.pack("=I", m.NFT_BYTEORDER_BIG_ENDIAN)))
+    if s.size:
+        body += m.nest(m.NFTA_SET_DESC, m.be32(m.NFTA_SET_DESC_SIZE, s.size))
+    return m.message(m.NFT_MSG_NEWSET, m.NLM_F_REQUEST | m.NLM_F_CREATE, seq, m.NFPROTO_INET, body)
+
+
+def encode_chain(table: str, c: ChainSpec, seq: int) -> bytes:
+    hook = m.be32(m.NFTA_HOOK_HOOKNUM, m.HOOKS[c.hook]) + m.be32(m.NFTA_HOOK_PRIORITY, c.priority & 0xFFFFFFFF)
+    if c.device:
+        hook += m.strz(m.NFTA_HOOK_DEV, c.device)
+    body = (m.strz(m.NFTA_CHAIN_TABLE, table) + m.strz(m.NFTA_CHAIN_NAME, c.name)
+            + m.nest(m.NFTA_CHAIN_HOOK, hook) + m.be32(m.NFTA_CHAIN_POLICY, m.NF_ACCEPT)
+            + m.strz(m.NFTA_CHAIN_TYPE, "filter"))
+    return m.message(m.NFT_MSG_NEWCHAIN, m.NLM_F_REQUEST | m.NLM_F_CREATE, seq, m.NFPROTO_INET, body)
+
+
+def encode_flush_chain(table: str, chain: str, seq: int) -> bytes:
+    body = m.strz(m.NFTA_RULE_TABLE, table) + m.strz(m.NFTA_RULE_CHAIN, chain)
+    return m.message(m.NFT_MSG_DELRULE, m.NLM_F_REQUEST, seq, m.NFPROTO_INET, body)
+
+
+def encode_rule(table: str, chain: str, r: RuleSpec, set_id: int, seq: int) -> bytes:
+    body = (m.strz(m.NFTA_RULE_TABLE, table) + m.strz(m.NFTA_RULE_CHAIN, chain) + rule_expressions(r, set_id)
+            + m.attr(m.NFTA_RULE_USERDATA, m.comment_udata(m.NFTNL_UDATA_RULE_COMMENT, r.comment)))
+    return m.message(m.NFT_MSG_NEWRULE, m.NLM_F_REQUEST | m.NLM_F_CREATE | m.NLM_F_APPEND, seq, m.NFPROTO_INET,
+                     body)
+
+
+def encode_flush_set(table: str, set_name_: str, seq: int) -> bytes:
+    """DELSETELEM without ELEMENTS flushes the set: used only for the allowlist, replaced in the same batch."""
+    body = m.strz(m.NFTA_SET_ELEM_LIST_TABLE, table) + m.strz(m.NFTA_SET_ELEM_LIST_SET, set_name_)
+    return m.message(m.NFT_MSG_DELSETELEM, m.NLM_F_REQUEST, seq, m.NFPROTO_INET, body)
+
+
+def encode_del_set(table: str, set_name_: str, seq: int) -> bytes:
+    body = m.strz(m.NFTA_SET_TABLE, table) + m.strz(m.NFTA_SET_NAME, set_name_)
+    return m.message(m.NFT_MSG_DELSET, m.NLM_F_REQUEST, seq, m.NFPROTO_INET, body)
+
+
+def encode_ruleset(rs: Ruleset, table_flags: int, seq: int, stale_sets: tuple[str, ...] = ()) -> list[bytes]:
+    """Messages (without batch markers) that create or update everything in one transaction.
+
+    Rules are flushed and re-added in the same transaction, so a restart or reload never leaves a moment
+    without them, and never duplicates them.
+    """
+    msgs = [encode_table(rs.table, table_flags, seq)]
+    set_ids = {}
+    for i, s in enumerate(rs.sets, start=1):
+        set_ids[s.name] = i
+        msgs.append(encode_set(rs.table, s, i, seq + len(msgs)))
+    for c in rs.chains:
+        msgs.append(encode_chain(rs.table, c, seq + len(msgs)))
+        msgs.append(encode_flush_chain(rs.table, c.name, seq + len(msgs)))
+        for r in c.rules:
+            msgs.append(encode_rule(rs.table, c.name, r, set_ids[r.set_name], seq + len(msgs)))
+    for name in stale_sets:
+        msgs.append(encode_del_set(rs.table, name, seq + len(msgs)))
+    return msgs

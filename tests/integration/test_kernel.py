@@ -1,0 +1,226 @@
+"""KernelWriter against the real kernel, inside a private network namespace."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from nftblockd import ruleset as rs
+from nftblockd.bans import SetOp, net_key
+from nftblockd.config import parse_config
+from nftblockd.kernel import KernelStateError, KernelWriter
+from nftblockd.netlink import NftSocket
+from tests.helpers.netns import NetNS, inside
+
+CONFIG = """
+allowlist: [192.0.2.0/24, "2001:db8::/64"]
+blocklists:
+  default: {timeout: 1h, size: 64}
+  feeds: {size: 100000}
+"""
+
+
+def make_writer(ns: NetNS, text: str = CONFIG) -> KernelWriter:
+    plan = rs.plan_ruleset(parse_config(text))
+    with inside(ns):
+        sock = NftSocket()
+    return KernelWriter(plan, sock)
+
+
+@pytest.fixture
+def writer(netns: NetNS) -> Iterator[KernelWriter]:
+    w = make_writer(netns)
+    w.setup([ipaddress.ip_network("192.0.2.0/24"), ipaddress.ip_network("2001:db8::/64")])
+    yield w
+    w.close()
+
+
+def ip4(s: str) -> int:
+    return int(ipaddress.IPv4Address(s))
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def test_setup_creates_the_planned_ruleset(netns: NetNS, writer: KernelWriter) -> None:
+    listing = netns.nft("list", "table", "inet", "nftblock").stdout
+    for line in rs.render_nft(writer.plan).splitlines():
+        if "counter" in line:  # nft shows the counter values too
+            line = line.replace(" counter", " counter packets 0 bytes 0")
+        assert line.strip() in listing, line
+    assert netns.set_elements("nftblock", "allow_net4") == {"192.0.2.0/24": {}}
+    assert writer.features.owner and writer.features.persist
+    assert writer.features.destroy and writer.features.timeout_update  # this kernel is 6.18
+    assert writer.table_intact() == []
+
+
+def test_setup_twice_keeps_one_copy_of_each_rule(netns: NetNS, writer: KernelWriter) -> None:
+    writer.setup([ipaddress.ip_network("192.0.2.0/24")])
+    writer.setup([ipaddress.ip_network("198.51.100.0/24")])
+    rules = [o for o in netns.nft_json("list", "chain", "inet", "nftblock", "prerouting") if "rule" in o]
+    assert len(rules) == len(writer.plan.chains[0].rules)
+    assert netns.set_elements("nftblock", "allow_net4") == {"198.51.100.0/24": {}}
+
+
+def test_add_with_timeouts_and_delete(netns: NetNS, writer: KernelWriter) -> None:
+    t = now_ms()
+    ops = [SetOp("feeds_ip4", ip4(f"10.0.{i // 250}.{i % 250 + 1}"), True, t + 600_000) for i in range(5000)]
+    res = writer.apply(ops)
+    assert res.committed_ops == 5000 and not res.failed
+    elems = netns.set_elements("nftblock", "feeds_ip4")
+    assert len(elems) == 5000
+    assert 590 <= elems["10.0.0.1"]["expires"] <= 600 and 599 <= elems["10.0.0.1"]["timeout"] <= 600
+    res = writer.apply([SetOp("feeds_ip4", op.key, False) for op in ops[:1000]])
+    assert not res.failed
+    assert len(netns.set_elements("nftblock", "feeds_ip4")) == 4000
+
+
+def test_delete_of_absent_element_is_not_an_error(writer: KernelWriter) -> None:
+    res = writer.apply([SetOp("default_ip4", ip4("203.0.113.9"), False),
+                        SetOp("default_net4", net_key(ipaddress.ip_network("198.18.0.0/15")), False)])
+    assert not res.failed
+
+
+def test_reban_extends_the_timeout(netns: NetNS, writer: KernelWriter) -> None:
+    k = ip4("203.0.113.7")
+    writer.apply([SetOp("default_ip4", k, True, now_ms() + 60_000)])
+    assert netns.set_elements("nftblock", "default_ip4")["203.0.113.7"]["timeout"] == 60
+    writer.apply([SetOp("default_ip4", k, True, now_ms() + 3_600_000, existed=True)])
+    e = netns.set_elements("nftblock", "default_ip4")["203.0.113.7"]
+    assert e["expires"] > 3500
+
+
+def test_refresh_by_replace_on_kernels_without_timeout_update(netns: NetNS, writer: KernelWriter) -> None:
+    from dataclasses import replace
+    writer.features = replace(writer.features, timeout_update=False)
+    k = ip4("203.0.113.8")
+    writer.apply([SetOp("default_ip4", k, True, now_ms() + 60_000)])
+    res = writer.apply([SetOp("default_ip4", k, True, now_ms() + 7_200_000, existed=True)])
+    assert not res.failed
+    assert netns.set_elements("nftblock", "default_ip4")["203.0.113.8"]["expires"] > 7000
+    # the old element expired meanwhile (here: was removed): the delete half finds nothing, the add still lands
+    writer.apply([SetOp("default_ip4", k, False)])
+    res = writer.apply([SetOp("default_ip4", k, True, now_ms() + 60_000, existed=True)])
+    assert not res.failed and "203.0.113.8" in netns.set_elements("nftblock", "default_ip4")
+
+
+def test_a_computed_zero_timeout_is_never_sent(netns: NetNS, writer: KernelWriter) -> None:
+    t = now_ms()
+    res = writer.apply([SetOp("default_ip4", ip4("203.0.113.1"), True, t - 1),
+                        SetOp("default_ip4", ip4("203.0.113.2"), True, t + 60_000)], now_ms=t)
+    assert res.expired == [0]
+    assert set(netns.set_elements("nftblock", "default_ip4")) == {"203.0.113.2"}
+
+
+def test_cidr_is_enforced_as_the_whole_range(netns: NetNS, writer: KernelWriter) -> None:
+    nets = ["10.0.0.0/8", "11.0.0.0/16", "11.1.0.0/16", "255.255.255.0/24"]
+    res = writer.apply([SetOp("default_net4", net_key(ipaddress.ip_network(n)), True, now_ms() + 60_000)
+                        for n in nets])
+    assert not res.failed
+    assert set(netns.set_elements("nftblock", "default_net4")) == set(nets)
+    # unbanning one of two adjacent ranges leaves the other
+    writer.apply([SetOp("default_net4", net_key(ipaddress.ip_network("11.0.0.0/16")), False)])
+    assert set(netns.set_elements("nftblock", "default_net4")) == {"10.0.0.0/8", "11.1.0.0/16", "255.255.255.0/24"}
+    assert {k: v for k, v in writer.dump_keys("default_net4").items()}.keys() == {
+        net_key(ipaddress.ip_network(n)) for n in ("10.0.0.0/8", "11.1.0.0/16", "255.255.255.0/24")}
+
+
+def test_ipv6_hash_and_interval(netns: NetNS, writer: KernelWriter) -> None:
+    a = int(ipaddress.IPv6Address("2001:db8:1::1"))
+    n = net_key(ipaddress.ip_network("2001:db8:2::/48"))
+    res = writer.apply([SetOp("default_ip6", a, True, now_ms() + 60_000),
+                        SetOp("default_net6", n, True, None)])
+    assert not res.failed
+    assert "2001:db8:1::1" in netns.set_elements("nftblock", "default_ip6")
+    assert netns.set_elements("nftblock", "default_net6") == {"2001:db8:2::/48": {}}
+
+
+def test_one_bad_element_does_not_lose_the_batch(netns: NetNS, writer: KernelWriter) -> None:
+    writer.apply([SetOp("default_net4", net_key(ipaddress.ip_network("10.0.0.0/8")), True, now_ms() + 60_000)])
+    ops = [SetOp("default_net4", net_key(ipaddress.ip_network("12.0.0.0/8")), True, now_ms() + 60_000),
+           SetOp("default_net4", net_key(ipaddress.ip_network("10.1.0.0/16")), True, now_ms() + 60_000),
+           SetOp("default_net4", net_key(ipaddress.ip_network("13.0.0.0/8")), True, now_ms() + 60_000),
+           SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)]
+    res = writer.apply(ops)
+    assert set(res.failed) == {1} and res.failed[1][0] == errno.EEXIST
+    assert set(netns.set_elements("nftblock", "default_net4")) == {"10.0.0.0/8", "12.0.0.0/8", "13.0.0.0/8"}
+    assert "203.0.113.5" in netns.set_elements("nftblock", "default_ip4")
+
+
+def test_full_set_reports_enfile(netns: NetNS, writer: KernelWriter) -> None:
+    ops = [SetOp("default_ip4", ip4(f"10.9.0.{i}"), True, now_ms() + 60_000) for i in range(1, 80)]
+    res = writer.apply(ops)
+    assert len(res.failed) == 79 - 64
+    assert all(e == errno.ENFILE for e, _ in res.failed.values())
+    assert len(netns.set_elements("nftblock", "default_ip4")) == 64
+
+
+def test_foreign_table_left_untouched(netns: NetNS) -> None:
+    netns.run("nft", "-f", "-", input="table inet mine {\n set s { type ipv4_addr; elements = { 1.2.3.4 }; }\n"
+              " chain c { type filter hook input priority 0; ip saddr @s drop; }\n}\n")
+    before = netns.nft("list", "table", "inet", "mine").stdout
+    w = make_writer(netns)
+    w.setup([])
+    w.apply([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
+    assert netns.nft("list", "table", "inet", "mine").stdout == before
+    w.close()
+
+
+def test_owned_table_survives_flush_and_delete_by_others(netns: NetNS, writer: KernelWriter) -> None:
+    writer.apply([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
+    r = netns.nft("delete", "table", "inet", "nftblock", check=False)
+    assert r.returncode != 0 and "Operation not permitted" in r.stderr
+    netns.nft("flush", "ruleset")
+    assert writer.table_intact() == []
+    assert "203.0.113.5" in netns.set_elements("nftblock", "default_ip4")
+
+
+def test_table_persists_after_the_socket_closes_and_is_adopted(netns: NetNS) -> None:
+    w = make_writer(netns)
+    w.setup([])
+    w.apply([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
+    w.close()
+    assert "203.0.113.5" in netns.set_elements("nftblock", "default_ip4")
+    w2 = make_writer(netns)
+    w2.setup([])  # adopts the persisted table
+    assert w2.features.owner
+    assert "203.0.113.5" in netns.set_elements("nftblock", "default_ip4")
+    r = netns.nft("delete", "table", "inet", "nftblock", check=False)
+    assert r.returncode != 0
+    w2.close()
+
+
+def test_unowned_table_is_rebuilt_after_delete(netns: NetNS) -> None:
+    w = make_writer(netns)
+    w.protect = False
+    try:
+        w.setup([])
+        netns.nft("delete", "table", "inet", "nftblock")
+        assert w.table_intact() == ["table inet nftblock"]
+        w.setup([])
+        assert w.table_intact() == []
+    finally:
+        w.close()
+
+
+def test_wrong_set_type_is_a_clear_error(netns: NetNS) -> None:
+    netns.run("nft", "-f", "-", input="table inet nftblock {\n set default_ip4 { type ipv6_addr; }\n}\n")
+    w = make_writer(netns)
+    try:
+        with pytest.raises(KernelStateError, match="default_ip4.*Delete the table"):
+            w.setup([])
+    finally:
+        w.close()
+
+
+def test_set_counts_and_point_lookup(writer: KernelWriter) -> None:
+    writer.apply([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
+    assert writer.set_counts()["default_ip4"] == 1
+    e = writer.sock.get_element("nftblock", "default_ip4", bytes([203, 0, 113, 5]))
+    assert e is not None and e.timeout_ms == 60_000
+    assert writer.sock.get_element("nftblock", "default_ip4", bytes([203, 0, 113, 6])) is None
