@@ -1,0 +1,558 @@
+"""`nftblock`: the operator's command line for a running nftblockd (plus two commands that need no daemon).
+
+This is the only place that turns errors into exit codes and messages: 0 ok; 1 failed (the daemon refused or
+reported an error, a target was refused, the daemon is not running); 2 bad usage (arguments, an invalid
+address). Every failure is one line on stderr starting with `nftblock: `. Human output by default; `--json`
+prints the daemon's result object unchanged, for scripts.
+
+Addresses are validated here, before anything is sent, so that a typo on line 70,000 of a bulk list is
+reported with its line number and nothing is banned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn, TextIO
+
+from .control.client import ClientError, ControlClient
+from .durations import format_duration, parse_timeout
+from .events import AddressError, format_target, parse_target
+
+DEFAULT_SOCKET = "/run/nftblockd/control.sock"
+DEFAULT_F2B_DB = "/var/lib/fail2ban/fail2ban.sqlite3"
+SOCKET_ENV = "NFTBLOCK_SOCKET"
+CLIENT_TIMEOUT = 120.0  # seconds to wait for the daemon; a bulk ban waits for the kernel's acknowledgement
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_MAX_ERROR_LINES = 20  # per-target failures printed before "... and N more"
+
+# A canonical dotted quad parses to itself: checking it with a regex is ~25x cheaper than ipaddress, which
+# matters for `ban -` with a million lines. Anything else goes through events.parse_target.
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_PLAIN_V4 = re.compile(rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}")
+
+
+class UsageError(Exception):
+    """The operator's input is wrong (exit 2)."""
+
+
+class Failed(Exception):
+    """The operation did not succeed (exit 1); the message has already been worded for the operator."""
+
+
+class _ArgumentError(UsageError):
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class _ParserExit(Exception):
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that writes to our streams and raises instead of calling sys.exit."""
+
+    _out: TextIO | None = None  # set on a per-call subclass (subparsers are built with type(self))
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message:
+            (self._out or sys.stdout).write(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise _ParserExit(status)
+
+    def error(self, message: str) -> NoReturn:
+        raise _ArgumentError(message, self.format_usage())
+
+
+@dataclass(slots=True)
+class _Context:
+    out: TextIO
+    err: TextIO
+    stdin: TextIO
+    socket: str
+    json: bool
+    client_factory: Callable[[str], ControlClient]
+
+    def call(self, cmd: str, args: dict[str, Any]) -> dict[str, Any]:
+        with self.client_factory(self.socket) as client:
+            return client.call(cmd, args)
+
+    def print(self, text: str = "") -> None:
+        self.out.write(text + "\n")
+
+    def warn(self, text: str) -> None:
+        self.err.write(f"nftblock: {text}\n")
+
+    def print_json(self, result: Mapping[str, Any]) -> None:
+        self.out.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+
+
+# --- entry point ---------------------------------------------------------------------------------------
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+    environ: Mapping[str, str] | None = None,
+    client_factory: Callable[[str], ControlClient] | None = None,
+) -> int:
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    env = os.environ if environ is None else environ
+    parser = build_parser(out)
+    try:
+        ns = parser.parse_args(argv)
+    except _ArgumentError as exc:
+        err.write(f"{exc.usage}nftblock: {exc}\n")  # usage first, so the last line is the reason
+        return EXIT_USAGE
+    except _ParserExit as exc:  # --help
+        return exc.status
+    ctx = _Context(
+        out=out,
+        err=err,
+        stdin=stdin or sys.stdin,
+        socket=ns.socket or env.get(SOCKET_ENV) or DEFAULT_SOCKET,
+        json=bool(ns.json),
+        client_factory=client_factory or functools.partial(ControlClient, timeout=CLIENT_TIMEOUT),
+    )
+    try:
+        code: int = ns.func(ctx, ns)
+        return code
+    except UsageError as exc:
+        ctx.warn(str(exc))
+        return EXIT_USAGE
+    except (ClientError, Failed) as exc:
+        ctx.warn(str(exc))
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `nftblock list | head`: the reader has gone, nothing left to say
+        if out is sys.__stdout__ and sys.__stdout__ is not None:
+            # Python flushes stdout again at exit and would print a traceback about the same broken pipe.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.__stdout__.fileno())
+            os.close(devnull)
+        return EXIT_FAILED
+
+
+def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
+    parser_class: type[_Parser] = type("_Parser", (_Parser,), {"_out": out})
+    p = parser_class(prog="nftblock", description="Control a running nftblockd.")
+    p.add_argument("--socket", metavar="PATH",
+                   help=f"control socket (default: ${SOCKET_ENV} or {DEFAULT_SOCKET})")
+    p.add_argument("--json", action="store_true", help="print the daemon's result as JSON")
+    cmds = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, func: Callable[[_Context, argparse.Namespace], int], help: str) -> Any:
+        sp = cmds.add_parser(name, help=help, description=help)
+        # --json is accepted after the command too; SUPPRESS keeps a global --json from being reset.
+        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        sp.set_defaults(func=func)
+        return sp
+
+    sp = add("ban", _cmd_ban, "ban addresses or CIDR ranges ('-' reads them from stdin, one per line)")
+    sp.add_argument("targets", nargs="+", metavar="ADDR|CIDR")
+    sp.add_argument("--timeout", metavar="DURATION", help="e.g. 10m, 1h, 2d or 'permanent' "
+                    "(default: the blocklist's)")
+    sp.add_argument("--set", metavar="NAME", help="blocklist (default: the default blocklist)")
+    sp.add_argument("--comment", metavar="TEXT", default="", help="reason recorded with the ban")
+
+    sp = add("unban", _cmd_unban, "remove bans ('-' reads the targets from stdin)")
+    sp.add_argument("targets", nargs="+", metavar="ADDR|CIDR")
+    sp.add_argument("--set", metavar="NAME", help="only this blocklist (default: all)")
+
+    sp = add("list", _cmd_list, "list active bans")
+    sp.add_argument("--set", metavar="NAME", help="only this blocklist")
+
+    add("status", _cmd_status, "show the daemon's state: sets, batches, errors, jails, feeds")
+
+    sp = add("check", _cmd_check, "is this address banned (where, why, for how long) or allowlisted?")
+    sp.add_argument("target", metavar="ADDR")
+
+    sp = add("feeds", _cmd_feeds, "show feeds; 'feeds refresh NAME' refreshes one now")
+    feed_cmds = sp.add_subparsers(dest="feeds_action", metavar="ACTION")
+    rp = feed_cmds.add_parser("refresh", help="refresh a feed now and wait for the result")
+    rp.add_argument("name", metavar="NAME")
+    rp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    sp = add("test-filter", _cmd_test_filter, "run a filter over a log file (no daemon needed)")
+    sp.add_argument("filter", metavar="FILTER")
+    sp.add_argument("logfile", metavar="LOGFILE")
+
+    sp = add("import-fail2ban", _cmd_import_fail2ban,
+             "ban what fail2ban currently bans, for the time it has left")
+    sp.add_argument("db", nargs="?", default=DEFAULT_F2B_DB, metavar="PATH",
+                    help=f"fail2ban's database (default: {DEFAULT_F2B_DB})")
+    sp.add_argument("--set", metavar="NAME", help="blocklist (default: the default blocklist)")
+    return p
+
+
+# --- targets -------------------------------------------------------------------------------------------
+
+
+def canonical_target(text: str) -> str:
+    """The target as the daemon will print it; raises AddressError. A CIDR with host bits set is refused."""
+    s = text.strip()
+    if _PLAIN_V4.fullmatch(s):
+        return s
+    return format_target(parse_target(s, strict=True))
+
+
+def _targets_from_args(ctx: _Context, targets: list[str]) -> list[str]:
+    if "-" in targets:
+        if len(targets) != 1:
+            raise UsageError("'-' (read targets from stdin) cannot be combined with other targets")
+        return _targets_from_lines(ctx.stdin)
+    out: list[str] = []
+    bad: list[str] = []
+    for t in targets:
+        try:
+            out.append(canonical_target(t))
+        except AddressError as exc:
+            bad.append(str(exc))
+    if bad:
+        more = f" (and {len(bad) - 1} more invalid)" if len(bad) > 1 else ""
+        raise UsageError(f"{bad[0]}{more}")
+    return list(dict.fromkeys(out))
+
+
+def _targets_from_lines(lines: Iterable[str]) -> list[str]:
+    """One target per line; blank lines and `#` comments (whole-line or trailing) are skipped."""
+    out: dict[str, None] = {}
+    first_bad: str | None = None
+    nbad = 0
+    lineno = 0
+    try:
+        for lineno, line in enumerate(lines, 1):
+            text = line.split("#", 1)[0].strip()
+            if not text:
+                continue
+            try:
+                out[canonical_target(text)] = None
+            except AddressError as exc:
+                nbad += 1
+                if first_bad is None:
+                    first_bad = f"stdin line {lineno}: {exc}"
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"stdin line {lineno + 1}: not text ({exc.reason}); nothing was sent") from None
+    if first_bad is not None:
+        more = f" (and {nbad - 1} more invalid lines)" if nbad > 1 else ""
+        raise UsageError(f"{first_bad}{more}; nothing was sent")
+    return list(out)
+
+
+def _wire_timeout(text: str | None) -> float | str | None:
+    if text is None:
+        return None
+    try:
+        seconds = parse_timeout(text)
+    except ValueError as exc:
+        raise UsageError(f"--timeout: {exc}") from None
+    return "permanent" if seconds is None else seconds
+
+
+def _describe(targets: list[str], verb: str) -> str:
+    if len(targets) == 1:
+        return f"{verb} {targets[0]}"
+    if len(targets) <= 10:
+        return f"{verb} {len(targets)} targets: {', '.join(targets)}"
+    return f"{verb} {len(targets)} targets"
+
+
+def _report_each(ctx: _Context, lines: list[str]) -> None:
+    for line in lines[:_MAX_ERROR_LINES]:
+        ctx.warn(line)
+    if len(lines) > _MAX_ERROR_LINES:
+        ctx.warn(f"... and {len(lines) - _MAX_ERROR_LINES} more")
+
+
+def _refusals(result: Mapping[str, Any]) -> list[str]:
+    refused = result.get("refused") or []
+    return [f"refused {r.get('target')}: {r.get('message') or r.get('code')}" for r in refused]
+
+
+# --- commands ------------------------------------------------------------------------------------------
+
+
+def _cmd_ban(ctx: _Context, ns: argparse.Namespace) -> int:
+    timeout = _wire_timeout(ns.timeout)
+    targets = _targets_from_args(ctx, ns.targets)
+    if not targets:
+        ctx.warn("no targets on stdin; nothing to ban")
+        return EXIT_OK
+    result = ctx.call("ban", {"targets": targets, "timeout": timeout, "set": ns.set, "comment": ns.comment})
+    applied = list(result.get("applied") or [])
+    refused = _refusals(result)
+    if ctx.json:
+        ctx.print_json(result)
+    elif applied:
+        how = "permanently" if timeout == "permanent" else "" if timeout is None else \
+            f"for {format_duration(float(timeout))}"
+        where = f" in blocklist {ns.set}" if ns.set else ""
+        ctx.print(f"{_describe(applied, 'banned')}{where}" + (f" ({how})" if how else ""))
+        for note in (result.get("notes") or [])[:_MAX_ERROR_LINES]:
+            ctx.print(f"note: {note.get('message') or note.get('target')}")
+    _report_each(ctx, refused)
+    return EXIT_FAILED if refused else EXIT_OK
+
+
+def _cmd_unban(ctx: _Context, ns: argparse.Namespace) -> int:
+    targets = _targets_from_args(ctx, ns.targets)
+    if not targets:
+        ctx.warn("no targets on stdin; nothing to unban")
+        return EXIT_OK
+    result = ctx.call("unban", {"targets": targets, "set": ns.set})
+    removed = list(result.get("removed") or [])
+    not_found = list(result.get("not_found") or [])
+    if ctx.json:
+        ctx.print_json(result)
+    elif removed:
+        ctx.print(_describe(removed, "unbanned"))
+    where = f" in blocklist {ns.set}" if ns.set else ""
+    messages = result.get("messages") or {}  # why, when the daemon knows more ("it lies inside ...")
+    failures = [messages.get(t) or f"{t} is not banned{where}" for t in not_found] + _refusals(result)
+    _report_each(ctx, failures)
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def _remaining(ban: Mapping[str, Any]) -> str:
+    left = ban.get("expires_in")
+    if left is None:
+        return "permanent" if ban.get("until") is None else "?"
+    return format_duration(float(left))
+
+
+def _cmd_list(ctx: _Context, ns: argparse.Namespace) -> int:
+    result = ctx.call("list", {"set": ns.set})
+    if ctx.json:
+        ctx.print_json(result)
+        return EXIT_OK
+    bans = result.get("bans") or []
+    if not bans:
+        ctx.print("no active bans" + (f" in blocklist {ns.set}" if ns.set else ""))
+        return EXIT_OK
+    rows = [[str(b.get("target", "")), str(b.get("blocklist", "")), str(b.get("set", "")), _remaining(b),
+             str(b.get("origin", "")), str(b.get("jail") or "-"), str(b.get("reason") or "")] for b in bans]
+    _table(ctx, ["TARGET", "BLOCKLIST", "SET", "REMAINING", "ORIGIN", "JAIL", "REASON"], rows)
+    ctx.print(f"{len(bans)} ban{'s' if len(bans) != 1 else ''}")
+    return EXIT_OK
+
+
+def _cmd_check(ctx: _Context, ns: argparse.Namespace) -> int:
+    try:
+        target = canonical_target(ns.target)
+    except AddressError as exc:
+        raise UsageError(str(exc)) from None
+    result = ctx.call("check", {"target": target})
+    if ctx.json:
+        ctx.print_json(result)
+        return EXIT_OK
+    shown = result.get("target") or target
+    allow = result.get("allowlisted")
+    if allow:
+        ctx.print(f"{shown} is allowlisted (entry {allow}): it is never banned")
+    bans = result.get("bans") or []
+    for b in bans:
+        left = _remaining(b)
+        span = "permanently" if left == "permanent" else f"for {left} more"
+        why = ", ".join(x for x in (
+            f"reason: {b['reason']}" if b.get("reason") else "",
+            f"jail {b['jail']}" if b.get("jail") else "",
+            f"origin {b['origin']}" if b.get("origin") else "",
+        ) if x)
+        covered = f" (by {b['target']})" if b.get("target") and b.get("target") != shown else ""
+        ctx.print(f"{shown} is banned{covered} in blocklist {b.get('blocklist')} (set {b.get('set')}) {span}"
+                  + (f"; {why}" if why else ""))
+    if not bans and not allow:
+        ctx.print(f"{shown} is not banned")
+    return EXIT_OK
+
+
+def _ago(t: Any, now: float) -> str:
+    if not isinstance(t, int | float) or isinstance(t, bool):
+        return "never" if t is None else str(t)
+    d = now - float(t)
+    return f"{format_duration(d)} ago" if d >= 0 else f"in {format_duration(-d)}"
+
+
+def _until(t: Any, now: float) -> str:
+    if not isinstance(t, int | float) or isinstance(t, bool):
+        return "-" if t is None else str(t)
+    d = float(t) - now
+    return f"in {format_duration(d)}" if d > 0 else "now"
+
+
+def _feed_rows(feeds: Iterable[Mapping[str, Any]], now: float) -> list[list[str]]:
+    return [[_cell(f.get("name")), _cell(f.get("entries")), _ago(f.get("last_success"), now),
+             _until(f.get("next_refresh"), now), _cell(f.get("error"))] for f in feeds]
+
+
+_FEED_HEADER = ["FEED", "ENTRIES", "LAST SUCCESS", "NEXT REFRESH", "ERROR"]
+
+
+def _cmd_feeds(ctx: _Context, ns: argparse.Namespace) -> int:
+    if getattr(ns, "feeds_action", None) == "refresh":
+        result = ctx.call("feeds_refresh", {"name": ns.name})
+        if ctx.json:
+            ctx.print_json(result)
+            return EXIT_OK
+        feed = result.get("feed") or {}
+        if feed.get("error"):
+            ctx.warn(f"feed {ns.name}: {feed['error']}")
+            return EXIT_FAILED
+        ctx.print(f"refreshed feed {ns.name}: {feed.get('entries', '?')} entries")
+        return EXIT_OK
+    result = ctx.call("feeds", {})
+    if ctx.json:
+        ctx.print_json(result)
+        return EXIT_OK
+    feeds = result.get("feeds") or []
+    if not feeds:
+        ctx.print("no feeds configured")
+        return EXIT_OK
+    _table(ctx, _FEED_HEADER, _feed_rows(feeds, time.time()))
+    return EXIT_OK
+
+
+def _cmd_status(ctx: _Context, ns: argparse.Namespace) -> int:
+    result = ctx.call("status", {})
+    if ctx.json:
+        ctx.print_json(result)
+        return EXIT_OK
+    up = result.get("uptime")
+    head = f"nftblockd {result.get('version', '?')}"
+    if isinstance(up, int | float):
+        head += f", up {format_duration(float(up))}"
+    if result.get("table"):
+        head += f", table {result['table']}"
+    ctx.print(head)
+    if result.get("kernel"):
+        ctx.print(f"kernel: {_kv(result['kernel'])}")
+    sets = result.get("sets") or []
+    if sets:
+        ctx.print("sets:")
+        rows = [[_cell(s.get(k)) for k in ("name", "blocklist", "family", "kind", "elements", "size")]
+                for s in sets]
+        _table(ctx, ["SET", "BLOCKLIST", "FAMILY", "KIND", "ELEMENTS", "SIZE"], rows, indent="  ")
+    for key in ("batches", "errors"):
+        if result.get(key):
+            ctx.print(f"{key}: {_kv(result[key])}")
+    jails = result.get("jails") or []
+    if jails:
+        ctx.print("jails:")
+        for j in jails:
+            if isinstance(j, Mapping):
+                rest = {k: v for k, v in j.items() if k != "name"}
+                ctx.print(f"  {j.get('name', '?')}: {_kv(rest)}" if rest else f"  {j.get('name', '?')}")
+            else:
+                ctx.print(f"  {j}")
+    feeds = result.get("feeds") or []
+    if feeds:
+        ctx.print("feeds:")
+        _table(ctx, _FEED_HEADER, _feed_rows(feeds, time.time()), indent="  ")
+    return EXIT_OK
+
+
+def _cmd_test_filter(ctx: _Context, ns: argparse.Namespace) -> int:
+    try:
+        from .testfilter import run  # type: ignore[import-not-found, unused-ignore]
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.testfilter":
+            raise
+        raise Failed("test-filter is not available in this build") from None
+    try:
+        code: int = run(ns.filter, ns.logfile, json_output=ctx.json, out=ctx.out, err=ctx.err)
+    except OSError as exc:
+        raise Failed(f"{exc.filename or ns.logfile}: {exc.strerror or exc}") from None
+    return code
+
+
+def _cmd_import_fail2ban(ctx: _Context, ns: argparse.Namespace) -> int:
+    try:
+        from .f2bimport import read_fail2ban_bans  # type: ignore[import-not-found, unused-ignore]
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.f2bimport":
+            raise
+        raise Failed("import-fail2ban is not available in this build") from None
+    try:
+        bans = read_fail2ban_bans(ns.db, time.time())
+    # The reader may fail with sqlite's, the filesystem's or its own errors; all mean "cannot read it".
+    except Exception as exc:
+        raise Failed(f"cannot read fail2ban bans from {ns.db}: {exc}") from None
+    items: dict[str, dict[str, Any]] = {}
+    skipped: list[str] = []
+    for ban in bans:
+        try:
+            target = canonical_target(str(ban.ip))
+        except AddressError as exc:
+            skipped.append(f"skipped fail2ban entry (jail {ban.jail}): {exc}")
+            continue
+        if ban.remaining is not None and ban.remaining <= 0:
+            continue  # expired between fail2ban's bookkeeping and now
+        timeout: float | str = "permanent" if ban.remaining is None else max(1, math.ceil(ban.remaining))
+        prev = items.get(target)
+        if prev is not None and (prev["timeout"] == "permanent" or
+                                 (timeout != "permanent" and prev["timeout"] >= timeout)):
+            continue  # the same address in several jails: the longest ban wins
+        items[target] = {"target": target, "timeout": timeout, "jail": ban.jail,
+                         "reason": f"imported from fail2ban jail {ban.jail}"}
+    _report_each(ctx, skipped)
+    if not items:
+        ctx.print(f"no active fail2ban bans in {ns.db}")
+        return EXIT_FAILED if skipped else EXIT_OK
+    result = ctx.call("ban", {"targets": list(items.values()), "set": ns.set, "origin": "fail2ban"})
+    refused = _refusals(result)
+    if ctx.json:
+        ctx.print_json(result)
+    else:
+        n = len(result.get("applied") or [])
+        extra = f" ({len(refused)} refused)" if refused else ""
+        ctx.print(f"imported {n} ban{'s' if n != 1 else ''} from {ns.db}{extra}")
+    _report_each(ctx, refused)
+    return EXIT_FAILED if refused or skipped else EXIT_OK
+
+
+# --- formatting ----------------------------------------------------------------------------------------
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value == "" else str(value)
+
+
+def _table(ctx: _Context, header: list[str], rows: list[list[str]], indent: str = "") -> None:
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    for row in (header, *rows):
+        ctx.print(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _kv(obj: Any, prefix: str = "") -> str:
+    """`{"sent": 3, "latency": {"p50": 0.001}}` → `sent=3 latency.p50=0.001`."""
+    if not isinstance(obj, Mapping):
+        return str(obj)
+    parts: list[str] = []
+    for k, v in obj.items():
+        if isinstance(v, Mapping):
+            parts.append(_kv(v, f"{prefix}{k}."))
+        elif isinstance(v, float):
+            parts.append(f"{prefix}{k}={v:.6g}")
+        else:
+            parts.append(f"{prefix}{k}={v}")
+    return " ".join(p for p in parts if p)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

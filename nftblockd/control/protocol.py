@@ -1,0 +1,538 @@
+"""The control protocol's codec: bytes in, requests out; values in, bytes out. Pure.
+
+Never opens a socket, never reads the clock, never imports asyncio: `server.py` and `client.py` do the IO and
+`docs/control-protocol.md` is the contract this module implements. The rules, in prose:
+
+- A stream is a sequence of lines separated by `\\n` (a trailing `\\r` is dropped; blank lines are ignored).
+  Each non-blank line is one JSON object: a request (client → daemon) or a response (daemon → client).
+- A line longer than the limit (64 MiB by default for requests) is refused *once* with `bad_request`; the
+  decoder then discards bytes up to the next newline and carries on, so its memory stays bounded and the
+  connection stays usable.
+- A line that is not a valid request (bad JSON, wrong shape, unsupported version) is answered with
+  `bad_request`, echoing its `id` when one could be read. The decoder never raises on what a peer sends: it
+  turns every line into a `Request` or an `Invalid`. Only the response decoder (the client side, which trusts
+  the daemon) raises `ProtocolError`, when the daemon says something that is not a response.
+- Responses come back in request order on each connection; `id` lets a client check the pairing.
+
+The per-command argument parsers (`parse_args`) are here too, so that the daemon and any other implementation
+read `ban`/`unban`/... arguments by the same rules the document states.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+from ..durations import parse_timeout
+from ..events import BanInfo, format_target
+
+VERSION: Final = 1
+DEFAULT_MAX_REQUEST: Final = 64 * 1024 * 1024  # a bulk `ban -` of 1,000,000 IPv6 addresses is ~42 MB
+DEFAULT_MAX_RESPONSE: Final = 1024 * 1024 * 1024  # the client trusts the daemon; `list` can be large
+
+ERROR_CODES: Final = frozenset({
+    "invalid_address",  # a target is not an IP address or CIDR
+    "allowlisted",  # a target overlaps the allowlist; never banned
+    "unknown_set",  # no blocklist by that name
+    "bad_request",  # the request is malformed: JSON, shape, unknown command or argument
+    "not_found",  # the named thing (feed, ban) does not exist
+    "internal",  # a bug in the daemon; details are in its log
+    "unavailable",  # the daemon cannot serve this now (starting, stopping, kernel unreachable, busy)
+    "forbidden",  # the peer's credentials do not allow using the socket
+})
+
+ErrorCode: TypeAlias = Literal[
+    "invalid_address", "allowlisted", "unknown_set", "bad_request", "not_found", "internal", "unavailable",
+    "forbidden",
+]
+
+
+class ControlError(Exception):
+    """An error the client should see: `code` is one of ERROR_CODES, `message` one line for an operator.
+
+    The daemon's handler raises it; the server turns it into an error response. Any other exception from a
+    handler is a bug and becomes `internal`.
+    """
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        if code not in ERROR_CODES:
+            raise ValueError(f"unknown control error code {code!r}")
+        super().__init__(message)
+        self.code: ErrorCode = code
+        self.message = one_line(message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ProtocolError(ControlError):
+    """What a peer sent does not follow the protocol (always `bad_request` when it is the client's fault)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("bad_request", message)
+
+
+def one_line(text: object, limit: int = 500) -> str:
+    """Collapse whitespace (newlines included) so a message fits one log or terminal line."""
+    s = " ".join(str(text).split())
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+# --- values --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: int
+    cmd: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """A line that is not a valid request; answer `bad_request` with `id` (None when unreadable)."""
+
+    id: int | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    id: int | None
+    ok: bool
+    result: dict[str, Any] | None = None
+    code: str | None = None  # set when not ok; may be a code newer than ERROR_CODES
+    message: str | None = None
+
+
+# --- encoding ------------------------------------------------------------------------------------------
+
+
+def _dumps(obj: dict[str, Any]) -> bytes:
+    # JSON escapes control characters inside strings, so the encoded object never contains a raw newline.
+    # allow_nan=False: NaN and Infinity are not JSON; a handler returning them is a bug (→ `internal`).
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+
+
+def encode_request(id: int, cmd: str, args: dict[str, Any] | None = None) -> bytes:
+    return _dumps({"v": VERSION, "id": id, "cmd": cmd, "args": args or {}})
+
+
+def encode_result(id: int | None, result: dict[str, Any]) -> bytes:
+    """Raises TypeError/ValueError if `result` is not JSON-encodable (the server answers `internal`)."""
+    return _dumps({"v": VERSION, "id": id, "ok": True, "result": result})
+
+
+def encode_error(id: int | None, code: ErrorCode, message: str) -> bytes:
+    if code not in ERROR_CODES:
+        raise ValueError(f"unknown control error code {code!r}")
+    error = {"code": code, "message": one_line(message)}
+    return _dumps({"v": VERSION, "id": id, "ok": False, "error": error})
+
+
+# --- line splitting ------------------------------------------------------------------------------------
+
+
+class _Oversize:
+    """Marker from LineSplitter: a line exceeded the limit and is being discarded."""
+
+
+OVERSIZE: Final = _Oversize()
+
+
+class LineSplitter:
+    """Splits a byte stream into lines of at most `max_line` bytes (newline excluded), memory bounded.
+
+    A longer line yields OVERSIZE once, and its bytes are discarded up to the next newline.
+    """
+
+    def __init__(self, max_line: int) -> None:
+        if max_line < 1:
+            raise ValueError("max_line must be positive")
+        self._max = max_line
+        self._buf = bytearray()
+        self._discarding = False
+        self._eof = False
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[bytes | _Oversize]:
+        if self._eof:
+            raise RuntimeError("feed() after feed_eof()")
+        out: list[bytes | _Oversize] = []
+        start = 0
+        n = len(data)
+        while start < n:
+            nl = data.find(b"\n", start)
+            end = n if nl < 0 else nl
+            if self._discarding:
+                if nl >= 0:
+                    self._discarding = False
+            elif len(self._buf) + (end - start) > self._max:
+                out.append(OVERSIZE)
+                self._buf.clear()
+                self._discarding = nl < 0
+            elif nl < 0:
+                self._buf += data[start:end]
+            elif self._buf:
+                self._buf += data[start:end]
+                out.append(bytes(self._buf))
+                self._buf.clear()
+            else:
+                out.append(data[start:end])
+            if nl < 0:
+                break
+            start = nl + 1
+        return out
+
+    def feed_eof(self) -> list[bytes | _Oversize]:
+        """End of stream: a final line without a newline still counts (netcat users forget it)."""
+        self._eof = True
+        if self._discarding or not self._buf:
+            return []
+        line = bytes(self._buf)
+        self._buf.clear()
+        return [line]
+
+
+# --- requests ------------------------------------------------------------------------------------------
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def decode_request(line: bytes) -> Request:
+    """Parse one line (without its newline) into a Request; raises ProtocolError.
+
+    The error's `id` attribute carries the request id when one could be read, so the answer can echo it.
+    """
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise _RequestError(None, "not a JSON object on one line") from None
+    if not isinstance(obj, dict):
+        raise _RequestError(None, "a request must be a JSON object")
+    rid = obj.get("id")
+    if not isinstance(rid, int) or isinstance(rid, bool):
+        raise _RequestError(None, "the request needs an integer \"id\"")
+    v = obj.get("v")
+    if v != VERSION:
+        raise _RequestError(rid, f"unsupported protocol version {v!r} (this daemon speaks {VERSION})")
+    cmd = obj.get("cmd")
+    if not isinstance(cmd, str) or not cmd:
+        raise _RequestError(rid, "the request needs a command name in \"cmd\"")
+    args = obj.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise _RequestError(rid, "\"args\" must be a JSON object")
+    return Request(rid, cmd, args)
+
+
+class _RequestError(ProtocolError):
+    def __init__(self, id: int | None, message: str) -> None:
+        super().__init__(message)
+        self.id = id
+
+
+class RequestDecoder:
+    """Incremental request decoder for the daemon side: never raises on what the peer sends.
+
+        decoder = RequestDecoder()
+        for event in decoder.feed(chunk):   # ... and decoder.feed_eof() at end of stream
+            Request → call the handler;  Invalid → answer bad_request with event.id
+    """
+
+    def __init__(self, max_request: int = DEFAULT_MAX_REQUEST) -> None:
+        self.max_request = max_request
+        self._lines = LineSplitter(max_request)
+
+    @property
+    def buffered(self) -> int:
+        return self._lines.buffered
+
+    def feed(self, data: bytes) -> list[Request | Invalid]:
+        return self._decode(self._lines.feed(data))
+
+    def feed_eof(self) -> list[Request | Invalid]:
+        return self._decode(self._lines.feed_eof())
+
+    def _decode(self, lines: list[bytes | _Oversize]) -> list[Request | Invalid]:
+        out: list[Request | Invalid] = []
+        for line in lines:
+            if isinstance(line, _Oversize):
+                out.append(Invalid(None, f"request larger than {_size(self.max_request)}; it was discarded"))
+                continue
+            line = line.rstrip(b"\r")
+            if not line.strip():
+                continue
+            try:
+                out.append(decode_request(line))
+            except _RequestError as exc:
+                out.append(Invalid(exc.id, exc.message))
+        return out
+
+
+# --- responses -----------------------------------------------------------------------------------------
+
+
+def decode_response(line: bytes) -> Response:
+    """Parse one response line; raises ProtocolError if the daemon said something that is not a response."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        raise ProtocolError("the daemon's reply is not JSON") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
+        raise ProtocolError("the daemon's reply is not a response object")
+    if obj.get("v") != VERSION:
+        raise ProtocolError(f"the daemon speaks protocol version {obj.get('v')!r}, not {VERSION}")
+    rid = obj.get("id")
+    if rid is not None and not _is_int(rid):
+        raise ProtocolError("the daemon's reply has a non-integer id")
+    if obj["ok"]:
+        result = obj.get("result")
+        if not isinstance(result, dict):
+            raise ProtocolError("the daemon's reply has no result object")
+        return Response(rid, True, result=result)
+    err = obj.get("error")
+    if not isinstance(err, dict) or not isinstance(err.get("code"), str):
+        raise ProtocolError("the daemon's error reply has no error code")
+    return Response(rid, False, code=err["code"], message=one_line(err.get("message") or err["code"]))
+
+
+class ResponseDecoder:
+    """Incremental response decoder for the client side; raises ProtocolError (and only that)."""
+
+    def __init__(self, max_response: int = DEFAULT_MAX_RESPONSE) -> None:
+        self.max_response = max_response
+        self._lines = LineSplitter(max_response)
+
+    def feed(self, data: bytes) -> list[Response]:
+        return self._decode(self._lines.feed(data))
+
+    def feed_eof(self) -> list[Response]:
+        return self._decode(self._lines.feed_eof())
+
+    def _decode(self, lines: list[bytes | _Oversize]) -> list[Response]:
+        out: list[Response] = []
+        for line in lines:
+            if isinstance(line, _Oversize):
+                raise ProtocolError(f"the daemon's reply is larger than {_size(self.max_response)}")
+            line = line.rstrip(b"\r")
+            if line.strip():
+                out.append(decode_response(line))
+        return out
+
+
+def _size(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"
+
+
+# --- command arguments ---------------------------------------------------------------------------------
+
+
+class _BlocklistDefault(enum.Enum):
+    TOKEN = "default"
+
+    def __repr__(self) -> str:
+        return "BLOCKLIST_DEFAULT"
+
+
+BLOCKLIST_DEFAULT: Final = _BlocklistDefault.TOKEN
+"""`timeout: null` on the wire: use the blocklist's configured default."""
+
+Timeout: TypeAlias = float | Literal[_BlocklistDefault.TOKEN] | None
+"""Seconds; None = permanent (as in durations.parse_timeout and Ban.until); BLOCKLIST_DEFAULT = not said."""
+
+ORIGINS: Final = ("cli", "fail2ban")  # what a control client may claim a ban comes from
+
+
+@dataclass(frozen=True, slots=True)
+class BanItem:
+    target: str  # as sent; the daemon parses it with events.parse_target and refuses it if invalid
+    timeout: Timeout = BLOCKLIST_DEFAULT
+    reason: str = ""
+    jail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BanArgs:
+    items: tuple[BanItem, ...]
+    blocklist: str | None  # None: the default blocklist
+    origin: str = "cli"
+
+
+@dataclass(frozen=True, slots=True)
+class UnbanArgs:
+    targets: tuple[str, ...]
+    blocklist: str | None  # None: every blocklist
+
+
+@dataclass(frozen=True, slots=True)
+class ListArgs:
+    blocklist: str | None  # None: every blocklist
+
+
+@dataclass(frozen=True, slots=True)
+class CheckArgs:
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class FeedsRefreshArgs:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class NoArgs:
+    """`ping`, `status` and `feeds` take no arguments."""
+
+
+CommandArgs: TypeAlias = BanArgs | UnbanArgs | ListArgs | CheckArgs | FeedsRefreshArgs | NoArgs
+
+
+def parse_wire_timeout(value: object, where: str = "timeout") -> Timeout:
+    """`null` → BLOCKLIST_DEFAULT; positive seconds; a duration string ("1h", "permanent")."""
+    if value is None:
+        return BLOCKLIST_DEFAULT
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError(f"{where}: not a finite number")
+    try:
+        return parse_timeout(value)
+    except ValueError as exc:
+        raise ProtocolError(f"{where}: {exc}") from None
+
+
+def _check_keys(cmd: str, args: dict[str, Any], known: tuple[str, ...]) -> None:
+    unknown = sorted(k for k in args if k not in known)
+    if unknown:
+        allowed = ", ".join(known) if known else "none"
+        raise ProtocolError(f"{cmd}: unknown argument {unknown[0]!r} (allowed: {allowed})")
+
+
+def _opt_str(cmd: str, args: dict[str, Any], key: str) -> str | None:
+    v = args.get(key)
+    if v is not None and not isinstance(v, str):
+        raise ProtocolError(f"{cmd}: {key!r} must be a string or null")
+    return v
+
+
+def _req_str(cmd: str, args: dict[str, Any], key: str) -> str:
+    v = args.get(key)
+    if not isinstance(v, str) or not v:
+        raise ProtocolError(f"{cmd}: {key!r} must be a non-empty string")
+    return v
+
+
+def _targets(cmd: str, args: dict[str, Any]) -> list[Any]:
+    t = args.get("targets")
+    if not isinstance(t, list) or not t:
+        raise ProtocolError(f"{cmd}: 'targets' must be a non-empty list")
+    return t
+
+
+def _parse_ban(args: dict[str, Any]) -> BanArgs:
+    _check_keys("ban", args, ("targets", "timeout", "set", "comment", "origin"))
+    timeout = parse_wire_timeout(args.get("timeout"))
+    comment = args.get("comment") or ""
+    if not isinstance(comment, str):
+        raise ProtocolError("ban: 'comment' must be a string")
+    origin = args.get("origin") or "cli"
+    if origin not in ORIGINS:
+        raise ProtocolError(f"ban: 'origin' must be one of {', '.join(ORIGINS)}")
+    items: list[BanItem] = []
+    for i, t in enumerate(_targets("ban", args)):
+        if isinstance(t, str):
+            items.append(BanItem(t, timeout, comment))
+        elif isinstance(t, dict):
+            _check_keys(f"ban: targets[{i}]", t, ("target", "timeout", "reason", "jail"))
+            target = t.get("target")
+            reason, jail = t.get("reason", comment), t.get("jail", "")
+            if not isinstance(target, str) or not isinstance(reason, str) or not isinstance(jail, str):
+                raise ProtocolError(f"ban: targets[{i}]: 'target', 'reason' and 'jail' must be strings")
+            item_timeout = timeout
+            if "timeout" in t:
+                item_timeout = parse_wire_timeout(t["timeout"], f"targets[{i}].timeout")
+            items.append(BanItem(target, item_timeout, reason, jail))
+        else:
+            raise ProtocolError(f"ban: targets[{i}] must be a string or an object")
+    return BanArgs(tuple(items), _opt_str("ban", args, "set"), origin)
+
+
+def _parse_unban(args: dict[str, Any]) -> UnbanArgs:
+    _check_keys("unban", args, ("targets", "set"))
+    targets = _targets("unban", args)
+    if not all(isinstance(t, str) for t in targets):
+        raise ProtocolError("unban: 'targets' must be a list of strings")
+    return UnbanArgs(tuple(targets), _opt_str("unban", args, "set"))
+
+
+def _parse_list(args: dict[str, Any]) -> ListArgs:
+    _check_keys("list", args, ("set",))
+    return ListArgs(_opt_str("list", args, "set"))
+
+
+def _parse_check(args: dict[str, Any]) -> CheckArgs:
+    _check_keys("check", args, ("target",))
+    return CheckArgs(_req_str("check", args, "target"))
+
+
+def _parse_feeds_refresh(args: dict[str, Any]) -> FeedsRefreshArgs:
+    _check_keys("feeds_refresh", args, ("name",))
+    return FeedsRefreshArgs(_req_str("feeds_refresh", args, "name"))
+
+
+def _no_args(cmd: str) -> Any:
+    def parse(args: dict[str, Any]) -> NoArgs:
+        _check_keys(cmd, args, ())
+        return NoArgs()
+
+    return parse
+
+
+_PARSERS: Final = {
+    "ping": _no_args("ping"),
+    "ban": _parse_ban,
+    "unban": _parse_unban,
+    "list": _parse_list,
+    "status": _no_args("status"),
+    "check": _parse_check,
+    "feeds": _no_args("feeds"),
+    "feeds_refresh": _parse_feeds_refresh,
+}
+COMMANDS: Final = frozenset(_PARSERS)
+
+
+def parse_args(cmd: str, args: dict[str, Any]) -> CommandArgs:
+    """Validate a command's arguments by the documented rules; raises ProtocolError (`bad_request`)."""
+    parser = _PARSERS.get(cmd)
+    if parser is None:
+        raise ProtocolError(f"unknown command {cmd!r} (known: {', '.join(sorted(COMMANDS))})")
+    result: CommandArgs = parser(args)
+    return result
+
+
+# --- result helpers ------------------------------------------------------------------------------------
+
+
+def ban_entry(info: BanInfo, now: float) -> dict[str, Any]:
+    """One element of `list`'s and `check`'s `bans`; `expires_in` is computed from `until` and `now`."""
+    return {
+        "target": format_target(info.target),
+        "blocklist": info.blocklist,
+        "set": info.set_name,
+        "until": info.until,
+        "expires_in": None if info.until is None else max(0.0, round(info.until - now, 3)),
+        "origin": info.origin,
+        "reason": info.reason,
+        "jail": info.jail,
+    }

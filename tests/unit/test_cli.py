@@ -1,0 +1,550 @@
+"""`nftblock` end to end: main() (in a worker thread) and the console script against a real ControlServer
+whose handler is a small fake daemon. Exit codes: 0 ok, 1 failed, 2 bad usage; failures are one stderr line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import ipaddress
+import json
+import shutil
+import sys
+import tempfile
+import types
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nftblockd.cli import canonical_target, main
+from nftblockd.control.protocol import (
+    BLOCKLIST_DEFAULT,
+    BanArgs,
+    CheckArgs,
+    ControlError,
+    FeedsRefreshArgs,
+    ListArgs,
+    UnbanArgs,
+    ban_entry,
+    encode_error,
+    parse_args,
+)
+from nftblockd.control.server import ControlServer, Peer
+from nftblockd.events import AddressError, BanInfo, IPNet, format_target, parse_target
+
+NOW = 1_700_000_000.0
+ALLOW = parse_target("10.0.0.0/8")
+BLOCKLISTS = {"default": 3600.0, "web": 600.0}
+SCRIPT = Path(sys.executable).with_name("nftblock")
+
+
+class FakeDaemon:
+    """Just enough of the daemon's command semantics to exercise the CLI; time is frozen at NOW."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.bans: dict[tuple[IPNet, str], BanInfo] = {}
+
+    def add(self, target: str, blocklist: str = "default", until: float | None = NOW + 3600,
+            **kw: Any) -> None:
+        net = parse_target(target)
+        self.bans[net, blocklist] = BanInfo(net, blocklist, f"nftblock_{blocklist}_v{net.version}", until,
+                                            kw.get("origin", "cli"), kw.get("reason", ""), kw.get("jail", ""))
+
+    def blocklist(self, name: str | None) -> str:
+        name = name or "default"
+        if name not in BLOCKLISTS:
+            raise ControlError("unknown_set", f"no blocklist named {name!r} (configured: default, web)")
+        return name
+
+    async def __call__(self, cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        self.calls.append((cmd, args))
+        a = parse_args(cmd, args)
+        if isinstance(a, BanArgs):
+            bl = self.blocklist(a.blocklist)
+            applied, refused = [], []
+            for item in a.items:
+                try:
+                    net = parse_target(item.target, strict=True)
+                except AddressError as exc:
+                    refused.append({"target": item.target, "code": "invalid_address", "message": str(exc)})
+                    continue
+                if net.version == ALLOW.version and net.subnet_of(ALLOW):  # type: ignore[arg-type]
+                    refused.append({"target": item.target, "code": "allowlisted",
+                                    "message": f"{item.target} is allowlisted (entry {ALLOW})"})
+                    continue
+                t = BLOCKLISTS[bl] if item.timeout is BLOCKLIST_DEFAULT else item.timeout
+                self.add(item.target, bl, None if t is None else NOW + t, origin=a.origin, reason=item.reason,
+                         jail=item.jail)
+                applied.append(item.target)
+            return {"applied": applied, "refused": refused}
+        if isinstance(a, UnbanArgs):
+            removed: list[str] = []
+            not_found: list[str] = []
+            for target in a.targets:
+                keys = [k for k in self.bans if k[0] == parse_target(target) and a.blocklist in (None, k[1])]
+                for k in keys:
+                    del self.bans[k]
+                (removed if keys else not_found).append(target)
+            return {"removed": removed, "not_found": not_found}
+        if isinstance(a, ListArgs):
+            only = self.blocklist(a.blocklist) if a.blocklist else None
+            return {"bans": [ban_entry(b, NOW) for b in self.bans.values() if only in (None, b.blocklist)]}
+        if isinstance(a, CheckArgs):
+            net = parse_target(a.target)
+            allow = str(ALLOW) if net.version == ALLOW.version and net.subnet_of(ALLOW) else None  # type: ignore[arg-type]
+            bans = [ban_entry(b, NOW) for b in self.bans.values()
+                    if b.target.version == net.version and net.subnet_of(b.target)]  # type: ignore[arg-type]
+            return {"target": a.target, "allowlisted": allow, "bans": bans}
+        if isinstance(a, FeedsRefreshArgs):
+            if a.name != "spamhaus":
+                raise ControlError("not_found", f"no feed named {a.name!r}")
+            return {"feed": FEEDS[0]}
+        if cmd == "status":
+            return STATUS
+        if cmd == "feeds":
+            return {"feeds": FEEDS}
+        return {}
+
+
+FEEDS = [{"name": "spamhaus", "entries": 1234, "last_success": 1.0, "next_refresh": None, "error": None}]
+STATUS: dict[str, Any] = {
+    "version": "0.1.0", "uptime": 3725.0, "table": "inet nftblock",
+    "kernel": {"netlink": "ok", "last_reconcile": {"ok": True, "elements": 12}},
+    "sets": [{"name": "nftblock_default_v4", "blocklist": "default", "family": "ipv4", "kind": "interval",
+              "elements": 12, "size": 262144}],
+    "batches": {"sent": 3, "ops": 12, "p50_latency": 0.00123},
+    "errors": {"kernel": 0, "source": 1},
+    "jails": [{"name": "sshd", "bans": 2, "failures": 10}],
+    "feeds": FEEDS,
+}
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="nbcli-", dir="/tmp"))  # short: UNIX socket paths stop at 108 bytes
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon() -> FakeDaemon:
+    return FakeDaemon()
+
+
+@pytest.fixture
+async def sock(sock_dir: Path, daemon: FakeDaemon) -> AsyncIterator[Path]:
+    srv = ControlServer(sock_dir / "control.sock", daemon)
+    await srv.start()
+    yield srv.path
+    await srv.close()
+
+
+async def nftblock(*argv: str, sock: Path | None = None, stdin: str = "", env: dict[str, str] | None = None,
+                   ) -> Result:
+    out, err = io.StringIO(), io.StringIO()
+    args = ["--socket", str(sock), *argv] if sock else list(argv)
+    code = await asyncio.to_thread(main, args, stdin=io.StringIO(stdin), stdout=out, stderr=err,
+                                   environ=env or {})
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def one_line(text: str) -> str:
+    assert text.count("\n") == 1 and text.endswith("\n"), f"expected one line: {text!r}"
+    return text.rstrip("\n")
+
+
+# --- ban -----------------------------------------------------------------------------------------------
+
+
+async def test_ban_one_address(sock: Path, daemon: FakeDaemon) -> None:
+    r = await nftblock("ban", "192.0.2.1", "--timeout", "1h", sock=sock)
+    assert (r.code, r.out, r.err) == (0, "banned 192.0.2.1 (for 1h)\n", "")
+    assert daemon.calls == [("ban", {"targets": ["192.0.2.1"], "timeout": 3600.0, "set": None,
+                                     "comment": ""})]
+
+
+async def test_ban_several_permanently_in_a_set_with_a_comment(sock: Path, daemon: FakeDaemon) -> None:
+    r = await nftblock("ban", "192.0.2.1", "2001:DB8::1", "198.51.100.0/24", "192.0.2.1", "--timeout",
+                       "permanent", "--set", "web", "--comment", "scanner", sock=sock)
+    assert r.code == 0
+    assert r.out == ("banned 3 targets: 192.0.2.1, 2001:db8::1, 198.51.100.0/24 in blocklist web "
+                     "(permanently)\n")
+    assert daemon.calls[0][1] == {"targets": ["192.0.2.1", "2001:db8::1", "198.51.100.0/24"],
+                                  "timeout": "permanent", "set": "web", "comment": "scanner"}
+
+
+async def test_ban_invalid_address_is_usage_error_and_sends_nothing(sock: Path, daemon: FakeDaemon) -> None:
+    r = await nftblock("ban", "192.0.2.1", "192.0.2.300", sock=sock)
+    assert r.code == 2 and r.out == ""
+    assert one_line(r.err).startswith("nftblock: not an IP address or CIDR: '192.0.2.300'")
+    r = await nftblock("ban", "10.0.0.5/8", sock=sock)  # host bits set: say so rather than widen it
+    assert r.code == 2 and "has host bits set" in one_line(r.err)
+    assert daemon.calls == []
+
+
+async def test_ban_allowlisted_address_fails_with_one_line(sock: Path, daemon: FakeDaemon) -> None:
+    r = await nftblock("ban", "10.1.2.3", "192.0.2.7", sock=sock)
+    assert r.code == 1
+    assert r.out == "banned 192.0.2.7\n"
+    assert one_line(r.err) == "nftblock: refused 10.1.2.3: 10.1.2.3 is allowlisted (entry 10.0.0.0/8)"
+
+
+async def test_ban_unknown_set(sock: Path) -> None:
+    r = await nftblock("ban", "192.0.2.1", "--set", "nope", sock=sock)
+    assert (r.code, r.out) == (1, "")
+    assert one_line(r.err) == "nftblock: no blocklist named 'nope' (configured: default, web)"
+
+
+async def test_bad_timeout_is_usage_error(sock: Path, daemon: FakeDaemon) -> None:
+    for value in ("soon", "0", "-5m"):
+        r = await nftblock("ban", "192.0.2.1", f"--timeout={value}", sock=sock)
+        assert r.code == 2 and one_line(r.err).startswith("nftblock: --timeout: ")
+    assert daemon.calls == []
+
+
+async def test_ban_from_stdin_is_one_request(sock: Path, daemon: FakeDaemon) -> None:
+    addrs = [f"198.18.{i >> 8}.{i & 255}" for i in range(20_000)]
+    text = "# bulk list\n\n" + "\n".join(f"{a}  # from the honeypot" if i % 7 == 0 else a
+                                         for i, a in enumerate(addrs)) + "\n2001:db8::/32\n"
+    r = await nftblock("ban", "--timeout", "2d", "-", sock=sock, stdin=text)
+    assert (r.code, r.out, r.err) == (0, "banned 20001 targets (for 2d)\n", "")
+    assert len(daemon.calls) == 1
+    cmd, args = daemon.calls[0]
+    assert cmd == "ban" and args["targets"] == [*addrs, "2001:db8::/32"] and args["timeout"] == 172800.0
+
+
+async def test_ban_from_stdin_reports_the_first_bad_line(sock: Path, daemon: FakeDaemon) -> None:
+    r = await nftblock("ban", "-", sock=sock, stdin="192.0.2.1\n\n# x\nbogus\n192.0.2.2\nalso bad\n")
+    assert r.code == 2
+    msg = one_line(r.err)
+    assert msg.startswith("nftblock: stdin line 4: not an IP address or CIDR: 'bogus'")
+    assert msg.endswith("(and 1 more invalid lines); nothing was sent")
+    assert daemon.calls == []
+
+
+async def test_dash_cannot_be_mixed_with_addresses(sock: Path) -> None:
+    r = await nftblock("ban", "-", "192.0.2.1", sock=sock, stdin="192.0.2.2\n")
+    assert r.code == 2 and "'-'" in one_line(r.err)
+
+
+async def test_empty_stdin_bans_nothing(sock: Path, daemon: FakeDaemon) -> None:
+    r = await nftblock("ban", "-", sock=sock, stdin="# nothing today\n\n")
+    assert r.code == 0 and "nothing to ban" in one_line(r.err)
+    assert daemon.calls == []
+
+
+async def test_ban_json_prints_the_result(sock: Path) -> None:
+    r = await nftblock("--json", "ban", "192.0.2.1", "10.9.9.9", sock=sock)
+    assert r.code == 1  # still a failure: one target was refused
+    refusal = {"target": "10.9.9.9", "code": "allowlisted",
+               "message": "10.9.9.9 is allowlisted (entry 10.0.0.0/8)"}
+    assert json.loads(r.out) == {"applied": ["192.0.2.1"], "refused": [refusal]}
+    r = await nftblock("ban", "192.0.2.2", "--json", sock=sock)  # --json after the command works too
+    assert r.code == 0 and json.loads(r.out) == {"applied": ["192.0.2.2"], "refused": []}
+
+
+# --- unban, list, check --------------------------------------------------------------------------------
+
+
+async def test_unban(sock: Path, daemon: FakeDaemon) -> None:
+    daemon.add("192.0.2.1")
+    daemon.add("192.0.2.2", "web")
+    r = await nftblock("unban", "192.0.2.1", "192.0.2.9", sock=sock)
+    assert r.code == 1
+    assert r.out == "unbanned 192.0.2.1\n"
+    assert one_line(r.err) == "nftblock: 192.0.2.9 is not banned"
+    r = await nftblock("unban", "-", sock=sock, stdin="192.0.2.2\n")
+    assert (r.code, r.out, r.err) == (0, "unbanned 192.0.2.2\n", "")
+    assert daemon.bans == {}
+
+
+async def test_list_human_and_json(sock: Path, daemon: FakeDaemon) -> None:
+    daemon.add("192.0.2.1", until=NOW + 3725, origin="jail", reason="5 failures in 10m", jail="sshd")
+    daemon.add("10.0.0.0/8", "web", until=None, origin="feed")
+    r = await nftblock("list", sock=sock)
+    assert r.code == 0 and r.err == ""
+    lines = r.out.splitlines()
+    assert lines[0].split() == ["TARGET", "BLOCKLIST", "SET", "REMAINING", "ORIGIN", "JAIL", "REASON"]
+    assert lines[1].split() == ["192.0.2.1", "default", "nftblock_default_v4", "1h2m5s", "jail", "sshd", "5",
+                                "failures", "in", "10m"]
+    assert lines[2].split() == ["10.0.0.0/8", "web", "nftblock_web_v4", "permanent", "feed", "-"]
+    assert lines[3] == "2 bans"
+    r = await nftblock("list", "--set", "web", "--json", sock=sock)
+    assert [b["target"] for b in json.loads(r.out)["bans"]] == ["10.0.0.0/8"]
+    r = await nftblock("list", "--set", "nope", sock=sock)
+    assert r.code == 1 and "no blocklist named 'nope'" in one_line(r.err)
+
+
+async def test_list_when_empty(sock: Path) -> None:
+    r = await nftblock("list", sock=sock)
+    assert (r.code, r.out) == (0, "no active bans\n")
+
+
+async def test_check(sock: Path, daemon: FakeDaemon) -> None:
+    daemon.add("192.0.2.0/24", until=NOW + 600, origin="jail", reason="scan", jail="portscan")
+    r = await nftblock("check", "192.0.2.9", sock=sock)
+    assert r.code == 0
+    assert r.out == ("192.0.2.9 is banned (by 192.0.2.0/24) in blocklist default (set nftblock_default_v4) "
+                     "for 10m more; reason: scan, jail portscan, origin jail\n")
+    r = await nftblock("check", "10.1.1.1", sock=sock)
+    assert r.out == "10.1.1.1 is allowlisted (entry 10.0.0.0/8): it is never banned\n"
+    r = await nftblock("check", "198.51.100.1", sock=sock)
+    assert r.out == "198.51.100.1 is not banned\n"
+    r = await nftblock("check", "198.51.100.1", "--json", sock=sock)
+    assert json.loads(r.out) == {"target": "198.51.100.1", "allowlisted": None, "bans": []}
+    r = await nftblock("check", "nope", sock=sock)
+    assert r.code == 2 and one_line(r.err).startswith("nftblock: not an IP address")
+
+
+async def test_daemon_explanations_are_shown(sock_dir: Path) -> None:
+    async def explain(cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        if cmd == "ban":
+            return {"applied": ["192.0.2.1"], "refused": [],
+                    "notes": [{"target": "192.0.2.1", "message": "192.0.2.1 stays banned for longer (2h)"}]}
+        return {"removed": [], "not_found": ["192.0.2.5"],
+                "messages": {"192.0.2.5": "192.0.2.5 is not banned itself; it lies inside 192.0.2.0/24"}}
+
+    srv = ControlServer(sock_dir / "e.sock", explain)
+    await srv.start()
+    try:
+        r = await nftblock("ban", "192.0.2.1", sock=srv.path)
+        assert (r.code, r.out) == (0, "banned 192.0.2.1\nnote: 192.0.2.1 stays banned for longer (2h)\n")
+        r = await nftblock("unban", "192.0.2.5", sock=srv.path)
+        assert r.code == 1
+        assert one_line(r.err) == "nftblock: 192.0.2.5 is not banned itself; it lies inside 192.0.2.0/24"
+    finally:
+        await srv.close()
+
+
+# --- status, feeds -------------------------------------------------------------------------------------
+
+
+async def test_status(sock: Path) -> None:
+    r = await nftblock("status", sock=sock)
+    assert r.code == 0 and r.err == ""
+    out = r.out
+    assert out.startswith("nftblockd 0.1.0, up 1h2m5s, table inet nftblock\n")
+    assert "kernel: netlink=ok last_reconcile.ok=True last_reconcile.elements=12\n" in out
+    assert "nftblock_default_v4" in out and "262144" in out
+    assert "batches: sent=3 ops=12 p50_latency=0.00123\n" in out
+    assert "errors: kernel=0 source=1\n" in out
+    assert "  sshd: bans=2 failures=10\n" in out
+    assert "spamhaus" in out and "1234" in out
+    r = await nftblock("status", "--json", sock=sock)
+    assert json.loads(r.out) == STATUS
+
+
+async def test_feeds(sock: Path, daemon: FakeDaemon) -> None:
+    r = await nftblock("feeds", sock=sock)
+    assert r.code == 0
+    header, row = r.out.splitlines()
+    assert header.split() == ["FEED", "ENTRIES", "LAST", "SUCCESS", "NEXT", "REFRESH", "ERROR"]
+    assert row.split()[:2] == ["spamhaus", "1234"] and row.split()[-2:] == ["-", "-"]
+    r = await nftblock("feeds", "refresh", "spamhaus", sock=sock)
+    assert (r.code, r.out) == (0, "refreshed feed spamhaus: 1234 entries\n")
+    assert daemon.calls[-1] == ("feeds_refresh", {"name": "spamhaus"})
+    r = await nftblock("feeds", "refresh", "nope", sock=sock)
+    assert r.code == 1 and one_line(r.err) == "nftblock: no feed named 'nope'"
+    r = await nftblock("--json", "feeds", sock=sock)
+    assert json.loads(r.out) == {"feeds": FEEDS}
+
+
+# --- the daemon is not there, or will not talk to us ---------------------------------------------------
+
+
+async def test_daemon_not_running(sock_dir: Path) -> None:
+    path = sock_dir / "absent.sock"
+    r = await nftblock("list", sock=path)
+    assert (r.code, r.out) == (1, "")
+    assert one_line(r.err) == f"nftblock: nftblockd is not running (no socket at {path})"
+
+
+async def test_socket_from_environment_and_default(sock: Path) -> None:
+    r = await nftblock("list", env={"NFTBLOCK_SOCKET": str(sock)})
+    assert (r.code, r.out) == (0, "no active bans\n")
+    r = await nftblock("list", env={"NFTBLOCK_SOCKET": "/nonexistent/x.sock"})
+    assert one_line(r.err) == "nftblock: nftblockd is not running (no socket at /nonexistent/x.sock)"
+
+
+async def test_forbidden_is_a_one_line_failure(sock_dir: Path) -> None:
+    path = sock_dir / "strict.sock"
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(encode_error(None, "forbidden", "run as root or as a member of group 'nftblock'"))
+        writer.write_eof()
+        await reader.read()
+        writer.close()
+
+    srv = await asyncio.start_unix_server(refuse, str(path))
+    r = await nftblock("status", sock=path)
+    srv.close()
+    await srv.wait_closed()
+    assert r.code == 1
+    assert one_line(r.err) == (f"nftblock: permission denied on {path}: "
+                               "run as root or as a member of group 'nftblock'")
+
+
+# --- usage ---------------------------------------------------------------------------------------------
+
+
+async def test_usage_errors_exit_2() -> None:
+    r = await nftblock()
+    assert r.code == 2 and r.err.splitlines()[-1].startswith("nftblock: the following arguments are required")
+    r = await nftblock("frobnicate")
+    assert r.code == 2 and "invalid choice" in r.err.splitlines()[-1]
+    r = await nftblock("ban")
+    assert r.code == 2 and r.err.splitlines()[0].startswith("usage: nftblock ban")
+
+
+async def test_help_exits_0() -> None:
+    r = await nftblock("--help")
+    assert r.code == 0 and "import-fail2ban" in r.out and r.err == ""
+
+
+def test_canonical_target_fast_path_agrees_with_parse_target() -> None:
+    for text in ("0.0.0.0", "255.255.255.255", "192.0.2.1", " 198.51.100.7 ", "9.9.9.9"):
+        assert canonical_target(text) == str(parse_target(text).network_address)
+    for bad in ("01.2.3.4", "256.1.1.1", "1.2.3", "1.2.3.4.5", "", "fe80::1%eth0"):
+        with pytest.raises(AddressError):
+            canonical_target(bad)
+    assert canonical_target("::ffff:192.0.2.1") == "192.0.2.1"
+    assert canonical_target("2001:DB8:0:0::1") == "2001:db8::1"
+
+
+@given(st.from_regex(r"[0-9.]{7,15}", fullmatch=True) | st.integers(0, 2**32 - 1).map(
+    lambda n: str(ipaddress.IPv4Address(n))))
+def test_canonical_target_agrees_with_parse_target_on_dotted_quads(text: str) -> None:
+    try:
+        expected: str | None = format_target(parse_target(text, strict=True))
+    except AddressError:
+        expected = None
+    try:
+        got: str | None = canonical_target(text)
+    except AddressError:
+        got = None
+    assert got == expected
+
+
+# --- commands that need no daemon ----------------------------------------------------------------------
+
+
+async def test_test_filter_runs_without_a_daemon(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[Any, ...]] = []
+
+    def run(filter_spec: str, logfile: str, *, json_output: bool, out: Any, err: Any) -> int:
+        seen.append((filter_spec, logfile, json_output))
+        out.write("3 matches\n")
+        return 0
+
+    monkeypatch.setitem(sys.modules, "nftblockd.testfilter", types.SimpleNamespace(run=run))
+    r = await nftblock("test-filter", "sshd", "/var/log/auth.log", env={"NFTBLOCK_SOCKET": "/nonexistent"})
+    assert (r.code, r.out, r.err) == (0, "3 matches\n", "")
+    r = await nftblock("--json", "test-filter", "sshd", "/var/log/auth.log")
+    assert seen == [("sshd", "/var/log/auth.log", False), ("sshd", "/var/log/auth.log", True)]
+
+
+async def test_test_filter_reports_a_missing_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "nftblockd.testfilter", None)  # import fails as if it did not exist
+    r = await nftblock("test-filter", "sshd", "/var/log/auth.log")
+    assert r.code == 1 and one_line(r.err) == "nftblock: test-filter is not available in this build"
+
+
+@dataclass(frozen=True)
+class F2bBan:
+    jail: str
+    ip: str
+    remaining: float | None
+
+
+async def test_import_fail2ban(sock: Path, daemon: FakeDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[tuple[str, float]] = []
+
+    def read_fail2ban_bans(db_path: str, now: float) -> list[F2bBan]:
+        read.append((db_path, now))
+        return [
+            F2bBan("sshd", "192.0.2.1", 120.4),
+            F2bBan("recidive", "192.0.2.1", 86000.0),  # the same address: the longer ban wins
+            F2bBan("sshd", "192.0.2.2", None),
+            F2bBan("sshd", "192.0.2.3", 0.0),  # expired meanwhile
+            F2bBan("nginx", "10.1.2.3", 50.0),  # allowlisted here
+        ]
+
+    monkeypatch.setitem(sys.modules, "nftblockd.f2bimport",
+                        types.SimpleNamespace(read_fail2ban_bans=read_fail2ban_bans))
+    r = await nftblock("import-fail2ban", "/tmp/f2b.sqlite3", "--set", "web", sock=sock)
+    assert r.code == 1
+    assert r.out == "imported 2 bans from /tmp/f2b.sqlite3 (1 refused)\n"
+    assert one_line(r.err) == "nftblock: refused 10.1.2.3: 10.1.2.3 is allowlisted (entry 10.0.0.0/8)"
+    assert read[0][0] == "/tmp/f2b.sqlite3"
+    why = "imported from fail2ban jail "
+    assert daemon.calls == [("ban", {"set": "web", "origin": "fail2ban", "targets": [
+        {"target": "192.0.2.1", "timeout": 86000, "jail": "recidive", "reason": why + "recidive"},
+        {"target": "192.0.2.2", "timeout": "permanent", "jail": "sshd", "reason": why + "sshd"},
+        {"target": "10.1.2.3", "timeout": 50, "jail": "nginx", "reason": why + "nginx"},
+    ]})]
+    ban = daemon.bans[parse_target("192.0.2.2"), "web"]
+    assert (ban.until, ban.origin, ban.jail) == (None, "fail2ban", "sshd")
+
+
+async def test_import_fail2ban_reports_an_unreadable_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    def read_fail2ban_bans(db_path: str, now: float) -> list[F2bBan]:
+        raise OSError(2, "No such file or directory", db_path)
+
+    monkeypatch.setitem(sys.modules, "nftblockd.f2bimport",
+                        types.SimpleNamespace(read_fail2ban_bans=read_fail2ban_bans))
+    r = await nftblock("import-fail2ban", "/nonexistent.sqlite3")
+    assert r.code == 1
+    assert one_line(r.err).startswith("nftblock: cannot read fail2ban bans from /nonexistent.sqlite3: ")
+
+
+# --- the console script --------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not SCRIPT.exists(), reason="the nftblock console script is not installed")
+async def test_console_script_bans_a_million_addresses_from_stdin(sock_dir: Path) -> None:
+    received: list[tuple[str, dict[str, Any]]] = []
+
+    async def accept_all(cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        received.append((cmd, args))  # the fake daemon's per-target parsing would dominate: not under test
+        return {"applied": args["targets"], "refused": []}
+
+    addrs = [f"{100 + (i >> 16)}.{(i >> 8) & 255}.{i & 255}.1" for i in range(1_000_000)]
+    srv = ControlServer(sock_dir / "big.sock", accept_all)
+    await srv.start()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            str(SCRIPT), "ban", "--timeout", "permanent", "-", env={"NFTBLOCK_SOCKET": str(srv.path)},
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate("\n".join(addrs).encode())
+    finally:
+        await srv.close()
+    assert (proc.returncode, out, err) == (0, b"banned 1000000 targets (permanently)\n", b"")
+    assert len(received) == 1
+    assert received[0][1]["targets"] == addrs and received[0][1]["timeout"] == "permanent"
+
+
+@pytest.mark.skipif(not SCRIPT.exists(), reason="the nftblock console script is not installed")
+async def test_console_script_exit_codes(sock_dir: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        str(SCRIPT), "--socket", str(sock_dir / "x.sock"), "status",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert (proc.returncode, out) == (1, b"")
+    assert err.decode() == f"nftblock: nftblockd is not running (no socket at {sock_dir / 'x.sock'})\n"
+    proc = await asyncio.create_subprocess_exec(str(SCRIPT), "ban", "not-an-ip",
+                                                stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    assert proc.returncode == 2 and err.decode().count("\n") == 1
