@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Build dist/nftblockd_<version>_all.deb from this checkout with dpkg-deb alone (no debhelper, no network
+# beyond pip fetching the pinned bundled dependencies).
+#
+# What goes where:
+#   /usr/lib/nftblockd/                 the nftblockd package, plus pyroute2, asyncinotify and
+#                                       prometheus-client (pure Python, pinned to the versions installed in
+#                                       the build venv, i.e. the ones the tests ran against)
+#   /usr/bin/nftblockd, /usr/bin/nftblock
+#                                       entry scripts generated from pyproject's [project.scripts]; run by
+#                                       /usr/bin/python3 -I with /usr/lib/nftblockd first on sys.path
+#   /lib/systemd/system/nftblockd.service, /usr/lib/sysusers.d/nftblockd.conf
+#   /etc/nftblockd/nftblockd.yaml       conffile (config/nftblockd.yaml)
+#   /etc/fail2ban/action.d/nftblock.conf, nftblock.py
+#                                       conffiles (fail2ban reads its actions from there)
+#   /usr/share/doc/nftblockd/           README, copyright, examples (unit drop-in for feeds, Grafana)
+# From Debian: python3 (>= 3.11), python3-systemd (C extension), python3-yaml.
+#
+# Environment: OUT_DIR (default: dist), PYTHON (default: .venv/bin/python, else python3; must have the
+# bundled dependencies installed), EXAMPLE_CONFIG (default: config/nftblockd.yaml).
+set -euo pipefail
+umask 022
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT_DIR=${OUT_DIR:-dist}
+EXAMPLE_CONFIG=${EXAMPLE_CONFIG:-config/nftblockd.yaml}
+if [[ -z ${PYTHON:-} ]]; then
+    if [[ -x .venv/bin/python ]]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
+fi
+
+die() { echo "build-deb: $*" >&2; exit 1; }
+command -v dpkg-deb >/dev/null || die "dpkg-deb is needed (apt-get install dpkg)"
+[[ -f $EXAMPLE_CONFIG ]] || die "$EXAMPLE_CONFIG is missing: it becomes /etc/nftblockd/nftblockd.yaml"
+
+# Python dependency → how the package gets it. A new dependency in pyproject.toml fails the build until it is
+# listed here: bundled (pure Python, pinned) or a Debian package.
+declare -A DEBIAN_PROVIDES=([systemd-python]=python3-systemd [pyyaml]=python3-yaml)
+BUNDLED=(pyroute2 asyncinotify prometheus-client)
+
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+PKG=$STAGE/pkg
+LIB=$PKG/usr/lib/nftblockd
+DOC=$PKG/usr/share/doc/nftblockd
+mkdir -p "$PKG/DEBIAN" "$LIB" "$PKG/usr/bin" "$PKG/lib/systemd/system" "$PKG/usr/lib/sysusers.d" \
+    "$PKG/etc/nftblockd" "$PKG/etc/fail2ban/action.d" "$DOC/examples"
+
+# Version, entry points and package data, from pyproject.toml; the checks keep this script honest.
+"$PYTHON" - "$STAGE/meta" "${!DEBIAN_PROVIDES[@]}" -- "${BUNDLED[@]}" <<'PY'
+import re, sys, tomllib
+from importlib import metadata
+out, rest = sys.argv[1], sys.argv[2:]
+debian, bundled = rest[:rest.index("--")], rest[rest.index("--") + 1:]
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+init = open("nftblockd/__init__.py").read()
+m = re.search(r'^__version__ = "([^"]+)"', init, re.M)
+if not m or m.group(1) != project["version"]:
+    sys.exit(f"build-deb: pyproject version {project['version']} != nftblockd.__version__ "
+             f"{m.group(1) if m else '?'}")
+def norm(name): return re.sub(r"[-_.]+", "-", name).lower()
+deps = {norm(re.split(r"[ <>=!~;\[]", d, maxsplit=1)[0]) for d in project["dependencies"]}
+unmapped = deps - {norm(d) for d in debian} - {norm(b) for b in bundled}
+if unmapped:
+    sys.exit(f"build-deb: decide how to ship {', '.join(sorted(unmapped))} (bundle it or map it to a "
+             "Debian package in packaging/build-deb.sh)")
+pins = []
+for b in bundled:
+    try:
+        pins.append(f"{b}=={metadata.version(b)}")
+    except metadata.PackageNotFoundError:
+        sys.exit(f"build-deb: {b} is not installed for {sys.executable}; run `make venv` first")
+with open(out, "w") as f:
+    f.write(f"VERSION={project['version']}\n")
+    f.write("PINS=" + " ".join(pins) + "\n")
+    for name, target in project["scripts"].items():
+        f.write(f"SCRIPT={name}={target}\n")
+PY
+VERSION=$(sed -n 's/^VERSION=//p' "$STAGE/meta")
+read -r -a PINS <<<"$(sed -n 's/^PINS=//p' "$STAGE/meta")"
+
+# Our package: the .py files and the package data pyproject declares (filters/*.yaml, py.typed).
+"$PYTHON" - "$LIB" <<'PY'
+import pathlib, shutil, sys, tomllib
+dest = pathlib.Path(sys.argv[1])
+data = tomllib.load(open("pyproject.toml", "rb")).get("tool", {}).get("setuptools", {}) \
+    .get("package-data", {}).get("nftblockd", [])
+src = pathlib.Path("nftblockd")
+files = {p for p in src.rglob("*.py") if "__pycache__" not in p.parts}
+for pattern in data:
+    files |= {p for p in src.glob(pattern) if p.is_file()}
+for p in sorted(files):
+    target = dest / p
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(p, target)
+PY
+DIST_INFO=$LIB/nftblockd-$VERSION.dist-info
+mkdir -p "$DIST_INFO"
+printf 'Metadata-Version: 2.1\nName: nftblockd\nVersion: %s\n' "$VERSION" >"$DIST_INFO/METADATA"
+echo dpkg >"$DIST_INFO/INSTALLER"
+
+# Bundled dependencies: wheels only (pure Python), no byte-code (postinst compiles for the target python).
+"$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile --only-binary=:all: \
+    --target "$LIB" "${PINS[@]}"
+rm -rf "$LIB/bin"  # console scripts of the bundled packages; nftblockd does not use them
+
+# Entry scripts.
+while IFS='=' read -r name target; do
+    module=${target%%:*}
+    func=${target##*:}
+    cat >"$PKG/usr/bin/$name" <<EOF
+#!/usr/bin/python3 -I
+# $name $VERSION, generated by packaging/build-deb.sh from pyproject.toml [project.scripts].
+import sys
+
+sys.path.insert(0, "/usr/lib/nftblockd")
+from $module import $func
+
+sys.exit($func())
+EOF
+    chmod 0755 "$PKG/usr/bin/$name"
+done < <(sed -n 's/^SCRIPT=//p' "$STAGE/meta")
+
+install -m 0644 systemd/nftblockd.service "$PKG/lib/systemd/system/nftblockd.service"
+install -m 0644 packaging/debian/sysusers.conf "$PKG/usr/lib/sysusers.d/nftblockd.conf"
+install -m 0644 "$EXAMPLE_CONFIG" "$PKG/etc/nftblockd/nftblockd.yaml"
+install -m 0644 packaging/fail2ban/action.d/nftblock.conf packaging/fail2ban/action.d/nftblock.py \
+    "$PKG/etc/fail2ban/action.d/"
+install -m 0644 README.md packaging/debian/copyright "$DOC/"
+install -m 0644 packaging/debian/examples/feeds.conf packaging/grafana-dashboard.json "$DOC/examples/"
+
+install -m 0644 packaging/debian/conffiles "$PKG/DEBIAN/conffiles"
+install -m 0755 packaging/debian/postinst packaging/debian/prerm packaging/debian/postrm "$PKG/DEBIAN/"
+SIZE=$(du -sk --apparent-size --exclude=DEBIAN "$PKG" | cut -f1)
+sed -e "s/@VERSION@/$VERSION/" -e "s/@INSTALLED_SIZE@/$SIZE/" packaging/debian/control >"$PKG/DEBIAN/control"
+(cd "$PKG" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) \
+    >"$PKG/DEBIAN/md5sums"
+
+# Reproducible timestamps: the last commit's, when there is one.
+if [[ -z ${SOURCE_DATE_EPOCH:-} ]] && SOURCE_DATE_EPOCH=$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null); then
+    export SOURCE_DATE_EPOCH
+fi
+if [[ -n ${SOURCE_DATE_EPOCH:-} ]]; then
+    find "$PKG" -exec touch --no-dereference --date="@$SOURCE_DATE_EPOCH" {} +
+fi
+
+mkdir -p "$OUT_DIR"
+DEB=$OUT_DIR/nftblockd_${VERSION}_all.deb
+dpkg-deb --root-owner-group -Zxz --build "$PKG" "$DEB" >/dev/null
+echo "built $DEB"
