@@ -69,6 +69,31 @@ class SetOp:
 
 
 @dataclass(frozen=True, slots=True)
+class OpSpec:
+    """The key-less part of an op; bulk paths share one instance across many elements."""
+
+    add: bool
+    until_ms: int | None = None
+    comment: str = ""
+    existed: bool = False
+
+
+DELETE = OpSpec(False)
+
+
+@dataclass(frozen=True, slots=True)
+class BulkChange:
+    """Result of `ban_hosts`: keys that need a kernel add (new, or extended with `existed`) and the rest."""
+
+    set_name: str
+    new: list[int]
+    extended: list[int]
+    unchanged: list[int]
+    spec_new: OpSpec
+    spec_extended: OpSpec
+
+
+@dataclass(frozen=True, slots=True)
 class Change:
     outcome: Outcome
     ops: tuple[SetOp, ...] = ()
@@ -240,6 +265,56 @@ class BanState:
                           related=tuple(format_target(key_net(k, v)) for k in inner))
         return Change(Outcome.ADDED, tuple(ops))
 
+    def ban_hosts(self, blocklist: str, version: int, keys: list[int], until: float | None, now: float, *,
+                  origin: str = "cli", reason: str = "", jail: str = "", comment: str = "") -> BulkChange | None:
+        """Ban many single addresses of one family with one end: the bulk path (CLI stdin, restores).
+
+        Same rules as `ban`, done with set operations instead of a Python loop per address, because per-element
+        Python work is what bounds bulk throughput. Returns None for an unknown blocklist.
+        """
+        entries = self.sets.get(set_name(blocklist, version, False))
+        if entries is None:
+            return None
+        until_ms = to_ms(until)
+        name = entries.spec.name
+        spec_new = OpSpec(True, until_ms, comment)
+        spec_ext = OpSpec(True, until_ms, comment, True)
+        if until_ms is not None and until_ms <= int(now * 1000):
+            return BulkChange(name, [], [], list(keys), spec_new, spec_ext)
+        packed = _pack(until_ms, self._intern((origin, reason, jail, comment)))  # one int shared by all
+        d = entries.entries
+        clash = d.keys() & keys if d else set()
+        if not clash:
+            new = list(dict.fromkeys(keys))
+            d.update(dict.fromkeys(new, packed))
+            return BulkChange(name, new, [], [], spec_new, spec_ext)
+        new, extended, unchanged = [], [], []
+        for k in dict.fromkeys(keys):
+            old = d.get(k)
+            if old is None:
+                new.append(k)
+            elif _later(until_ms, _until(old)):
+                extended.append(k)
+            else:
+                unchanged.append(k)
+                continue
+            d[k] = packed
+        return BulkChange(name, new, extended, unchanged, spec_new, spec_ext)
+
+    def unban_hosts(self, blocklist: str, version: int, keys: list[int]) -> tuple[str, list[int], list[int]] | None:
+        """Bulk unban of single addresses: (set name, removed keys, keys that were not banned)."""
+        entries = self.sets.get(set_name(blocklist, version, False))
+        if entries is None:
+            return None
+        d = entries.entries
+        removed, missing = [], []
+        for k in dict.fromkeys(keys):
+            if d.pop(k, None) is None:
+                missing.append(k)
+            else:
+                removed.append(k)
+        return entries.spec.name, removed, missing
+
     def unban(self, unban: Unban) -> Change:
         entries = self.set_for(unban.blocklist, unban.target)
         if entries is None:
@@ -312,11 +387,21 @@ class BanState:
 
     def all_ops(self, set_names: Iterable[str] | None = None) -> Iterator[SetOp]:
         """Add ops for every active entry: used to rebuild a set the kernel lost."""
-        names = self.sets.keys() if set_names is None else set_names
+        for name, keys, spec in self.all_groups(set_names):
+            for k in keys:
+                yield SetOp(name, k, True, spec.until_ms, spec.comment, True)
+
+    def all_groups(self, set_names: Iterable[str] | None = None,
+                   only: set[int] | None = None) -> Iterator[tuple[str, list[int], OpSpec]]:
+        """(set, keys, shared add spec) for every active entry, grouped by end and comment (bulk re-adds)."""
+        names = list(self.sets) if set_names is None else list(set_names)
         for name in names:
-            entries = self.sets[name]
-            for k, packed in entries.entries.items():
-                yield SetOp(name, k, True, _until(packed), self._meta[packed & META_MASK][3], True)
+            by_value: dict[int, list[int]] = {}
+            for k, packed in self.sets[name].entries.items():
+                if only is None or k in only:
+                    by_value.setdefault(packed, []).append(k)
+            for packed, keys in by_value.items():
+                yield name, keys, OpSpec(True, _until(packed), self._meta[packed & META_MASK][3], True)
 
     def __len__(self) -> int:
         return sum(len(e.entries) for e in self.sets.values())

@@ -121,6 +121,7 @@ class Config:
     file: str
     table: str = "nftblock"
     family: str = "inet"
+    protect_table: bool = True  # NFT_TABLE_F_OWNER|PERSIST where the kernel has them
     chain: ChainConfig = ChainConfig()
     control: ControlConfig = ControlConfig()
     state_dir: str = "/var/lib/nftblockd"
@@ -246,13 +247,14 @@ class _Builder:
             "table", "chain", "control", "state_dir", "batch", "reconcile", "allowlist", "allowlist_self",
             "blocklists", "metrics", "jails", "feeds", "leave_bans_on_stop", "log_level",
         })
-        family, table = self.table(top.get("table"))
+        family, table, protect = self.table(top.get("table"))
         blocklists = self.blocklists(top.get("blocklists"))
         names = {b.name for b in blocklists}
         cfg = Config(
             file=self.doc.file,
             table=table,
             family=family,
+            protect_table=protect,
             chain=self.chain(top.get("chain")),
             control=self.control(top.get("control")),
             state_dir=self.get(top, "state_dir", (), str, "/var/lib/nftblockd"),
@@ -279,24 +281,26 @@ class _Builder:
             return "info"
         return str(level)
 
-    def table(self, value: Any) -> tuple[str, str]:
+    def table(self, value: Any) -> tuple[str, str, bool]:
+        protect = True
         if value is None:
-            return "inet", "nftblock"
+            return "inet", "nftblock", protect
         if isinstance(value, str):
             family, _, name = value.rpartition(" ")
             family = family or "inet"
         elif isinstance(value, dict):
-            m = self.mapping(value, ("table",), {"family", "name"})
+            m = self.mapping(value, ("table",), {"family", "name", "protect"})
             family = self.get(m, "family", ("table",), str, "inet")
             name = self.get(m, "name", ("table",), str, "nftblock")
+            protect = self.get(m, "protect", ("table",), bool, True)
         else:
             self.fail(("table",), "expected a table name such as 'inet nftblock'")
-            return "inet", "nftblock"
+            return "inet", "nftblock", protect
         if family not in TABLE_FAMILIES:
             self.fail(("table",), f"table family must be inet (covers IPv4 and IPv6), got {family!r}")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,31}", name):
             self.fail(("table",), f"invalid table name {name!r}")
-        return "inet", name
+        return "inet", name, protect
 
     def chain(self, value: Any) -> ChainConfig:
         path: Path_ = ("chain",)

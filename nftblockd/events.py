@@ -8,6 +8,7 @@ fail2ban or, later, a fleet stream, and be replayed from the store. Nothing here
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -55,6 +56,24 @@ def parse_target(text: str, *, strict: bool = False) -> IPNet:
     except ValueError as exc:
         raise AddressError(f"not an IP address or CIDR: {text!r} ({exc})") from None
     return normalise_network(net)
+
+
+def parse_host_int(text: str) -> tuple[int, int] | None:
+    """(version, address as int) for a plain address, IPv4-mapped IPv6 folded to IPv4; None for anything else
+    (CIDRs, garbage), which the caller hands to `parse_target` for the full rules and error message.
+
+    The bulk paths parse hundreds of thousands of addresses; inet_pton is ~20x faster than ipaddress here and
+    just as strict (no leading zeros, no scope ids, no short forms).
+    """
+    try:
+        if ":" not in text:
+            return 4, int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
+        v6 = int.from_bytes(socket.inet_pton(socket.AF_INET6, text), "big")
+    except OSError:
+        return None
+    if v6 >> 32 == 0xFFFF:
+        return 4, v6 & 0xFFFFFFFF
+    return 6, v6
 
 
 def is_single(net: IPNet) -> bool:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from . import nfmsg as m
 from . import ruleset as rs
-from .bans import SetOp, range_of
+from .bans import OpSpec, SetOp, key_net
+from .batcher import Group
 from .events import IPNet
 from .netlink import KernelError, KernelSetInfo, NftSocket, kernel_release
 
@@ -50,13 +51,16 @@ class Features:
 
 @dataclass(slots=True)
 class ApplyResult:
-    failed: dict[int, tuple[int, str]] = field(default_factory=dict)  # op index -> (errno, text)
-    expired: list[int] = field(default_factory=list)
+    failed: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)  # (set, key) -> (errno, text)
+    expired: list[tuple[str, int]] = field(default_factory=list)
     committed_ops: int = 0
     transactions: int = 0
     elements_sent: int = 0
     seconds: float = 0.0
     missing_sets: set[str] = field(default_factory=set)
+
+
+_Where = tuple[m.SetMessage, list[int], bool]  # message, op ids of its group, is a delete
 
 
 def _key_bytes(key: int, version: int) -> bytes:
@@ -164,26 +168,41 @@ class KernelWriter:
 
     # -- element ops ----------------------------------------------------------------------------------
 
-    def apply(self, ops: Sequence[SetOp], now_ms: int | None = None) -> ApplyResult:
+    def apply_ops(self, ops: Sequence[SetOp], now_ms: int | None = None) -> ApplyResult:
+        """Convenience for callers holding individual ops (tests, tools)."""
+        groups: dict[str, Group] = {}
+        for o in ops:
+            g = groups.setdefault(o.set_name, Group(o.set_name, [], []))
+            g.keys.append(o.key)
+            g.specs.append(OpSpec(o.add, o.until_ms, o.comment, o.existed))
+        return self.apply(list(groups.values()), now_ms)
+
+    def apply(self, groups: Sequence[Group], now_ms: int | None = None) -> ApplyResult:
         """Apply ops in as few transactions as possible; see the module docstring for the guarantees."""
         t0 = time.perf_counter()
         res = ApplyResult()
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        live = list(range(len(ops)))
-        for i in live:
-            o = ops[i]
-            if o.add and o.until_ms is not None and o.until_ms - now_ms <= 0:
-                res.expired.append(i)
-        expired = set(res.expired)
-        live = [i for i in live if i not in expired and ops[i].set_name in self._specs]
-        for i in range(len(ops)):
-            if ops[i].set_name not in self._specs:
-                res.failed[i] = (E.ENOENT, f"no set {ops[i].set_name}")
+        # flat, parallel arrays: op i is (names[i], keys[i], specs[i])
+        names: list[str] = []
+        keys: list[int] = []
+        specs: list[OpSpec] = []
+        for g in groups:
+            names += [g.set_name] * len(g.keys)
+            keys += g.keys
+            specs += g.specs
+        live: list[int] = []
+        for i, spec in enumerate(specs):
+            if names[i] not in self._specs:
+                res.failed[(names[i], keys[i])] = (E.ENOENT, f"no set {names[i]}")
+            elif spec.add and spec.until_ms is not None and spec.until_ms - now_ms <= 0:
+                res.expired.append((names[i], keys[i]))  # never send a timeout of 0 (= never expires)
+            else:
+                live.append(i)
         no_replace: set[int] = set()  # refreshes whose delete half found nothing: just add
         for _attempt in range(len(live) + 3):
             if not live:
                 break
-            msgs, where = self._encode(ops, live, now_ms, no_replace)
+            msgs, where = self._encode(names, keys, specs, live, now_ms, no_replace)
             res.transactions += 1
             res.elements_sent += len(live)
             out = self.sock.transact([x.data for x in msgs])
@@ -199,7 +218,7 @@ class KernelWriter:
                         retry_whole = True
                         continue
                     for i in live:
-                        res.failed[i] = (err.errno, err.text or "transaction refused")
+                        res.failed[(names[i], keys[i])] = (err.errno, err.text or "transaction refused")
                     drop.update(live)
                     continue
                 msg, op_ids, is_delete = hit
@@ -208,46 +227,47 @@ class KernelWriter:
                     # the message itself is bad (usually: the set is gone): every op in it fails this round
                     in_msg = [op_ids[k] for k in msg.op_index]
                     if err.errno == E.ENOENT:
-                        res.missing_sets.add(ops[in_msg[0]].set_name)
+                        res.missing_sets.add(names[in_msg[0]])
                     for i in in_msg:
-                        res.failed[i] = (err.errno, err.text or "set refused the message")
+                        res.failed[(names[i], keys[i])] = (err.errno, err.text or "set refused the message")
                     drop.update(in_msg)
                     continue
                 i = op_ids[msg.op_index[j]]
                 if err.errno == E.ENOENT and is_delete:
-                    if ops[i].add:
+                    if specs[i].add:
                         no_replace.add(i)  # the old element expired meanwhile: a plain add will do
                         retry_whole = True
                     else:
                         drop.add(i)  # already gone: that is what a delete wanted
                         res.committed_ops += 1
                     continue
-                res.failed[i] = (err.errno, err.text)
+                res.failed[(names[i], keys[i])] = (err.errno, err.text)
                 drop.add(i)
             if not drop and not retry_whole:
                 for i in live:
-                    res.failed[i] = (E.EIO, "transaction failed without a usable error")
+                    res.failed[(names[i], keys[i])] = (E.EIO, "transaction failed without a usable error")
                 break
-            live = [i for i in live if i not in drop]
+            if drop:
+                live = [i for i in live if i not in drop]
         res.seconds = time.perf_counter() - t0
         return res
 
-    def _encode(self, ops: Sequence[SetOp], live: Sequence[int], now_ms: int, no_replace: set[int]
-                ) -> tuple[list[m.SetMessage], dict[int, tuple[m.SetMessage, list[int], bool]]]:
+    def _encode(self, names: list[str], keys: list[int], specs: list[OpSpec], live: Sequence[int], now_ms: int,
+                no_replace: set[int]) -> tuple[list[m.SetMessage], dict[int, _Where]]:
         """Messages for the live ops: per set, deletes (destroys) first, then adds."""
         by_set: dict[str, tuple[list[int], list[int]]] = {}
         refresh_by_replace = not self.features.timeout_update
         for i in live:
-            o = ops[i]
-            dels, adds = by_set.setdefault(o.set_name, ([], []))
-            if o.add:
+            spec = specs[i]
+            dels, adds = by_set.setdefault(names[i], ([], []))
+            if spec.add:
                 adds.append(i)
-                if o.existed and refresh_by_replace and i not in no_replace:
+                if spec.existed and refresh_by_replace and i not in no_replace:
                     dels.append(i)
             else:
                 dels.append(i)
         msgs: list[m.SetMessage] = []
-        where: dict[int, tuple[m.SetMessage, list[int], bool]] = {}
+        where: dict[int, _Where] = {}
         del_type = m.NFT_MSG_DESTROYSETELEM if self.features.destroy else m.NFT_MSG_DELSETELEM
         refresh = self.features.timeout_update
         for name, (dels, adds) in by_set.items():
@@ -257,7 +277,7 @@ class KernelWriter:
                 if not ids:
                     continue
                 adding = msg_type == m.NFT_MSG_NEWSETELEM
-                encoded = self._encode_elements(spec, ops, ids, now_ms if adding else None, refresh)
+                encoded = self._encode_elements(spec, keys, specs, ids, now_ms if adding else None, refresh)
                 parts = m.split_set_messages(msg_type, m.NFPROTO_INET, self.plan.table, name, encoded,
                                              self.sock.next_seq(len(encoded) + 1), flags)
                 for sm in parts:
@@ -266,28 +286,33 @@ class KernelWriter:
                 msgs += parts
         return msgs, where
 
-    def _encode_elements(self, spec: rs.SetSpec, ops: Sequence[SetOp], ids: Sequence[int], now_ms: int | None,
-                         refresh: bool) -> list[bytes]:
+    def _encode_elements(self, spec: rs.SetSpec, keys: list[int], specs: list[OpSpec], ids: Sequence[int],
+                         now_ms: int | None, refresh: bool) -> list[bytes]:
         v = spec.version
+        klen = 4 if v == 4 else 16
+
+        def tmo(s: OpSpec) -> int | None:
+            return None if now_ms is None or s.until_ms is None else s.until_ms - now_ms
+
         if not spec.interval:
-            plain = all(not ops[i].comment for i in ids)
-            if plain:
-                keys = [_key_bytes(ops[i].key, v) for i in ids]
-                tmo = [None if now_ms is None or ops[i].until_ms is None else ops[i].until_ms - now_ms  # type: ignore
-                       for i in ids]
-                return m.encode_hash_elements(keys, tmo, refresh)
-            return [m.encode_element(m.Element(
-                _key_bytes(ops[i].key, v),
-                None if now_ms is None or ops[i].until_ms is None else ops[i].until_ms - now_ms,  # type: ignore
-                refresh, ops[i].comment)) for i in ids]
+            if all(not specs[i].comment for i in ids) or now_ms is None:
+                cache: dict[int, int | None] = {}  # shared spec objects: compute each timeout once
+                tmos = []
+                for i in ids:
+                    s = specs[i]
+                    t = cache.get(id(s), -1)
+                    if t == -1:
+                        t = cache[id(s)] = tmo(s)
+                    tmos.append(t)
+                return m.encode_hash_elements([keys[i].to_bytes(klen, "big") for i in ids], tmos, refresh)
+            return [m.encode_element(m.Element(keys[i].to_bytes(klen, "big"), tmo(specs[i]), refresh,
+                                               specs[i].comment)) for i in ids]
         out = []
         for i in ids:
-            o = ops[i]
-            first, last = range_of(o.key, v)
-            net = ipaddress.ip_network((first, o.key & 0xFF)) if v == 4 else ipaddress.IPv6Network(
-                (first, o.key & 0xFF))
-            tmo = None if now_ms is None or o.until_ms is None else o.until_ms - now_ms
-            out.append(m.encode_element(_interval_element(net, tmo, o.comment if now_ms is not None else "",
+            k = keys[i]
+            net = key_net(k, v)
+            out.append(m.encode_element(_interval_element(net, tmo(specs[i]),
+                                                          specs[i].comment if now_ms is not None else "",
                                                           refresh and now_ms is not None)))
         return out
 

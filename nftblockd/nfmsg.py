@@ -220,9 +220,7 @@ def encode_element(e: Element) -> bytes:
     """The element nest(s): one for a hash set, start + end for an interval set."""
     inner = nest(NFTA_SET_ELEM_KEY, attr(NFTA_DATA_VALUE, e.key))
     if e.timeout_ms is not None:
-        inner += _BE_TIMEOUT_HDR + _BE64.pack(e.timeout_ms)
-        if e.refresh:
-            inner += _BE_EXPIRATION_HDR + _BE64.pack(e.timeout_ms)
+        inner += _timeout_attrs(e.timeout_ms, e.refresh)
     if e.comment:
         inner += attr(NFTA_SET_ELEM_USERDATA, comment_udata(NFTNL_UDATA_SET_ELEM_COMMENT, e.comment))
     out = nest(NFTA_LIST_ELEM, inner)
@@ -236,6 +234,17 @@ _BE_TIMEOUT_HDR = _NLA.pack(12, NFTA_SET_ELEM_TIMEOUT)
 _BE_EXPIRATION_HDR = _NLA.pack(12, NFTA_SET_ELEM_EXPIRATION)
 
 
+def _timeout_attrs(remaining_ms: int, refresh: bool) -> bytes:
+    """TIMEOUT rounded up to whole seconds (so `nft list` shows `timeout 1h`, not 59m59s980ms) and, when
+    that differs from the exact remaining time or a re-add must restart the countdown, EXPIRATION = the
+    remaining time. EXPIRATION <= TIMEOUT always holds (the kernel answers ERANGE otherwise)."""
+    timeout = -(-remaining_ms // 1000) * 1000
+    out = _BE_TIMEOUT_HDR + _BE64.pack(timeout)
+    if refresh or timeout != remaining_ms:
+        out += _BE_EXPIRATION_HDR + _BE64.pack(remaining_ms)
+    return out
+
+
 def encode_hash_elements(keys: Sequence[bytes], timeouts_ms: Sequence[int | None], refresh: bool) -> list[bytes]:
     """Fast path for hash sets without comments: one template per (key length, timeout)."""
     out = []
@@ -243,11 +252,7 @@ def encode_hash_elements(keys: Sequence[bytes], timeouts_ms: Sequence[int | None
     for key, t in zip(keys, timeouts_ms, strict=True):
         tpl = cache.get((len(key), t))
         if tpl is None:
-            tail = b""
-            if t is not None:
-                tail = _BE_TIMEOUT_HDR + _BE64.pack(t)
-                if refresh:
-                    tail += _BE_EXPIRATION_HDR + _BE64.pack(t)
+            tail = b"" if t is None else _timeout_attrs(t, refresh)
             key_nest_len = 4 + 4 + len(key)
             total = 4 + key_nest_len + len(tail)
             head = _NLA.pack(total, NFTA_LIST_ELEM | NLA_F_NESTED) + _NLA.pack(

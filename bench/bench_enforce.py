@@ -1,0 +1,241 @@
+"""Enforcement benchmarks: bulk load/delete through the batcher vs `nft -f`, CLI bulk, latency, throughput, memory.
+
+Everything runs in private network namespaces made here. Each figure is measured against a reference taken in
+the same run (nft -f of the same elements into an identical set), median of several rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import record  # noqa: E402
+from nftblockd.allowlist import Allowlist  # noqa: E402
+from nftblockd.config import parse_config  # noqa: E402
+from nftblockd.enforcer import Enforcer  # noqa: E402
+from nftblockd.kernel import KernelWriter  # noqa: E402
+from nftblockd.netlink import NftSocket  # noqa: E402
+from nftblockd.ruleset import plan_ruleset  # noqa: E402
+from tests.helpers.daemon import DaemonProc  # noqa: E402
+from tests.helpers.netns import NetNS, inside  # noqa: E402
+
+ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_ROUNDS", "3"))
+CONFIG = "blocklists: {default: {timeout: 1h, size: 2000000}}\nallowlist_self: false\nreconcile: {interval: 1h}\n"
+
+
+def addresses(n: int, seed: int = 1) -> list[str]:
+    rnd = random.Random(seed)
+    out: set[int] = set()
+    while len(out) < n:
+        out.add(rnd.randrange(0x0B000000, 0xDF000000))
+    return [str(ipaddress.IPv4Address(a)) for a in out]
+
+
+def nft_reference(addrs: list[str], delete: list[str] | None = None) -> tuple[float, float | None]:
+    """Seconds for `nft -f` to add `addrs` (and then to delete `delete`) in a fresh namespace."""
+    ns = NetNS("nbb")
+    try:
+        ns.run("nft", "-f", "-", input="table inet ref {\n set s { type ipv4_addr; size 2000000; flags timeout; }\n}\n")
+        with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
+            f.write("add element inet ref s { " + ", ".join(f"{a} timeout 3600s" for a in addrs) + " }\n")
+            add_file = f.name
+        t0 = time.perf_counter()
+        ns.run("nft", "-f", add_file)
+        add_s = time.perf_counter() - t0
+        del_s = None
+        if delete:
+            with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
+                f.write("delete element inet ref s { " + ", ".join(delete) + " }\n")
+                del_file = f.name
+            t0 = time.perf_counter()
+            ns.run("nft", "-f", del_file)
+            del_s = time.perf_counter() - t0
+            os.unlink(del_file)
+        os.unlink(add_file)
+        return add_s, del_s
+    finally:
+        ns.delete()
+
+
+async def ours_bulk(addrs: list[str], delete: list[str]) -> tuple[float, float]:
+    ns = NetNS("nbb")
+    cfg = parse_config(CONFIG)
+    plan = plan_ruleset(cfg)
+    with inside(ns):
+        sock = NftSocket()
+    enf = Enforcer(cfg, plan, Allowlist(), lambda: KernelWriter(plan, sock))
+    stop = asyncio.Event()
+    try:
+        await enf.start()
+        runner = asyncio.create_task(enf.batcher.run(stop))
+        # what a bulk caller hands over: addresses as ints (the CLI benchmark below includes parsing text)
+        until = time.time() + 3600
+        keys = [int(ipaddress.IPv4Address(a)) for a in addrs]
+        t0 = time.perf_counter()
+        res = await enf.ban_hosts("default", {4: keys}, until)
+        add_s = time.perf_counter() - t0
+        assert not res.failed
+        counts = await enf.kernel_counts()
+        assert counts["default_ip4"] == len(addrs), counts
+        dkeys = [int(ipaddress.IPv4Address(a)) for a in delete]
+        t0 = time.perf_counter()
+        await enf.unban_hosts("default", {4: dkeys})
+        del_s = time.perf_counter() - t0
+        counts = await enf.kernel_counts()
+        assert counts["default_ip4"] == len(addrs) - len(delete), counts
+        stop.set()
+        await runner
+        return add_s, del_s
+    finally:
+        await enf.close()
+        ns.delete()
+
+
+async def throughput(n: int, chunk: int) -> float:
+    """Elements/s from the in-process API into the kernel, many concurrent callers, no waiting between."""
+    ns = NetNS("nbb")
+    cfg = parse_config(CONFIG)
+    plan = plan_ruleset(cfg)
+    with inside(ns):
+        sock = NftSocket()
+    enf = Enforcer(cfg, plan, Allowlist(), lambda: KernelWriter(plan, sock))
+    stop = asyncio.Event()
+    try:
+        await enf.start()
+        runner = asyncio.create_task(enf.batcher.run(stop))
+        until = time.time() + 3600
+        addrs = [int(ipaddress.IPv4Address(a)) for a in addresses(n, seed=7)]
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(enf.ban_hosts("default", {4: addrs[i:i + chunk]}, until))
+                 for i in range(0, n, chunk)]
+        await asyncio.gather(*tasks)
+        secs = time.perf_counter() - t0
+        assert (await enf.kernel_counts())["default_ip4"] == n
+        stop.set()
+        await runner
+        return n / secs
+    finally:
+        await enf.close()
+        ns.delete()
+
+
+def daemon_benches() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="nbb-"))
+    ns = NetNS("nbb")
+    d = DaemonProc(ns, tmp / "d", CONFIG)
+    try:
+        d.start()
+        # CLI bulk from stdin vs nft -f
+        ours, ref = [], []
+        for r in range(ROUNDS):
+            addrs = addresses(100_000, seed=100 + r)
+            t0 = time.perf_counter()
+            out = d.cli("ban", "--timeout", "1h", "-", input="\n".join(addrs) + "\n")
+            ours.append(time.perf_counter() - t0)
+            assert out.returncode == 0, out.stderr
+            d.cli("unban", "-", input="\n".join(addrs) + "\n")
+            ref.append(nft_reference(addrs)[0])
+        record("cli ban - (stdin) 100k IPv4 with timeouts", statistics.median(ours), "s",
+               reference="nft -f", reference_value=statistics.median(ref), target="ratio <= 1.0")
+        latency(d)
+        memory(d, ns)
+    finally:
+        d.close()
+        ns.delete()
+
+
+def latency(d: DaemonProc, rate: int = 1000, seconds: float = 5.0) -> None:
+    """Ban latency from a control request to the kernel's acknowledgement, at a steady request rate."""
+    async def run() -> list[float]:
+        conns = []
+        for _ in range(16):
+            r, w = await asyncio.open_unix_connection(d.socket)
+            conns.append((r, w, asyncio.Lock()))
+        lat: list[float] = []
+        addrs = addresses(int(rate * seconds), seed=999)
+
+        async def one(i: int, a: str) -> None:
+            r, w, lock = conns[i % len(conns)]
+            async with lock:
+                t0 = time.perf_counter()
+                w.write(json.dumps({"v": 1, "id": i, "cmd": "ban", "args": {"targets": [a], "timeout": 600}})
+                        .encode() + b"\n")
+                await w.drain()
+                resp = json.loads(await r.readline())
+                assert resp["ok"] and resp["result"]["applied"] == [a], resp
+                lat.append(time.perf_counter() - t0)
+
+        tasks = []
+        start = time.perf_counter()
+        for i, a in enumerate(addrs):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)  # pacing the load generator, not waiting for a result
+            tasks.append(asyncio.create_task(one(i, a)))
+        await asyncio.gather(*tasks)
+        for _r, w, _l in conns:
+            w.close()
+        return lat
+
+    lat = sorted(asyncio.run(run()))
+    p50 = lat[len(lat) // 2] * 1000
+    p99 = lat[int(len(lat) * 0.99)] * 1000
+    record("ban latency p50 @1000 bans/s (request -> kernel ack)", p50, "ms")
+    record("ban latency p99 @1000 bans/s (request -> kernel ack)", p99, "ms", target="< 20 ms")
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def memory(d: DaemonProc, ns: NetNS, n: int = 1_000_000) -> None:
+    assert d.proc is not None
+    d.cli("unban", "-", input="")
+    before = rss_kib(d.proc.pid)
+    addrs = addresses(n, seed=4242)
+    for i in range(0, n, 250_000):
+        out = d.cli("ban", "--timeout", "2h", "-", input="\n".join(addrs[i:i + 250_000]) + "\n")
+        assert out.returncode == 0, out.stderr
+    import gc
+    gc.collect()
+    after = rss_kib(d.proc.pid)
+    record("daemon RSS per tracked ban (1,000,000 IPv4)", (after - before) * 1024 / n, "bytes",
+           target="<= 200 bytes")
+
+
+def main() -> None:
+    ours_add, ours_del, ref_add, ref_del = [], [], [], []
+    for r in range(ROUNDS):
+        addrs = addresses(100_000, seed=r)
+        dels = addrs[:10_000]
+        a, b = asyncio.run(ours_bulk(addrs, dels))
+        ra, rb = nft_reference(addrs, dels)
+        ours_add.append(a)
+        ours_del.append(b)
+        ref_add.append(ra)
+        ref_del.append(rb or 0.0)
+    record("bulk ban 100k IPv4 with timeouts (batcher -> kernel)", statistics.median(ours_add), "s",
+           reference="nft -f", reference_value=statistics.median(ref_add), target="ratio <= 0.6")
+    record("bulk unban 10k of 100k (batcher -> kernel)", statistics.median(ours_del), "s",
+           reference="nft -f", reference_value=statistics.median(ref_del), target="ratio <= 0.6")
+    tput = asyncio.run(throughput(300_000, 1000))
+    record("sustained ban throughput, in-process API -> kernel", tput, "elem/s", target=">= 100000")
+    daemon_benches()
+
+
+if __name__ == "__main__":
+    main()

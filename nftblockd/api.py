@@ -1,0 +1,285 @@
+"""The control socket's command handler: protocol requests in, enforcer calls out.
+
+Knows the protocol's argument and result shapes (control/protocol.py) and the enforcer's API; it owns no
+state of its own apart from what `status` reports.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from . import __version__
+from .bans import Outcome
+from .control.protocol import (
+    BLOCKLIST_DEFAULT,
+    BanArgs,
+    CheckArgs,
+    ControlError,
+    FeedsRefreshArgs,
+    ListArgs,
+    UnbanArgs,
+    ban_entry,
+    parse_args,
+)
+from .control.server import Peer
+from .enforcer import Enforcer
+from .events import AddressError, Ban, Decision, IPNet, Unban, format_target, parse_host_int, parse_target
+
+Extra = Callable[[], dict[str, Any]]
+BULK_THRESHOLD = 64  # from this many targets on, single addresses take the bulk path
+
+
+def _fmt(version: int, key: int) -> str:
+    return str(ipaddress.IPv4Address(key) if version == 4 else ipaddress.IPv6Address(key))
+
+
+class ControlAPI:
+    def __init__(self, enforcer: Enforcer, *, default_blocklist: str,
+                 status_extra: Extra | None = None,
+                 feeds: Callable[[], list[dict[str, Any]]] | None = None,
+                 feeds_refresh: Callable[[str], Awaitable[dict[str, Any]]] | None = None) -> None:
+        self.enforcer = enforcer
+        self.default_blocklist = default_blocklist
+        self.started = time.time()
+        self._status_extra = status_extra
+        self._feeds = feeds
+        self._feeds_refresh = feeds_refresh
+
+    async def __call__(self, cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        parsed = parse_args(cmd, args)
+        if cmd == "ping":
+            return {"pong": True, "version": __version__}
+        if cmd == "ban":
+            assert isinstance(parsed, BanArgs)
+            return await self.ban(parsed)
+        if cmd == "unban":
+            assert isinstance(parsed, UnbanArgs)
+            return await self.unban(parsed)
+        if cmd == "list":
+            assert isinstance(parsed, ListArgs)
+            return self.list(parsed)
+        if cmd == "check":
+            assert isinstance(parsed, CheckArgs)
+            return self.check(parsed)
+        if cmd == "status":
+            return await self.status()
+        if cmd == "feeds":
+            return {"feeds": self._feeds() if self._feeds else []}
+        if cmd == "feeds_refresh":
+            assert isinstance(parsed, FeedsRefreshArgs)
+            if self._feeds_refresh is None:
+                raise ControlError("not_found", f"no feed named {parsed.name!r} (no feeds configured)")
+            return await self._feeds_refresh(parsed.name)
+        raise ControlError("bad_request", f"unknown command {cmd!r}")
+
+    def _blocklist(self, name: str | None) -> str:
+        bl = name or self.default_blocklist
+        try:
+            self.enforcer.cfg.blocklist(bl)
+        except KeyError:
+            known = ", ".join(b.name for b in self.enforcer.cfg.blocklists)
+            raise ControlError("unknown_set", f"unknown set {bl!r} (blocklists: {known})") from None
+        return bl
+
+    async def ban(self, a: BanArgs) -> dict[str, Any]:
+        blocklist = self._blocklist(a.blocklist)
+        if len(a.items) >= BULK_THRESHOLD and len({(i.timeout, i.reason, i.jail) for i in a.items[:1000]}) == 1 \
+                and len({(i.timeout, i.reason, i.jail) for i in a.items}) == 1:
+            return await self.ban_bulk(a, blocklist)
+        default_timeout = self.enforcer.cfg.blocklist(blocklist).timeout
+        now = time.time()
+        decisions: list[Decision] = []
+        refused: list[dict[str, Any]] = []
+        comment = ""
+        for item in a.items:
+            try:
+                target = parse_target(item.target)
+            except AddressError as exc:
+                refused.append({"target": item.target, "code": "invalid_address", "message": str(exc)})
+                continue
+            timeout = default_timeout if item.timeout is BLOCKLIST_DEFAULT else item.timeout
+            until = None if timeout is None else now + float(timeout)  # type: ignore[arg-type]
+            origin = "fail2ban" if a.origin == "fail2ban" else "cli"
+            decisions.append(Ban(target, blocklist, until, origin, item.reason, item.jail))  # type: ignore[arg-type]
+            comment = comment or item.reason
+        results = await self.enforcer.apply(decisions, comment=comment[:200], now=now)
+        applied = []
+        notes = []
+        for r in results:
+            if r.code is None:
+                applied.append(format_target(r.target))
+                if r.message:
+                    notes.append({"target": format_target(r.target), "message": r.message})
+            else:
+                refused.append({"target": format_target(r.target), "code": r.code, "message": r.message})
+        out: dict[str, Any] = {"applied": applied, "refused": refused}
+        if notes:
+            out["notes"] = notes
+        return out
+
+    async def ban_bulk(self, a: BanArgs, blocklist: str) -> dict[str, Any]:
+        """Many targets with the same timeout and reason: single addresses take the set-at-a-time path."""
+        first = a.items[0]
+        default_timeout = self.enforcer.cfg.blocklist(blocklist).timeout
+        timeout = default_timeout if first.timeout is BLOCKLIST_DEFAULT else first.timeout
+        now = time.time()
+        until = None if timeout is None else now + float(timeout)  # type: ignore[arg-type]
+        keys: dict[int, list[int]] = {4: [], 6: []}
+        texts: dict[int, dict[int, str]] = {4: {}, 6: {}}  # answer with the caller's own spelling
+        rest = []
+        for item in a.items:
+            parsed = parse_host_int(item.target)
+            if parsed is None:
+                rest.append(item)
+            else:
+                keys[parsed[0]].append(parsed[1])
+                texts[parsed[0]][parsed[1]] = item.target
+        origin = "fail2ban" if a.origin == "fail2ban" else "cli"
+        res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=first.reason,
+                                            jail=first.jail, comment=first.reason[:200], now=now)
+        refused: list[dict[str, Any]] = []
+        for version, allowed in res.allowlisted.items():
+            for k in allowed:
+                t = _fmt(version, k)
+                refused.append({"target": t, "code": "allowlisted", "message": f"{t} is allowlisted; never banned"})
+        failed_keys = set()
+        for (set_name, k), (code, msg) in res.failed.items():
+            version = 4 if set_name.endswith("4") else 6
+            failed_keys.add((version, k))
+            refused.append({"target": _fmt(version, k), "code": code, "message": msg})
+        applied: list[str] = []
+        for c in res.changes:
+            version = 4 if c.set_name.endswith("4") else 6
+            t = texts[version]
+            for part in (c.new, c.extended, c.unchanged):
+                applied += [t[k] for k in part if (version, k) not in failed_keys] if failed_keys else map(
+                    t.__getitem__, part)
+        out: dict[str, Any] = {"applied": applied, "refused": refused}
+        if rest:
+            more = await self.ban(BanArgs(tuple(rest), blocklist, a.origin)) if len(rest) < BULK_THRESHOLD \
+                else await self._ban_each(rest, blocklist, a.origin)
+            out["applied"] += more["applied"]
+            out["refused"] += more["refused"]
+        return out
+
+    async def _ban_each(self, items: list[Any], blocklist: str, origin: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"applied": [], "refused": []}
+        for i in range(0, len(items), BULK_THRESHOLD - 1):
+            r = await self.ban(BanArgs(tuple(items[i:i + BULK_THRESHOLD - 1]), blocklist, origin))
+            out["applied"] += r["applied"]
+            out["refused"] += r["refused"]
+        return out
+
+    async def unban(self, a: UnbanArgs) -> dict[str, Any]:
+        blocklists = [self._blocklist(a.blocklist)] if a.blocklist else [b.name for b in self.enforcer.cfg.blocklists]
+        if len(a.targets) >= BULK_THRESHOLD:
+            return await self.unban_bulk(a, blocklists)
+        decisions: list[Decision] = []
+        bad: list[dict[str, Any]] = []
+        for t in a.targets:
+            try:
+                target = parse_target(t)
+            except AddressError as exc:
+                bad.append({"target": t, "code": "invalid_address", "message": str(exc)})
+                continue
+            decisions += [Unban(target, bl, "cli") for bl in blocklists]
+        results = await self.enforcer.apply(decisions)
+        removed: dict[str, None] = {}
+        not_found: dict[str, str] = {}
+        for r in results:
+            name = format_target(r.target)
+            if r.outcome is Outcome.REMOVED:
+                removed[name] = None
+            elif r.message and (name not in not_found or "inside" in r.message):
+                not_found[name] = r.message
+            else:
+                not_found.setdefault(name, r.message)
+        nf = [t for t in not_found if t not in removed]
+        out: dict[str, Any] = {"removed": list(removed), "not_found": nf}
+        msgs = {t: not_found[t] for t in nf if "inside" in not_found[t]}
+        if msgs:
+            out["messages"] = msgs
+        if bad:
+            out["refused"] = bad
+        return out
+
+    async def unban_bulk(self, a: UnbanArgs, blocklists: list[str]) -> dict[str, Any]:
+        keys: dict[int, list[int]] = {4: [], 6: []}
+        texts: dict[int, dict[int, str]] = {4: {}, 6: {}}
+        rest: list[str] = []
+        for t in a.targets:
+            parsed = parse_host_int(t)
+            if parsed is None:
+                rest.append(t)
+            else:
+                keys[parsed[0]].append(parsed[1])
+                texts[parsed[0]][parsed[1]] = t
+        removed: dict[str, None] = {}
+        for bl in blocklists:
+            for set_name, gone, _missing in await self.enforcer.unban_hosts(bl, keys):
+                t = texts[4 if set_name.endswith("4") else 6]
+                removed.update(dict.fromkeys(t[k] for k in gone))
+        out: dict[str, Any] = {"removed": list(removed), "not_found": [
+            t for v in (4, 6) for t in texts[v].values() if t not in removed]}
+        for i in range(0, len(rest), BULK_THRESHOLD - 1):
+            more = await self.unban(UnbanArgs(tuple(rest[i:i + BULK_THRESHOLD - 1]), a.blocklist))
+            out["removed"] += more["removed"]
+            out["not_found"] += more["not_found"]
+            for key in ("messages", "refused"):
+                if key in more:
+                    out.setdefault(key, {} if key == "messages" else []).__iadd__(more[key]) if key == "refused" \
+                        else out.setdefault(key, {}).update(more[key])
+        return out
+
+    def list(self, a: ListArgs) -> dict[str, Any]:
+        bl = self._blocklist(a.blocklist) if a.blocklist else None
+        now = time.time()
+        bans = [ban_entry(info, now) for info in self.enforcer.state.iter_bans(bl)
+                if info.until is None or info.until > now]
+        bans.sort(key=lambda b: (b["blocklist"], b["set"], b["target"]))
+        return {"bans": bans}
+
+    def check(self, a: CheckArgs) -> dict[str, Any]:
+        try:
+            target: IPNet = parse_target(a.target)
+        except AddressError as exc:
+            raise ControlError("invalid_address", str(exc)) from None
+        now = time.time()
+        allow = self.enforcer.allow.contains(target)
+        bans = [ban_entry(info, now) for info in self.enforcer.state.covering(target)
+                if info.until is None or info.until > now]
+        return {"target": format_target(target), "allowlisted": None if allow is None else str(allow), "bans": bans}
+
+    async def status(self) -> dict[str, Any]:
+        e = self.enforcer
+        counts = await e.kernel_counts()
+        ours = e.state.counts()
+        sets = []
+        for s in e.plan.sets:
+            sets.append({
+                "name": s.name, "blocklist": s.blocklist or "allow", "family": f"ipv{s.version}",
+                "kind": s.kind, "elements": counts.get(s.name), "tracked": ours.get(s.name), "size": s.size,
+            })
+        b = e.batcher
+        out: dict[str, Any] = {
+            "version": __version__,
+            "uptime": round(time.time() - self.started, 3),
+            "table": f"inet {e.plan.table}",
+            "kernel": e.writer.features.describe() if e.writer else {},
+            "sets": sets,
+            "batches": {"flushes": b.flushes, "ops": b.ops_flushed, "pending": b.pending(),
+                        "failures": b.failures, "last_seconds": round(e.counters.last_batch_seconds, 6),
+                        "max_ops": b.max_ops, "delay": b.delay},
+            "errors": {"kernel": {str(k): v for k, v in e.counters.kernel_errors.items()},
+                       "set_full": e.counters.set_full, "refused": e.counters.refused,
+                       "allowlisted": e.counters.allowlisted, "rebuilds": e.counters.rebuilds,
+                       "drift_repaired": e.counters.drift_repaired},
+            "jails": [],
+            "feeds": self._feeds() if self._feeds else [],
+        }
+        if self._status_extra:
+            out.update(self._status_extra())
+        return out

@@ -1,0 +1,420 @@
+"""Composition root: builds everything from the Config and runs it under one TaskGroup.
+
+Startup is ordered — config → store → kernel (table, sets, chain, allowlist, saved bans) → control socket →
+metrics → sources → READY=1 — and shutdown is its bounded reverse. Signals only set events: SIGTERM/SIGINT
+stop, SIGHUP reloads (a broken new config is refused and the old one keeps running). No polling loops beyond
+the cheap kernel generation check and the periodic reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import contextlib
+import ipaddress
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .allowlist import Allowlist, build_allowlist
+from .api import ControlAPI
+from .config import Config, ConfigError, Problem, load_config
+from .control.server import ControlServer
+from .enforcer import Enforcer
+from .bans import Outcome
+from .enforcer import Result
+from .events import Ban, Decision, IPAddr, IPNet, Unban
+from .jails import JailRunner
+from .matcher import Filter, FilterError, load_filter
+from .sources.base import MemoryPositionStore
+from .store import BanRow, Store, StoreError, StoreProblem, unpack_target
+from .tracker import BanRecord, Tracker
+from .kernel import KernelWriter
+from .metrics import Metrics, MetricsServer
+from .ruleset import plan_ruleset
+from .sdnotify import Notifier, watchdog_loop
+
+log = logging.getLogger("nftblockd")
+T = TypeVar("T")
+
+SHUTDOWN_GRACE = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Overrides:
+    socket: str | None = None
+    state_dir: str | None = None
+    metrics: str | None = None
+
+
+def apply_overrides(cfg: Config, o: Overrides) -> Config:
+    if o.socket:
+        cfg = replace(cfg, control=replace(cfg.control, socket=o.socket))
+    if o.state_dir:
+        cfg = replace(cfg, state_dir=o.state_dir)
+    if o.metrics:
+        cfg = replace(cfg, metrics_listen=o.metrics)
+    return cfg
+
+
+def own_addresses() -> list[IPAddr]:
+    """The machine's own addresses (never banned when allowlist_self is on), read over rtnetlink."""
+    from pyroute2 import IPRoute
+
+    out: list[IPAddr] = []
+    try:
+        with IPRoute() as ipr:
+            for msg in ipr.get_addr():
+                addr = msg.get_attr("IFA_ADDRESS") or msg.get_attr("IFA_LOCAL")
+                if addr:
+                    with contextlib.suppress(ValueError):
+                        out.append(ipaddress.ip_address(addr))
+    except OSError as exc:
+        log.warning("could not read the machine's own addresses: %s", exc)
+    return out
+
+
+def build_filters(cfg: Config) -> dict[str, Filter]:
+    """Compile every enabled jail's filter; a bad one is a config error with the jail's file and line."""
+    out: dict[str, Filter] = {}
+    problems = []
+    for j in cfg.jails:
+        if not j.enabled:
+            continue
+        try:
+            out[j.name] = load_filter(j.filter, search_dirs=(Path(cfg.file).parent / "filter.d",
+                                                             Path("/etc/nftblockd/filter.d")))
+        except FilterError as exc:
+            problems.append(Problem(cfg.file, j.filter_line or j.line, f"jails.{j.name}.filter", str(exc)))
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+class Daemon:
+    def __init__(self, cfg: Config, config_path: str | None = None, overrides: Overrides = Overrides(),
+                 notifier: Notifier | None = None) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.overrides = overrides
+        self.notifier = notifier or Notifier.from_env()
+        self.stop = asyncio.Event()
+        self.reload_requested = asyncio.Event()
+        self.plan = plan_ruleset(cfg)
+        self.allow = self._allowlist(cfg)
+        self.metrics = Metrics()
+        self.metrics_server: MetricsServer | None = None
+        self.filters = build_filters(cfg)
+        self.store: Store | None = None
+        self._store_exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nftblockd-store")
+        self.enforcer = Enforcer(cfg, self.plan, self.allow,
+                                 lambda: KernelWriter(self.plan, protect=cfg.protect_table), metrics=self.metrics,
+                                 persist=self.persist, on_change=self._changed)
+        self.tracker = Tracker.from_config(cfg, self._own)
+        self.jails: list[JailRunner] = []
+        self.api = ControlAPI(self.enforcer, default_blocklist=self._default_blocklist(cfg),
+                              status_extra=self._status_extra)
+        self.server: ControlServer | None = None
+        self._hooks: list[Callable[[], Awaitable[None]]] = []
+        self.watch_interval = 0.5
+
+    @staticmethod
+    def _default_blocklist(cfg: Config) -> str:
+        names = [b.name for b in cfg.blocklists]
+        return "default" if "default" in names else names[0]
+
+    def _allowlist(self, cfg: Config) -> Allowlist:
+        self._own = own_addresses() if cfg.allowlist_self else []
+        return build_allowlist(cfg.allowlist, self._own, include_self=cfg.allowlist_self)
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    async def store_call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._store_exec, lambda: fn(*args, **kw))
+
+    async def open_store(self) -> None:
+        path = Path(self.cfg.state_dir) / "state.db"
+
+        def problem(p: StoreProblem) -> None:
+            log.error("state database: %s", p.message)
+
+        self.store = await self.store_call(Store.open, path, on_problem=problem)
+
+    async def persist(self, saves: list[Ban], deletes: list[tuple[str, IPNet]],
+                      history: list[tuple[str, str, float, float | None]]) -> None:
+        if self.store is None:
+            return
+        try:
+            await self.store_call(self.store.apply, save=saves, delete=deletes, history=history)
+        except StoreError as exc:  # the kernel has the ban; say loudly that it will not survive a restart
+            log.error("could not save %d bans / %d unbans: %s", len(saves), len(deletes), exc)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig, ev in ((signal.SIGTERM, self.stop), (signal.SIGINT, self.stop), (signal.SIGHUP,
+                                                                                   self.reload_requested)):
+            loop.add_signal_handler(sig, ev.set)
+        self.notifier.status("opening the state database")
+        await self.open_store()
+        self.notifier.status("setting up the kernel table")
+        await self.enforcer.start()
+        self.notifier.status("restoring saved bans")
+        batcher_stop = asyncio.Event()
+        batcher = asyncio.create_task(self.enforcer.batcher.run(batcher_stop))
+        try:
+            restored = await self.restore()
+        finally:
+            batcher_stop.set()
+            await batcher
+        self.server = ControlServer(self.cfg.control.socket, self.api, mode=self.cfg.control.mode,
+                                    group=self.cfg.control.group)
+        await self.server.start()
+        if self.cfg.metrics_listen:
+            self.metrics_server = MetricsServer(self.metrics, self.cfg.metrics_listen)
+            await self.metrics_server.start()
+        await self.refresh_gauges()
+        # an owned table cannot be flushed or deleted by others: the generation check is only a safety net
+        self.watch_interval = 5.0 if self.enforcer._writer().features.owner else 0.5
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.enforcer.batcher.run(self.stop), name="batcher")
+                tg.create_task(self._watch(), name="kernel-watch")
+                tg.create_task(self._reconcile(), name="reconcile")
+                tg.create_task(self._reloads(), name="reload")
+                tg.create_task(watchdog_loop(self.notifier, self.stop, self._healthy), name="watchdog")
+                jail_tasks = [tg.create_task(j.run(), name=f"jail-{j.jail.name}") for j in self.jails]
+                tg.create_task(self._housekeeping(), name="housekeeping")
+                await self._sources_ready()
+                self.notifier.ready(f"enforcing: {restored} bans restored, {len(self.jails)} jails, "
+                                    f"table inet {self.plan.table}")
+                log.info("nftblockd ready: table inet %s, %d jails, control socket %s", self.plan.table,
+                         len(self.jails), self.cfg.control.socket)
+                await self.stop.wait()
+                self.notifier.stopping()
+                for t in jail_tasks:  # sources save their positions when cancelled
+                    t.cancel()
+                log.info("stopping: closing the control socket, flushing pending bans")
+                await self.server.close()
+                if self.metrics_server is not None:
+                    await self.metrics_server.close()
+        finally:
+            await self.enforcer.close()
+            if self.store is not None:
+                await self.store_call(self.store.close)
+            self._store_exec.shutdown(wait=True)
+        log.info("stopped; %d bans stay in the kernel and expire there", len(self.enforcer.state))
+        return 0
+
+    async def _sources_ready(self, timeout: float = 30.0) -> None:
+        """READY=1 means log lines written from now on will be seen: wait for every source's watches."""
+        events = [s.ready for j in self.jails for s in j.sources]
+        if not events:
+            return
+        waits = [asyncio.ensure_future(e.wait()) for e in events]
+        done, pending = await asyncio.wait(waits, timeout=timeout)
+        for w in pending:
+            w.cancel()
+        if pending:
+            log.warning("%d log sources were not ready after %.0fs; continuing without waiting", len(pending),
+                        timeout)
+
+    def _status_extra(self) -> dict[str, Any]:
+        jails = []
+        for j in self.jails:
+            st = j.stats
+            jails.append({"name": j.jail.name, "filter": j.filter.name, "lines": st.lines, "matched": st.matched,
+                          "ignored": st.ignored, "rejected": st.rejected, "failures": st.failures,
+                          "bans": st.bans, "already_banned": st.already_banned, "allowlisted": st.allowlisted,
+                          "stale": st.stale, "banned_now": self.tracker.banned_count(j.jail.name),
+                          "sources": [{"name": getattr(s, "name", ""), **dataclasses.asdict(s.stats)} for s in j.sources]})
+        store = None
+        if self.store is not None:
+            store = {"path": str(Path(self.cfg.state_dir) / "state.db"), "persistent": self.store.persistent}
+        return {"jails": jails, "tracker": {"tracked": self.tracker.tracked}, "store": store}
+
+    def _changed(self, decisions: Sequence[Decision], results: Sequence[Result]) -> None:
+        """Unbans end the tracker's BANNED state, so new failures can ban again."""
+        for d, r in zip(decisions, results, strict=False):
+            if isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
+                self.tracker.forget_ban(d.target)
+
+    def _healthy(self) -> bool:
+        return True
+
+    async def restore(self) -> int:
+        """Saved bans go back into the kernel before READY (after a reboot the sets are empty), the tracker
+        learns which jail bans are in force and its escalation history, and the jails are built."""
+        now = time.time()
+        n = 0
+        if self.store is not None:
+            rows = await self.store_call(self.store.load_active_rows, now)
+            n = await self._restore_rows(rows, now)
+            history = await self.store_call(self.store.load_history, now - 30 * 86400)
+            self.tracker.load_history(history, now)
+        positions = self.store.positions() if self.store is not None else MemoryPositionStore()
+        for j in self.cfg.jails:
+            if j.enabled:
+                self.jails.append(JailRunner(j, self.filters[j.name], self.tracker, self._jail_bans, positions,
+                                             self.metrics))
+        log.info("restored %d saved bans", n)
+        return n
+
+    async def _restore_rows(self, rows: list[BanRow], now: float) -> int:
+        hosts: dict[tuple[str, float | None, str, str, str], dict[int, list[int]]] = {}
+        others: list[Ban] = []
+        blocklists = {b.name for b in self.cfg.blocklists}
+        for blocklist, packed, until, origin, reason, jail in rows:
+            if blocklist not in blocklists:
+                continue
+            if len(packed) in (4, 16):
+                group = hosts.setdefault((blocklist, until, origin, reason, jail), {4: [], 6: []})
+                group[4 if len(packed) == 4 else 6].append(int.from_bytes(packed, "big"))
+            else:
+                others.append(Ban(unpack_target(packed), blocklist, until, origin, reason, jail))  # type: ignore
+        n = 0
+        for (blocklist, until, origin, reason, jail), keys in hosts.items():
+            res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=reason, jail=jail,
+                                                comment=reason[:200], now=now, persist=False)
+            n += sum(len(c.new) + len(c.extended) + len(c.unchanged) for c in res.changes) - len(res.failed)
+            if jail:
+                for c in res.changes:
+                    cls = ipaddress.IPv4Network if c.set_name.endswith("4") else ipaddress.IPv6Network
+                    for k in c.new:
+                        self.tracker.note_ban(Ban(cls(k), blocklist, until, origin, reason, jail), now)  # type: ignore
+        if others:
+            results = await self.enforcer.apply(others, now=now, persist=False)
+            n += sum(1 for r in results if r.code is None)
+            for b in others:
+                if b.jail:
+                    self.tracker.note_ban(b, now)
+        return n
+
+    async def _jail_bans(self, bans: list[Ban], records: list[BanRecord], arrival: float) -> None:
+        """Bans a jail decided: apply, persist with their history rows, and feed recidive jails."""
+        now = time.time()
+        results = await self.enforcer.apply(bans, now=now, started=arrival,
+                                            history=[r.as_row() for r in records])
+        more: list[Ban] = []
+        more_records: list[BanRecord] = []
+        for b, r in zip(bans, results, strict=False):
+            if r.code is not None:
+                self.tracker.forget_ban(b.target, jail=b.jail)
+                continue
+            for out in self.tracker.observe_ban(b, now):
+                if out.ban is not None and out.kind.name == "BANNED":
+                    more.append(out.ban)
+                    if out.record is not None:
+                        more_records.append(out.record)
+        if more:
+            await self._jail_bans(more, more_records, arrival)
+
+    async def _housekeeping(self) -> None:
+        """Once a minute: forget ended bans and old history; export source and tracker figures."""
+        while not self.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), 60)
+            if self.stop.is_set():
+                return
+            now = time.time()
+            self.tracker.sweep(now)
+            self.enforcer.state.expire(now)
+            if self.store is not None:
+                try:
+                    await self.store_call(self.store.prune, now, 30 * 86400)
+                except StoreError as exc:
+                    log.error("pruning the state database failed: %s", exc)
+            for j in self.jails:
+                self.metrics.tracker_addresses.labels(j.jail.name).set(self.tracker.tracked)
+
+    async def _watch(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), self.watch_interval)
+            if self.stop.is_set():
+                return
+            try:
+                await self.enforcer.check_kernel()
+            except Exception:
+                log.exception("checking the kernel table failed; will try again")
+
+    async def _reconcile(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), self.cfg.reconcile_interval)
+            if self.stop.is_set():
+                return
+            try:
+                await self.enforcer.reconcile()
+                await self.refresh_gauges()
+            except Exception:
+                log.exception("reconcile failed; will try again")
+
+    async def refresh_gauges(self) -> None:
+        """Set sizes as the kernel reports them (what is enforced), next to what nftblockd tracks."""
+        counts = await self.enforcer.kernel_counts()
+        tracked = self.enforcer.state.counts()
+        for s in self.plan.sets:
+            n = counts.get(s.name)
+            if n is not None:
+                self.metrics.set_elements.labels(s.name, s.blocklist or "allow", f"ipv{s.version}").set(n)
+            if s.name in tracked:
+                self.metrics.set_tracked.labels(s.name).set(tracked[s.name])
+
+    async def _reloads(self) -> None:
+        while not self.stop.is_set():
+            waiter = asyncio.ensure_future(self.reload_requested.wait())
+            stopper = asyncio.ensure_future(self.stop.wait())
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            stopper.cancel()
+            if self.stop.is_set():
+                return
+            self.reload_requested.clear()
+            try:
+                await self.reload()
+            except Exception:  # a failed reload must never take enforcement down with it
+                log.exception("reload failed; the running configuration stays")
+                self.notifier.ready("reload failed; running the previous config")
+
+    async def reload(self) -> bool:
+        """Re-read the config; a broken one is refused and the running one stays."""
+        if not self.config_path:
+            return False
+        self.notifier.reloading()
+        try:
+            new = apply_overrides(load_config(self.config_path), self.overrides)
+        except ConfigError as exc:
+            log.error("reload refused, the running config stays:\n%s", exc)
+            self.notifier.ready("reload refused: config invalid; running the previous config")
+            return False
+        changed_kernel = new.table != self.cfg.table or new.blocklists != self.cfg.blocklists \
+            or new.chain != self.cfg.chain
+        if changed_kernel:
+            log.error("reload refused: table, blocklists or chain changed; restart nftblockd to apply them")
+            self.notifier.ready("reload refused: kernel layout changed; restart to apply")
+            return False
+        self.cfg = new
+        # pyroute2's IPRoute runs its own event loop: keep it off ours
+        self.allow = await asyncio.to_thread(self._allowlist, new)
+        self.enforcer.allow = self.allow
+        self.enforcer.cfg = new
+        lifted = self.tracker.replace_allowlist(self.allow)
+        if lifted:
+            log.warning("the new allowlist protects %d banned addresses; lifting their bans", len(lifted))
+            await self.enforcer.apply([Unban(b.target, b.blocklist, "cli", "allowlisted on reload")
+                                       for b in lifted])
+        await self.enforcer.kernel(self.enforcer._writer().setup, self.allow.networks)
+        log.info("configuration reloaded from %s", self.config_path)
+        self.notifier.ready("configuration reloaded")
+        return True
+
+
+def run(cfg: Config, config_path: str | None, overrides: Overrides) -> int:
+    return asyncio.run(Daemon(cfg, config_path, overrides).run())
+

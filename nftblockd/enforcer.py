@@ -1,0 +1,441 @@
+"""The enforcement core: decisions in, kernel set changes out, and the kernel kept true to them.
+
+Every source of decisions (log jails, the CLI, feeds, fail2ban, later a fleet stream) calls `apply()` with
+plain `Ban`/`Unban` values; nothing else touches the ban state or the kernel. All kernel IO runs on one
+worker thread (the netlink socket owns the table and must not be shared between threads).
+
+Staying true to the kernel:
+- `watch()` reads the ruleset generation every `watch_interval` seconds (one tiny GETGEN). Our own commits
+  move it too, so only an unexplained change triggers the check of table, sets, chains and rule counts, and
+  a rebuild of whatever is missing plus every active ban. No multicast subscription: any listener makes every
+  element add several times slower (netlink-notes F7.2).
+- `reconcile()` compares each set's element count (NFTA_SET_COUNT, cheap) with the state; only a set whose
+  count disagrees is dumped (dumps cost O(n^2), F6.5) and repaired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno as E
+import ipaddress
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .allowlist import Allowlist
+from .bans import DELETE, BanState, BulkChange, Change, OpSpec, Outcome, SetOp
+from .batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
+from .config import Config
+from .events import Ban, Decision, IPNet, Unban, format_target, parse_target
+from .kernel import KernelWriter
+from .metrics import Metrics
+from .ruleset import Ruleset
+
+log = logging.getLogger("nftblockd.enforcer")
+audit_log = logging.getLogger("nftblockd.audit")
+T = TypeVar("T")
+# (bans to save, (blocklist, target) to delete, history rows): written before a request is acknowledged
+Persist = Callable[[list[Ban], list[tuple[str, IPNet]], list[tuple[str, str, float, float | None]]],
+                   Awaitable[None]]
+
+AUDIT_LINES_PER_REQUEST = 50  # beyond this, a bulk request gets one summary line instead of a flood
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What became of one decision. `code` is None on success, else a control error code."""
+
+    target: IPNet
+    outcome: Outcome
+    code: str | None = None
+    message: str = ""
+    set_name: str = ""
+
+
+@dataclass(slots=True)
+class Counters:
+    bans: int = 0
+    unbans: int = 0
+    refused: int = 0
+    allowlisted: int = 0
+    kernel_errors: dict[int, int] = field(default_factory=dict)
+    set_full: int = 0
+    rebuilds: int = 0
+    drift_repaired: int = 0
+    last_batch_seconds: float = 0.0
+
+
+def describe_errno(errno: int, text: str, set_name: str, size: int | None) -> tuple[str, str]:
+    if errno == E.ENFILE:
+        return "unavailable", f"set {set_name} is full (size {size}); raise blocklists.<name>.size"
+    if errno == E.EEXIST:
+        return "unavailable", f"overlaps a range already in set {set_name}" + (f" ({text})" if text else "")
+    import os
+    return "unavailable", f"the kernel refused it: {os.strerror(errno)}" + (f" ({text})" if text else "")
+
+
+@dataclass(slots=True)
+class BulkResult:
+    changes: list[BulkChange] = field(default_factory=list)
+    failed: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
+    allowlisted: dict[int, list[int]] = field(default_factory=dict)
+
+
+class Enforcer:
+    def __init__(self, cfg: Config, plan: Ruleset, allow: Allowlist, writer_factory: Callable[[], KernelWriter],
+                 *, metrics: Metrics | None = None, on_flush: Callable[[FlushReport], None] | None = None,
+                 persist: Persist | None = None,
+                 on_change: Callable[[Sequence[Decision], Sequence[Result]], None] | None = None) -> None:
+        self.cfg = cfg
+        self.plan = plan
+        self.allow = allow
+        self.state = BanState(plan)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nftblockd-kernel")
+        self._writer_factory = writer_factory
+        self.writer: KernelWriter | None = None
+        self.counters = Counters()
+        self.metrics = metrics
+        self.persist = persist
+        self._on_flush = on_flush
+        self._on_change = on_change
+        self.batcher = Batcher(self._apply_ops, max_ops=cfg.batch.max_ops, delay=cfg.batch.delay,
+                               on_flush=self._flushed)
+        self._sizes = {s.name: s.size for s in plan.sets}
+        self.generation = 0
+        self._lock = asyncio.Lock()  # serialises state changes that must stay in order with their kernel ops
+
+    # -- kernel thread -------------------------------------------------------------------------------
+
+    async def kernel(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _writer(self) -> KernelWriter:
+        assert self.writer is not None, "start() first"
+        return self.writer
+
+    async def start(self) -> None:
+        def setup() -> KernelWriter:
+            w = self._writer_factory()
+            w.setup(self.allow.networks)
+            return w
+
+        self.writer = await self.kernel(setup)
+        self.generation = self.writer.sock.generation
+        log.info("table inet %s ready (%s)", self.plan.table, self.writer.features.describe())
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            await self.kernel(self.writer.close)
+        self._executor.shutdown(wait=True)
+
+    async def _apply_ops(self, groups: list[Group]) -> ApplyOutcome:
+        res = await self.kernel(self._writer().apply, groups)
+        self.generation = self._writer().sock.generation
+        return ApplyOutcome(res.failed, res.expired, res.transactions, res.missing_sets)
+
+    def _flushed(self, report: FlushReport) -> None:
+        self.counters.last_batch_seconds = report.seconds
+        mx = self.metrics
+        if mx is not None and report.ops:
+            mx.batch_seconds.observe(report.seconds)
+            mx.batch_elements.observe(report.ops)
+        for f in report.failures:
+            self.counters.kernel_errors[f.errno] = self.counters.kernel_errors.get(f.errno, 0) + 1
+            if mx is not None:
+                mx.netlink_errors.labels(E.errorcode.get(f.errno, str(f.errno))).inc()
+            if f.errno == E.ENFILE:
+                self.counters.set_full += 1
+                if mx is not None:
+                    mx.set_full.labels(f.set_name).inc()
+        if report.missing_sets:
+            log.warning("sets missing in the kernel: %s; repairing", ", ".join(sorted(report.missing_sets)))
+        if self._on_flush is not None:
+            self._on_flush(report)
+
+    # -- decisions ----------------------------------------------------------------------------------
+
+    async def apply(self, decisions: Sequence[Decision], *, comment: str = "", now: float | None = None,
+                    wait: bool = True, started: float | None = None, persist: bool = True,
+                    history: Sequence[tuple[str, str, float, float | None]] = ()) -> list[Result]:
+        """Apply decisions; with `wait`, return once the kernel acknowledged them (or refused some).
+
+        `started` (monotonic) is when the decision's cause was seen (a log line's arrival), for the
+        detection-to-kernel latency metric; by default, now.
+        """
+        now = time.time() if now is None else now
+        started = time.monotonic() if started is None else started
+        results: list[Result | None] = [None] * len(decisions)
+        ops: list[SetOp] = []
+        owner: dict[tuple[str, int], list[int]] = {}
+        async with self._lock:
+            for i, d in enumerate(decisions):
+                if isinstance(d, Ban):
+                    hit = self.allow.contains(d.target)
+                    if hit is not None:
+                        self.counters.allowlisted += 1
+                        results[i] = Result(d.target, Outcome.CONFLICT, "allowlisted",
+                                            f"{format_target(d.target)} is allowlisted ({hit}); never banned")
+                        continue
+                    ch = self.state.ban(d, now, comment)
+                else:
+                    ch = self.state.unban(d)
+                results[i] = self._result(d, ch)
+                for op in ch.ops:
+                    owner.setdefault((op.set_name, op.key), []).append(i)
+                ops.extend(ch.ops)
+            fut = await self.batcher.submit(ops)
+        if not wait:
+            fut.add_done_callback(lambda f: self._settle(decisions, results, f.result(), owner, started))
+            return [r for r in results if r is not None]
+        failures = await fut
+        final = self._settle(decisions, results, failures, owner, started)
+        if persist and self.persist is not None:
+            await self._persist(decisions, final, list(history))
+        return final
+
+    async def _persist(self, decisions: Sequence[Decision], results: Sequence[Result],
+                       history: list[tuple[str, str, float, float | None]]) -> None:
+        """Write what changed; the saved end of a ban is the state's (a re-ban may have kept a later one)."""
+        saves: list[Ban] = []
+        deletes: list[tuple[str, IPNet]] = []
+        for d, r in zip(decisions, results, strict=False):
+            if r.code is not None:
+                continue
+            if isinstance(d, Ban) and r.outcome in (Outcome.ADDED, Outcome.EXTENDED, Outcome.ABSORBED):
+                saves.append(d)
+                if r.outcome is Outcome.ABSORBED:
+                    deletes += [(d.blocklist, parse_target(t)) for t in r.message.removeprefix(
+                        "replaces ").split(", ") if t]
+            elif isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
+                deletes.append((d.blocklist, d.target))
+        if saves or deletes or history:
+            assert self.persist is not None
+            await self.persist(saves, deletes, history)
+
+    async def ban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]], until: float | None, *,
+                        origin: str = "cli", reason: str = "", jail: str = "", comment: str = "",
+                        now: float | None = None, persist: bool = True) -> BulkResult:
+        """Ban many single addresses at once (CLI stdin, fail2ban restores, saved bans): see BanState.ban_hosts."""
+        now = time.time() if now is None else now
+        out = BulkResult()
+        changes: list[BulkChange] = []
+        async with self._lock:
+            for version, keys in keys_by_version.items():
+                if not keys:
+                    continue
+                if len(self.allow):
+                    allowed = [k for k in keys if self.allow.contains_range(version, k, k) is not None]
+                    if allowed:
+                        out.allowlisted[version] = allowed
+                        self.counters.allowlisted += len(allowed)
+                        drop = set(allowed)
+                        keys = [k for k in keys if k not in drop]
+                ch = self.state.ban_hosts(blocklist, version, keys, until, now, origin=origin, reason=reason,
+                                          jail=jail, comment=comment)
+                if ch is None:
+                    raise KeyError(blocklist)
+                changes.append(ch)
+            fut = await self.batcher.submit_many(
+                [(c.set_name, c.new, c.spec_new) for c in changes] +
+                [(c.set_name, c.extended, c.spec_extended) for c in changes])
+        failures = await fut
+        for f in failures:
+            self.state.forget(f.set_name, f.key)
+            code, msg = describe_errno(f.errno, f.text, f.set_name, self._sizes.get(f.set_name))
+            out.failed[(f.set_name, f.key)] = (code, msg)
+        for c in changes:
+            out.changes.append(c)
+        applied = sum(len(c.new) + len(c.extended) for c in changes) - len(out.failed)
+        self.counters.bans += applied
+        if self.metrics is not None:
+            self.metrics.bans.labels(jail, origin).inc(applied)
+            self.metrics.allowlist_hits.inc(sum(len(v) for v in out.allowlisted.values()))
+        self.counters.refused += len(out.failed) + sum(len(v) for v in out.allowlisted.values())
+        if persist and self.persist is not None and applied:
+            saves = []
+            for c in changes:
+                cls = ipaddress.IPv4Network if c.set_name.endswith("4") else ipaddress.IPv6Network
+                saves += [Ban(cls(k), blocklist, until, origin, reason, jail)  # type: ignore[arg-type]
+                          for part in (c.new, c.extended) for k in part if (c.set_name, k) not in out.failed]
+            await self.persist(saves, [], [])
+        audit_log.info("bulk ban: %d addresses into blocklist %s (%s), %d unchanged, %d refused", applied,
+                       blocklist, "permanent" if until is None else f"{max(0, round(until - now))}s",
+                       sum(len(c.unchanged) for c in changes), len(out.failed),
+                       extra={"jail": jail or origin, "origin": origin})
+        return out
+
+    async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]]) -> list[tuple[str, list[int], list[int]]]:
+        async with self._lock:
+            results = []
+            for version, keys in keys_by_version.items():
+                r = self.state.unban_hosts(blocklist, version, keys)
+                if r is None:
+                    raise KeyError(blocklist)
+                results.append(r)
+            fut = await self.batcher.submit_many([(name, removed, DELETE) for name, removed, _m in results])
+        await fut
+        n = sum(len(r[1]) for r in results)
+        if self.persist is not None and n:
+            deletes: list[tuple[str, IPNet]] = []
+            for name, removed, _missing in results:
+                cls = ipaddress.IPv4Network if name.endswith("4") else ipaddress.IPv6Network
+                deletes += [(blocklist, cls(k)) for k in removed]  # type: ignore[misc]
+            await self.persist([], deletes, [])
+        self.counters.unbans += n
+        if self.metrics is not None:
+            self.metrics.unbans.labels("cli").inc(n)
+        if n:
+            audit_log.info("bulk unban: %d addresses from blocklist %s", n, blocklist, extra={"origin": "cli"})
+        return results
+
+    def _settle(self, decisions: Sequence[Decision], results: list[Result | None], failures: list[OpFailure],
+                owner: dict[tuple[str, int], list[int]], started: float) -> list[Result]:
+        for f in failures:
+            for i in owner.get((f.set_name, f.key), []):
+                d = decisions[i]
+                if isinstance(d, Ban):
+                    self.state.forget(f.set_name, f.key)
+                code, msg = describe_errno(f.errno, f.text, f.set_name, self._sizes.get(f.set_name))
+                results[i] = Result(d.target, Outcome.CONFLICT, code, msg, f.set_name)
+        final = [r for r in results if r is not None]
+        self._audit(decisions, final)
+        if self.metrics is not None:
+            self._count(decisions, final, time.monotonic() - started)
+        if self._on_change is not None:
+            self._on_change(decisions, final)
+        return final
+
+    def _count(self, decisions: Sequence[Decision], results: Sequence[Result], latency: float) -> None:
+        mx = self.metrics
+        assert mx is not None
+        banned = False
+        for d, r in zip(decisions, results, strict=False):
+            if r.code == "allowlisted":
+                mx.allowlist_hits.inc()
+            elif r.code is None and isinstance(d, Ban) and r.outcome in (Outcome.ADDED, Outcome.EXTENDED,
+                                                                          Outcome.ABSORBED):
+                mx.bans.labels(d.jail or "", d.origin).inc()
+                banned = True
+            elif r.code is None and isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
+                mx.unbans.labels(d.origin).inc()
+        if banned:
+            origin = next((d.origin for d in decisions if isinstance(d, Ban)), "cli")
+            mx.ban_latency.labels(origin).observe(latency)
+
+    def _result(self, d: Decision, ch: Change) -> Result:
+        set_name = ch.ops[-1].set_name if ch.ops else ""
+        if ch.outcome is Outcome.UNKNOWN_SET:
+            return Result(d.target, ch.outcome, "unknown_set", ch.message)
+        if ch.outcome is Outcome.CONFLICT:
+            return Result(d.target, ch.outcome, "unavailable", ch.message)
+        if ch.outcome is Outcome.NOT_FOUND:
+            return Result(d.target, ch.outcome, "not_found", ch.message)
+        if ch.outcome is Outcome.EXPIRED:
+            return Result(d.target, ch.outcome, None, ch.message)
+        msg = ch.message
+        if ch.outcome is Outcome.COVERED:
+            msg = f"already covered by {', '.join(ch.related)}"
+        elif ch.outcome is Outcome.ABSORBED:
+            msg = f"replaces {', '.join(ch.related)}"
+        return Result(d.target, ch.outcome, None, msg, set_name)
+
+    def _audit(self, decisions: Sequence[Decision], results: Sequence[Result]) -> None:
+        shown = 0
+        summary: dict[str, int] = {}
+        for d, r in zip(decisions, results, strict=False):
+            if r.code is not None:
+                self.counters.refused += 1
+                kind = "refused"
+            elif isinstance(d, Ban) and r.outcome in (Outcome.ADDED, Outcome.EXTENDED, Outcome.ABSORBED):
+                self.counters.bans += 1
+                kind = "ban"
+            elif isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
+                self.counters.unbans += 1
+                kind = "unban"
+            else:
+                continue
+            summary[kind] = summary.get(kind, 0) + 1
+            if shown >= AUDIT_LINES_PER_REQUEST:
+                continue
+            shown += 1
+            fields = {"jail": getattr(d, "jail", "") or d.origin, "address": format_target(d.target),
+                      "set": r.set_name, "origin": d.origin}
+            if kind == "ban":
+                assert isinstance(d, Ban)
+                dur = "permanent" if d.until is None else f"{max(0, round(d.until - time.time()))}s"
+                audit_log.info('ban jail=%s address=%s set=%s duration=%s reason="%s"', fields["jail"],
+                               fields["address"], r.set_name, dur, d.reason or d.origin, extra=fields)
+            elif kind == "unban":
+                audit_log.info('unban jail=%s address=%s set=%s reason="%s"', fields["jail"], fields["address"],
+                               r.set_name, d.reason or d.origin, extra=fields)
+            else:
+                audit_log.info("refused %s %s: %s", "ban" if isinstance(d, Ban) else "unban",
+                               fields["address"], r.message, extra=fields)
+        if shown >= AUDIT_LINES_PER_REQUEST:
+            audit_log.info("bulk request: %s (first %d shown)",
+                           ", ".join(f"{n} {k}" for k, n in sorted(summary.items())), shown)
+
+    # -- staying true to the kernel -----------------------------------------------------------------
+
+    async def check_kernel(self) -> list[str]:
+        """If someone else changed the ruleset, verify our objects and rebuild what is missing."""
+        gen = await self.kernel(self._writer().generation)
+        if gen == self.generation:
+            return []
+        missing = await self.kernel(self._writer().table_intact)
+        self.generation = self._writer().sock.generation
+        if missing:
+            await self.rebuild(missing)
+        return missing
+
+    async def rebuild(self, missing: list[str]) -> None:
+        log.warning("ruleset changed behind our back (missing: %s); rebuilding table and %d bans",
+                    ", ".join(missing), len(self.state))
+        self.counters.rebuilds += 1
+        if self.metrics is not None:
+            self.metrics.rebuilds.inc()
+        async with self._lock:
+            await self.kernel(self._writer().setup, self.allow.networks)
+            fut = await self.batcher.submit_many(list(self.state.all_groups()))
+        failures = await fut
+        for f in failures:
+            self.state.forget(f.set_name, f.key)
+        self.generation = self._writer().sock.generation
+
+    async def reconcile(self) -> int:
+        """Compare element counts; dump and repair only the sets that disagree. Returns elements repaired."""
+        now = time.time()
+        self.state.expire(now)
+        counts = await self.kernel(self._writer().set_counts)
+        ours = self.state.counts()
+        repaired = 0
+        for name, expected in ours.items():
+            have = counts.get(name)
+            if have is None or have == expected:
+                continue
+            # expired-but-uncollected elements still count (F2.6): only a dump tells the truth
+            kernel_keys = await self.kernel(self._writer().dump_keys, name)
+            async with self._lock:
+                entries = self.state.sets[name].entries
+                missing = [k for k in entries if k not in kernel_keys]
+                extra = [k for k in kernel_keys if k not in entries]
+                batches: list[tuple[str, Sequence[int], OpSpec]] = list(
+                    self.state.all_groups([name], set(missing))) if missing else []
+                if extra:
+                    batches.append((name, extra, DELETE))
+                fut = await self.batcher.submit_many(batches) if batches else None
+            if fut is not None:
+                await fut
+                repaired += len(missing) + len(extra)
+                log.warning("set %s drifted from nftblockd's state: re-added %d, removed %d", name,
+                            len(missing), len(extra))
+        self.counters.drift_repaired += repaired
+        if self.metrics is not None and repaired:
+            self.metrics.drift.inc(repaired)
+        return repaired
+
+    async def kernel_counts(self) -> dict[str, int | None]:
+        return await self.kernel(self._writer().set_counts)

@@ -1,0 +1,175 @@
+"""Log jails: sources → bounded queue → filter → tracker → enforcer.
+
+One `JailRunner` per configured jail. Its sources (files tailed with inotify, or the journal) put batches of
+lines into a bounded queue; the runner matches each line, feeds failures to the shared tracker and hands the
+bans it decides to the enforcer without waiting for the kernel (a flood of log lines never waits on netlink).
+Everything a line can turn into is counted: matched, ignored, rejected hosts, allowlisted, stale, banned.
+
+Catching up vs live: lines a source read before it became `ready` (a backlog after a restart or rotation)
+are passed to the tracker as catching up, so their own timestamps decide whether they still count; lines
+that arrive afterwards are live (see tracker.py, "Time rule").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from .config import JailConfig
+from .events import Ban, Hit
+from .matcher import Filter, Match, MatchContext, Rejected
+from .metrics import Metrics
+from .sources.base import LineBatch, PositionStore, Source
+from .sources.journal import JournalSource
+from .sources.tail import FileTail
+from .tracker import BanRecord, Kind, Outcome, Tracker
+
+log = logging.getLogger("nftblockd.jails")
+
+QUEUE_BATCHES = 64  # per source: 64 chunks of at most 256 KiB; the sources stop reading when it is full
+
+
+@dataclass(slots=True)
+class JailStats:
+    lines: int = 0
+    matched: int = 0
+    ignored: int = 0
+    rejected: int = 0
+    failures: int = 0
+    bans: int = 0
+    already_banned: int = 0
+    allowlisted: int = 0
+    stale: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+BanSink = Callable[[list[Ban], list[BanRecord], float], Awaitable[None]]
+
+
+class JailRunner:
+    def __init__(self, jail: JailConfig, flt: Filter, tracker: Tracker, sink: BanSink,
+                 positions: PositionStore, metrics: Metrics | None = None, *,
+                 sources: list[Source] | None = None) -> None:
+        self.jail = jail
+        self.filter = flt
+        self.tracker = tracker
+        self.sink = sink
+        self.metrics = metrics
+        self.stats = JailStats()
+        self.sources: list[Source] = sources if sources is not None else self._make_sources(positions)
+        self._pending: set[asyncio.Task[None]] = set()
+        # multi-line filters (connection ids) keep per-stream memory
+        self._ctx: MatchContext | None = MatchContext() if flt.uses_context else None
+        self._reported = (0, 0, 0)
+
+    def _make_sources(self, positions: PositionStore) -> list[Source]:
+        out: list[Source] = []
+        if self.jail.files:
+            out.append(FileTail(self.jail.name, list(self.jail.files), positions))
+        if self.jail.journal_matches:
+            out.append(JournalSource(self.jail.name, list(self.jail.journal_matches), positions))
+        return out
+
+    async def run(self) -> None:
+        """Run the sources and match their lines until cancelled."""
+        async with asyncio.TaskGroup() as tg:
+            for src in self.sources:
+                queue: asyncio.Queue[LineBatch] = asyncio.Queue(maxsize=QUEUE_BATCHES)
+                tg.create_task(self._run_source(src, queue), name=f"source-{self.jail.name}")
+                tg.create_task(self._consume(src, queue), name=f"jail-{self.jail.name}")
+
+    async def _run_source(self, src: Source, queue: asyncio.Queue[LineBatch]) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await src.run(queue)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a broken source is retried, never takes the daemon down
+                log.error("jail %s: source %s failed: %s; retrying in %.0fs", self.jail.name,
+                          getattr(src, "name", "?"), exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 60.0)
+
+    async def _consume(self, src: Source, queue: asyncio.Queue[LineBatch]) -> None:
+        ready_mark: list[int] = []
+
+        async def mark_ready() -> None:
+            await src.ready.wait()
+            ready_mark.append(src.stats.lines)
+
+        marker = asyncio.create_task(mark_ready())
+        consumed = 0
+        try:
+            while True:
+                batch = await queue.get()
+                arrival = time.monotonic()
+                consumed += len(batch)
+                live = bool(ready_mark) and consumed > ready_mark[0]
+                self.process(batch, time.time(), live, arrival)
+        finally:
+            marker.cancel()
+            # lines already handed over by the source are matched before we stop (their position is saved)
+            while not queue.empty():
+                with contextlib.suppress(Exception):
+                    self.process(queue.get_nowait(), time.time(), False, time.monotonic())
+
+    def process(self, batch: LineBatch, now: float, live: bool, arrival: float) -> list[Outcome]:
+        """Match a batch of lines; bans go to the sink as one call. Returns the tracker outcomes (tests)."""
+        flt = self.filter
+        st = self.stats
+        ctx = self._ctx
+        outcomes = []
+        bans: list[Ban] = []
+        records: list[BanRecord] = []
+        st.lines += len(batch)
+        for line in batch:
+            r = flt.match(line.text, now, ctx)
+            if r is None:
+                continue
+            if isinstance(r, Rejected):
+                st.rejected += 1
+                st.by_reason[str(r.reason)] = st.by_reason.get(str(r.reason), 0) + 1
+                continue
+            assert isinstance(r, Match)
+            st.matched += 1
+            if r.ignored:
+                st.ignored += 1
+                continue
+            t = r.time if r.time is not None else (line.time if line.time is not None else now)
+            out = self.tracker.observe(Hit(self.jail.name, r.host, t, line.text), now, live=live)
+            outcomes.append(out)
+            if out.kind is Kind.COUNTED:
+                st.failures += 1
+            elif out.kind is Kind.BANNED:
+                st.failures += 1
+                st.bans += 1
+                assert out.ban is not None
+                bans.append(out.ban)
+                if out.record is not None:
+                    records.append(out.record)
+            elif out.kind is Kind.ALREADY_BANNED:
+                st.already_banned += 1
+            elif out.kind is Kind.ALLOWLISTED:
+                st.allowlisted += 1
+            elif out.kind is Kind.STALE:
+                st.stale += 1
+        mx = self.metrics
+        if mx is not None:
+            name = self.jail.name
+            mx.lines.labels(name).inc(len(batch))
+            if st.matched:
+                mx.matched.labels(name).inc(st.matched - self._reported[0])
+                mx.ignored.labels(name).inc(st.ignored + st.rejected - self._reported[1])
+                mx.failures.labels(name).inc(st.failures - self._reported[2])
+                self._reported = (st.matched, st.ignored + st.rejected, st.failures)
+        if bans:
+            task = asyncio.get_running_loop().create_task(self.sink(bans, records, arrival))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+        return outcomes

@@ -1,0 +1,1335 @@
+"""Compiled filters: one log line in, a failure (host, time) or nothing out.
+
+Pure: no IO except reading filter files when `load_filter` is asked to, never the clock (`now` is an
+argument), no module-level mutable state. `Filter.match` never raises on input; whatever a log line holds,
+the worst outcome is "no match".
+
+How a line is matched (the order is the speed; see `Filter.match`):
+
+1. Lines longer than MAX_LINE characters are cut: a pathological line cannot stall the loop, and because
+   every line is matched on its own it cannot hide the lines after it.
+2. Prefilter: each failregex has a literal it cannot match without (derived from the regex, or the
+   filter's own `prefilter` list). A line holding none of them is dropped with a few substring searches:
+   nearly every line of a busy log ends here.
+3. The timestamp is found (timestamps.DateParser) and cut out, as fail2ban does, so regexes never see it.
+4. The filter's prefix (fail2ban `prefregex`, or a YAML `prefix`) must match at the start; the regexes
+   then see the message after it.
+5. The failregexes whose literal is in the line are tried in order; the first match wins. A match that
+   an ignoreregex also matches is reported as ignored.
+6. The host is taken from the `<HOST>` groups and parsed strictly: IPv4-mapped IPv6 becomes IPv4; DNS
+   names, leading-zero octets (`192.030.0.6`) and other non-addresses give `Rejected` (skip and count),
+   never a guess and never a DNS lookup.
+
+Regex engine: Python's `re` by default. Every regex is linted for shapes that backtrack super-linearly
+(nested or overlapping unbounded repeats, unanchored scans); a flagged regex runs on RE2 (google-re2,
+linear time) when RE2 can compile it. Measured on this code: RE2 through its Python binding costs 5-8x
+`re` per call on typical log lines, so it is used where it buys safety, not everywhere. The built-in
+filters pass the lint and run on `re`. A flagged regex RE2 cannot compile (lookarounds, back-references,
+conditionals) stays on `re` and only ever sees the first RISKY_LINE characters; `Filter.notes` says so.
+
+Multi-line filters (fail2ban's `<F-MLFID>` connection ids, `<F-NOFAIL>`, `<F-MLFFORGET>`,
+`<F-MLFGAINED>`) keep their memory in a caller-owned, bounded `MatchContext`, so the filter itself stays
+stateless and shareable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import ipaddress
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import tzinfo
+from pathlib import Path
+from typing import Any, Literal, TypeAlias
+
+from .events import IPAddr, normalise_address
+from .timestamps import DateParser, DatePatternError
+
+__all__ = [
+    "MAX_LINE", "RISKY_LINE", "Filter", "FilterDef", "FilterError", "Match", "MatchContext", "Rejected",
+    "RegexSource", "builtin_filters", "compile_filter", "expand_tags", "lint_regex", "load_filter",
+    "parse_spec",
+]
+
+MAX_LINE = 8192  # characters of a line the matcher looks at; the rest is cut (journald's LINE_MAX is 48k)
+RISKY_LINE = 1024  # characters a lint-flagged regex on `re` may see: bounds its worst case
+_HOST_MEMO = 65536  # parsed host texts remembered per filter (attackers repeat); cleared when full
+
+Engine: TypeAlias = Literal["auto", "re", "re2"]
+RejectReason: TypeAlias = Literal["dns-name", "bad-address", "no-address"]
+
+
+class FilterError(ValueError):
+    """A filter cannot be loaded: the operator's or the filter author's fault. Says file:line and why."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}" if where else reason)
+        self.where = where
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A failregex matched and named a usable address.
+
+    `time` is the line's own timestamp (None if it had none: use the arrival time). `ignored` means an
+    ignoreregex matched too: count it, do not ban. `fields` holds the `<F-...>` captures (user, ...).
+    """
+
+    host: IPAddr
+    time: float | None
+    ignored: bool = False
+    fields: Mapping[str, str] = field(default_factory=dict)
+    regex: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A failregex matched but the host is unusable (a DNS name, `192.030.0.6`, no address): skip, count."""
+
+    text: str
+    reason: RejectReason
+    time: float | None
+    ignored: bool = False
+    regex: int = -1
+
+
+Result: TypeAlias = Match | Rejected | None
+
+
+@dataclass(frozen=True, slots=True)
+class RegexSource:
+    """One regex as written, with where it was written (for errors)."""
+
+    text: str
+    where: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FilterDef:
+    """A filter before compilation, whichever format it came from (our YAML, a fail2ban .conf).
+
+    `prefix` is matched at the start of the line (after the timestamp is cut out) and the regexes see the
+    rest. `prefregex` is fail2ban's: searched in the line, its `<F-CONTENT>` is what the regexes see.
+    """
+
+    name: str
+    source: str
+    failregex: tuple[RegexSource, ...]
+    ignoreregex: tuple[RegexSource, ...] = ()
+    prefix: RegexSource | None = None
+    prefregex: RegexSource | None = None
+    datepattern: str | None = None
+    prefilter: tuple[str, ...] | None = None  # None: derived from the regexes
+    ignore_whole_line: bool = False  # fail2ban also tries ignoreregex on the whole line
+    notes: tuple[str, ...] = ()
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Tags: <HOST> and friends, fail2ban's <F-NAME>...</F-NAME> captures
+
+
+_H16 = "[0-9a-fA-F]{1,4}"
+IP4_RE = r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}"
+# Ends in a hex group or in "::", never in a lone ":" (so "from 2001:db8::1: 11: Bye" stops before ": 11")
+IP6_RE = rf"(?:(?:{_H16}::?|::){{1,7}}{_H16}|(?:{_H16}:){{1,7}}:|::)"
+# A name has a letter (TLDs do): "46038" after a greedy user name is a port, not a host to reject.
+DNS_RE = r"[0-9\-.]*[A-Za-z_][\w\-.]*"
+_IP4_GROUP = rf"(?:::f{{4,6}}:)?(?P<ip4>{IP4_RE})"
+_IP6_GROUP = rf"(?P<ip6>{IP6_RE})"
+_ADDR = rf"\[?(?:{_IP4_GROUP}|{_IP6_GROUP})\]?"
+# <HOST> matches names too, only so that such lines are counted as rejected instead of silently missed
+_HOST = rf"(?:{_ADDR}|(?P<dns>{DNS_RE}))"
+_CIDR = r"(?P<cidr>[0-9]{1,3})"
+_STATIC_TAGS = {
+    "HOST": _HOST,
+    "ADDR": _ADDR,
+    "F-ADDR/": _ADDR,
+    "IP4": _IP4_GROUP,
+    "F-IP4/": _IP4_GROUP,
+    "IP6": _IP6_GROUP,
+    "F-IP6/": _IP6_GROUP,
+    "DNS": rf"(?P<dns>{DNS_RE})",
+    "F-DNS/": rf"(?P<dns>{DNS_RE})",
+    "CIDR": _CIDR,
+    "F-CIDR/": _CIDR,
+    "SUBNET": rf"\[?(?:{_IP4_GROUP}|{_IP6_GROUP})(?:/{_CIDR})?\]?",
+    "F-SUBNET/": rf"\[?(?:{_IP4_GROUP}|{_IP6_GROUP})(?:/{_CIDR})?\]?",
+    "F-ID/": r"(?P<fid>\S+)",
+    "F-PORT/": r"(?P<fport>\w+)",
+}
+_GROUP_ALIAS = {"id": "fid", "port": "fport"}
+_TAG_RE = re.compile(r"</?[\w\-]+/?>")
+_CUSTOM_TAG = re.compile(r"^(/?)F-([A-Z0-9_\-]+)$")
+_GLOBAL_FLAGS = re.compile(r"(?<!\\)\((?:\?:)?(\(\?[aiLmsux]+)\)")
+
+
+class UnsupportedRegex(ValueError):
+    """The regex uses a construct nftblockd does not implement (fail2ban's <SKIPLINES>, multi-line)."""
+
+
+def expand_tags(regex: str) -> str:
+    """Replace `<HOST>`, `<ADDR>`, `<IP4>`, `<IP6>`, `<F-ID/>`, `<F-NAME>...</F-NAME>` with regex groups.
+
+    Unknown `<tags>` stay as they are (they are literal text to the regex). `<SKIPLINES>` raises
+    UnsupportedRegex: nftblockd matches one line at a time.
+    """
+    opened: set[str] = set()
+
+    def subst(m: re.Match[str]) -> str:
+        tag = m.group(0)
+        name = tag[1:-1]
+        if name == "SKIPLINES":
+            raise UnsupportedRegex("<SKIPLINES> (multi-line buffering) is not supported")
+        static = _STATIC_TAGS.get(name)
+        if static is not None:
+            return static
+        cm = _CUSTOM_TAG.match(name)
+        if cm is None:
+            return tag
+        closing, gname = cm.group(1), cm.group(2)
+        if closing:
+            return ")" if gname in opened else tag
+        opened.add(gname)
+        g = gname.lower().replace("-", "_")
+        return f"(?P<{_GROUP_ALIAS.get(g, g)}>"
+
+    out = _TAG_RE.sub(subst, regex)
+    # Python 3.11 refuses global flags in mid-pattern; fail2ban filters write `((?i)a|b)` meaning `(?i:a|b)`
+    return _GLOBAL_FLAGS.sub(lambda m: m.group(1) + ":", out)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Regex analysis: a literal each regex needs (prefilter) and a lint for super-linear backtracking
+
+_sre: Any = importlib.import_module("re._parser")
+_C: Any = importlib.import_module("re._constants")
+# Character sets as bit masks: bits 0-127 are ASCII; non-ASCII characters fall in four buckets (digits,
+# spaces, other word characters, the rest), enough to tell \d, \s, \w and their negations apart.
+_NA_DIGIT, _NA_SPACE, _NA_WORD, _NA_OTHER = 1 << 128, 1 << 129, 1 << 130, 1 << 131
+_NONASCII = _NA_DIGIT | _NA_SPACE | _NA_WORD | _NA_OTHER
+_ALL = (1 << 132) - 1
+_BIG_REPEAT = 64  # a bounded repeat this long counts as unbounded for the lint
+
+
+def _bit(c: int) -> int:
+    if c < 128:
+        return 1 << c
+    ch = chr(c)
+    return _NA_DIGIT if ch.isdigit() else _NA_SPACE if ch.isspace() else \
+        _NA_WORD if ch.isalnum() or ch == "_" else _NA_OTHER
+
+
+def _class_bits(ch: Callable[[int], bool], nonascii: int) -> int:
+    bits = nonascii
+    for c in range(128):
+        if ch(c):
+            bits |= 1 << c
+    return bits
+
+
+_DIGIT = _class_bits(lambda c: chr(c).isdigit(), _NA_DIGIT)
+_SPACE = _class_bits(lambda c: chr(c).isspace(), _NA_SPACE)
+_WORD = _class_bits(lambda c: chr(c).isalnum() or c == 95, _NA_DIGIT | _NA_WORD)
+_CATEGORIES = {
+    "CATEGORY_DIGIT": _DIGIT, "CATEGORY_NOT_DIGIT": _ALL & ~_DIGIT,
+    "CATEGORY_SPACE": _SPACE, "CATEGORY_NOT_SPACE": _ALL & ~_SPACE,
+    "CATEGORY_WORD": _WORD, "CATEGORY_NOT_WORD": _ALL & ~_WORD,
+}
+
+
+@dataclass(slots=True)
+class _Info:
+    chars: int = 0  # characters the node can consume
+    first: int = 0  # characters a non-empty match can start with
+    nullable: bool = True
+    unbounded: bool = False  # holds an unbounded repeat
+    tail: int = 0  # characters by which a match could still be extended at its end (a trailing repeat)
+    risk: str | None = None
+
+
+def _casefold_bits(bits: int) -> int:
+    out = bits
+    for c in range(65, 91):
+        if bits & (1 << c) or bits & (1 << (c + 32)):
+            out |= (1 << c) | (1 << (c + 32))
+    return out
+
+
+def _in_bits(items: Any, icase: bool) -> int:
+    bits, negate = 0, False
+    for op, av in items:
+        name = str(op)
+        if name == "NEGATE":
+            negate = True
+        elif name == "LITERAL":
+            bits |= _bit(av)
+        elif name == "RANGE":
+            lo, hi = av
+            for c in range(lo, min(hi, 127) + 1):
+                bits |= 1 << c
+            if hi >= 128:
+                bits |= _NONASCII  # a non-ASCII range: assume it may hold any kind
+        elif name == "CATEGORY":
+            bits |= _CATEGORIES.get(str(av), _ALL)
+        else:
+            bits |= _ALL
+    if icase:
+        bits = _casefold_bits(bits)
+    return _ALL & ~bits if negate else bits
+
+
+def _seq_info(items: Any, icase: bool) -> _Info:
+    infos = [_node_info(op, av, icase) for op, av in items]
+    out = _Info()
+    for info in infos:
+        if out.risk is None and info.risk:
+            out.risk = info.risk
+        if out.nullable:
+            out.first |= info.first
+        out.chars |= info.chars
+        out.tail = (out.tail | info.tail) if info.nullable else info.tail
+        out.nullable = out.nullable and info.nullable
+        out.unbounded = out.unbounded or info.unbounded
+    if out.risk is None:
+        out.risk = _overlap_risk(infos)
+    return out
+
+
+def _overlap_risk(infos: list[_Info]) -> str | None:
+    """A repeat followed by another that can take over its characters: O(n^2) backtracking on failure.
+
+    Walks from each item that ends in a repeat over what follows, as far as that repeat could reach.
+    """
+    for i, a in enumerate(infos):
+        reach = a.tail
+        if not reach:
+            continue
+        gap = 0
+        for b in infos[i + 1:]:
+            if b.unbounded and b.first & reach and (gap & reach) & ~b.chars == 0:
+                return "two repeats in a row can match the same text (quadratic backtracking)"
+            if not b.nullable and not b.chars & reach:
+                break  # the repeat cannot run past this item
+            if not b.nullable and b.unbounded:
+                break  # b takes over from here; its own tail is checked when the walk starts at b
+            gap |= b.chars
+    return None
+
+
+def _node_info(op: Any, av: Any, icase: bool) -> _Info:
+    name = str(op)
+    if name == "LITERAL":
+        b = _casefold_bits(_bit(av)) if icase else _bit(av)
+        return _Info(b, b, False)
+    if name == "NOT_LITERAL":
+        b = _ALL & ~_bit(av) if av < 128 else _ALL
+        return _Info(b, b, False)
+    if name == "ANY":
+        b = _ALL & ~(1 << 10)
+        return _Info(b, b, False)
+    if name == "IN":
+        b = _in_bits(av, icase)
+        return _Info(b, b, False)
+    if name in ("AT", "ASSERT", "ASSERT_NOT"):
+        return _Info()
+    if name == "SUBPATTERN":
+        _gid, add_flags, _del, sub = av
+        return _seq_info(sub, icase or bool(add_flags & _C.SRE_FLAG_IGNORECASE))
+    if name == "ATOMIC_GROUP":
+        info = _seq_info(av, icase)
+        info.tail = 0  # an atomic group never gives characters back
+        return info
+    if name == "BRANCH":
+        out = _Info(nullable=False)
+        for alt in av[1]:
+            info = _seq_info(alt, icase)
+            out.chars |= info.chars
+            out.first |= info.first
+            out.tail |= info.tail
+            out.nullable = out.nullable or info.nullable
+            out.unbounded = out.unbounded or info.unbounded
+            out.risk = out.risk or info.risk
+        return out
+    if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+        lo, hi, sub = av
+        body = _seq_info(sub, icase)
+        unbounded = hi == _C.MAXREPEAT or hi >= _BIG_REPEAT
+        # more rounds extend the match by the body's own trailing repeat or by a new round's first char
+        tail = (body.tail | body.first) if unbounded else body.tail
+        if name == "POSSESSIVE_REPEAT":
+            tail = 0
+        info = _Info(body.chars, body.first, lo == 0 or body.nullable, unbounded or body.unbounded, tail,
+                     body.risk)
+        if info.risk is None and unbounded and name != "POSSESSIVE_REPEAT":
+            info.risk = _nested_risk(sub, body, icase)
+        return info
+    if name == "GROUPREF_EXISTS":
+        _gid, yes, no = av
+        a = _seq_info(yes, icase)
+        b = _seq_info(no, icase) if no is not None else _Info()
+        return _Info(a.chars | b.chars, a.first | b.first, a.nullable or b.nullable,
+                     a.unbounded or b.unbounded, a.tail | b.tail, a.risk or b.risk)
+    # back-references and anything unknown: assume the worst about what they consume
+    return _Info(_ALL, _ALL, True, True, _ALL)
+
+
+def _nested_risk(sub: Any, body: _Info, icase: bool) -> str | None:
+    """An unbounded repeat of a body that can split the same text two ways: exponential backtracking."""
+    if body.unbounded and body.tail & body.first:
+        return "a repeated group ends in a repeat that can also start the next round (exponential)"
+    items = list(sub)
+    if len(items) == 1 and str(items[0][0]) == "BRANCH":
+        seen = 0
+        for alt in items[0][1][1]:
+            f = _seq_info(alt, icase).first
+            if f & seen:
+                return "a repeated alternation whose branches can start alike (exponential)"
+            seen |= f
+    return None
+
+
+def _is_catch_all(op: Any, av: Any) -> bool:
+    if str(op) not in ("MAX_REPEAT", "MIN_REPEAT") or av[1] != _C.MAXREPEAT:
+        return False
+    body = list(av[2])
+    return len(body) == 1 and str(body[0][0]) == "ANY"
+
+
+def _drop_trailing_catch_all(items: list[Any]) -> list[Any]:
+    """A final `.*` (also inside a final optional group) cannot fail, so it cannot cause backtracking."""
+    # a greedy `.*` followed by nothing that must match: it takes the rest of the line and succeeds
+    j = len(items)
+    while j > 0:
+        op, av = items[j - 1]
+        if _is_catch_all(op, av) and str(op) == "MAX_REPEAT":
+            return items[:j - 1]
+        if not _node_info(op, av, False).nullable:
+            break
+        j -= 1
+    while items and str(items[-1][0]) == "AT":
+        items = items[:-1]
+    if not items:
+        return items
+    op, av = items[-1]
+    if str(op) == "SUBPATTERN":
+        gid, add, dele, sub = av
+        return [*items[:-1], (op, (gid, add, dele, _drop_trailing_catch_all(list(sub))))]
+    if str(op) in ("MAX_REPEAT", "MIN_REPEAT") and av[1] == 1:
+        return [*items[:-1], (op, (av[0], 1, _drop_trailing_catch_all(list(av[2]))))]
+    return items
+
+
+def lint_regex(pattern: str) -> str | None:
+    """Why `pattern` may backtrack super-linearly on Python's `re`, or None if it cannot.
+
+    Conservative: a flagged pattern may be fine, an unflagged one is linear up to a constant (the shapes
+    that make a backtracking engine quadratic or exponential are all caught by these rules).
+    """
+    try:
+        parsed = _sre.parse(pattern)
+    except re.error as exc:
+        return f"not a valid regex: {exc}"
+    icase = bool(parsed.state.flags & _C.SRE_FLAG_IGNORECASE)
+    items = _drop_trailing_catch_all(list(parsed))
+    info = _seq_info(items, icase)
+    if info.risk:
+        return info.risk
+    anchored = bool(items) and str(items[0][0]) == "AT" and str(items[0][1]) in ("AT_BEGINNING",
+                                                                                  "AT_BEGINNING_STRING")
+    if not anchored and info.unbounded:
+        return "not anchored with ^ and holds an unbounded repeat (search retries it at every position)"
+    return None
+
+
+def _literal_runs(items: Any, icase: bool, runs: list[str], cur: list[str]) -> None:
+    """Collect runs of characters every match must contain, in order (approximate, never wrong)."""
+    for op, av in items:
+        name = str(op)
+        if name == "LITERAL" and not icase:
+            cur.append(chr(av))
+            continue
+        if name == "AT":
+            continue
+        if name == "SUBPATTERN" and not (av[1] & _C.SRE_FLAG_IGNORECASE) and not icase:
+            _literal_runs(av[3], icase, runs, cur)
+            continue
+        if name == "IN" and not icase and len(av) == 1 and str(av[0][0]) == "LITERAL":
+            cur.append(chr(av[0][1]))
+            continue
+        if cur:
+            runs.append("".join(cur))
+            cur.clear()
+        if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and av[0] >= 1:
+            _literal_runs(av[2], icase, runs, [])
+    if cur:
+        runs.append("".join(cur))
+        cur.clear()
+
+
+_DATE_HOLE = re.compile(r'\[\]|\(\)|""|<>|\{\}')
+
+
+def matches_newline(pattern: str) -> bool:
+    """True if the regex spells a line break: it was written for fail2ban's multi-line buffer."""
+    try:
+        parsed = _sre.parse(pattern)
+    except re.error:
+        return False
+
+    def walk(items: Any) -> bool:
+        for op, av in items:
+            name = str(op)
+            if name == "LITERAL" and av == 10:
+                return True
+            if name == "SUBPATTERN" and walk(av[3]):
+                return True
+            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and walk(av[2]):
+                return True
+            if name == "BRANCH" and any(walk(alt) for alt in av[1]):
+                return True
+        return False
+
+    return walk(list(parsed))
+
+
+def required_literal(pattern: str, min_len: int = 3) -> str | None:
+    """The longest literal text every match of `pattern` contains, or None if there is none that long."""
+    try:
+        parsed = _sre.parse(pattern)
+    except re.error:
+        return None
+    icase = bool(parsed.state.flags & _C.SRE_FLAG_IGNORECASE)
+    runs: list[str] = []
+    _literal_runs(list(parsed), icase, runs, [])
+    # An empty pair such as `[]` is where fail2ban-style regexes expect a cut-out timestamp: text across
+    # it is not in the raw line, which is what the prefilter looks at.
+    runs = [part for run in runs for part in _DATE_HOLE.split(run)]
+    best = max(runs, key=len, default="")
+    return best if len(best) >= min_len else None
+
+
+# --------------------------------------------------------------------------------------------------------
+# Engines: every compiled regex is a function text -> groupdict | None
+
+
+Finder: TypeAlias = Callable[[str], "dict[str, Any] | None"]
+
+
+def _re_finder(rx: re.Pattern[str], limit: int | None) -> Finder:
+    search = rx.search
+    if limit is None:
+        def find(text: str) -> dict[str, Any] | None:
+            m = search(text)
+            return m.groupdict() if m is not None else None
+    else:
+        def find(text: str) -> dict[str, Any] | None:
+            m = search(text[:limit])
+            return m.groupdict() if m is not None else None
+    return find
+
+
+def _re2_finder(pattern: str) -> Finder | None:
+    """An RE2 finder, or None when RE2 is missing or cannot compile the pattern."""
+    try:
+        re2: Any = importlib.import_module("re2")
+    except ImportError:
+        return None
+    options = re2.Options()
+    options.log_errors = False
+    try:
+        rx = re2.compile(pattern.encode("utf-8", "surrogateescape"), options)
+    except Exception:  # re2.error and pybind errors have no common base  # noqa: BLE001
+        return None
+    search = rx.search
+
+    # Bytes in, bytes out: the binding is markedly faster on bytes, and surrogate-escaped undecodable
+    # input cannot make it raise.
+    def find(text: str) -> dict[str, Any] | None:
+        m = search(text.encode("utf-8", "surrogateescape"))
+        if m is None:
+            return None
+        return {k.decode() if isinstance(k, bytes) else k:
+                (v.decode("utf-8", "surrogateescape") if v is not None else None)
+                for k, v in m.groupdict().items()}
+
+    return find
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    find: Finder
+    engine: str
+    note: str = ""
+
+
+def _compile_one(pattern: str, where: str, engine: Engine) -> _Compiled:
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        rx2 = _re2_finder(pattern) if engine != "re" else None
+        if rx2 is None:
+            raise FilterError(where, f"invalid regex: {exc}") from None
+        return _Compiled(rx2, "re2")
+    risk = lint_regex(pattern) if engine == "auto" else None
+    if engine == "re2" or risk:
+        rx2 = _re2_finder(pattern) if engine != "re" else None
+        if rx2 is not None:
+            return _Compiled(rx2, "re2")
+        if risk:
+            return _Compiled(_re_finder(rx, RISKY_LINE), "re",
+                             f"{where}: {risk}; RE2 cannot run it, so it sees only {RISKY_LINE} characters")
+    return _Compiled(_re_finder(rx, None), "re")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Hosts
+
+
+def parse_host(text: str) -> IPAddr | RejectReason:
+    """Strictly parse an address a regex captured; a reason string when it is not one nftblockd bans."""
+    s = text
+    if s.startswith("[") and s.endswith("]"):
+        s = s[1:-1]
+    if ":" not in s:
+        parts = s.split(".")
+        if len(parts) != 4:
+            return "dns-name" if any(c.isalpha() for c in s) else "bad-address"
+        value = 0
+        for p in parts:
+            if not p or len(p) > 3 or not p.isascii() or not p.isdigit():
+                return "dns-name" if any(c.isalpha() for c in s) else "bad-address"
+            if len(p) > 1 and p[0] == "0":
+                return "bad-address"  # 030: octal to some parsers, decimal to others; never guess
+            n = int(p)
+            if n > 255:
+                return "bad-address"
+            value = value << 8 | n
+        return ipaddress.IPv4Address(value)
+    if "%" in s or not s.isascii():
+        return "bad-address"
+    try:
+        return normalise_address(ipaddress.IPv6Address(s))
+    except ValueError:
+        return "bad-address"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Multi-line memory
+
+
+@dataclass(slots=True)
+class _Conn:
+    groups: dict[str, Any]
+    users: set[str]
+    seen: float
+
+
+class MatchContext:
+    """Memory of multi-line filters for one stream of lines (one per jail source): connection id -> what
+    earlier lines of that connection said (its address, whether it failed, which users it tried).
+
+    Bounded: at most `max_entries` connections (the one first seen longest ago is forgotten first), each
+    forgotten `max_age` seconds after its last line (measured with the `now` given to `match`). Not
+    thread-safe; one per task.
+    """
+
+    __slots__ = ("_conns", "max_age", "max_entries")
+
+    def __init__(self, max_entries: int = 1000, max_age: float = 300.0) -> None:
+        self._conns: dict[str, _Conn] = {}
+        self.max_entries = max_entries
+        self.max_age = max_age
+
+    def __len__(self) -> int:
+        return len(self._conns)
+
+
+def _merge_connection(ctx: MatchContext, mlfid: str, fail: dict[str, Any], now: float) -> dict[str, Any]:
+    """Fold one line of a connection into what is known about it (fail2ban's multi-line semantics).
+
+    A `nofail` line only teaches (e.g. "Connection from <HOST>" gives the address for later lines); a
+    line without an address stays pending until a later line of the connection names one; `mlfforget`
+    (disconnect) ends the connection; `mlfgained` (accepted login) clears pending failures unless the
+    connection already tried more than one user name.
+    """
+    gained = fail.get("mlfgained")
+    if gained and not fail.get("nofail"):
+        fail["nofail"] = gained
+    forget = fail.pop("mlfforget", None)
+    user = fail.get("user")
+    conns = ctx._conns
+    conn = conns.get(mlfid)
+    if conn is not None and conn.seen < now - ctx.max_age:
+        del conns[mlfid]
+        conn = None
+    users: set[str] | None = None
+    if conn is not None:
+        known = conn.groups
+        if user:
+            conn.users.add(user)
+        users = conn.users
+        known.pop("nofail", None)
+        known.pop("mlfgained", None)
+        if gained:
+            known.pop("mlfpending", None)
+        for k, v in fail.items():
+            if v is not None:
+                known[k] = v
+        fail = known
+        conn.seen = now
+        if forget:
+            del conns[mlfid]
+    elif not forget:
+        users = {user} if user else set()
+        conns[mlfid] = _Conn(fail, users, now)
+        if len(conns) > ctx.max_entries:
+            del conns[next(iter(conns))]  # the connection first seen longest ago
+    if fail.pop("mlfpending", None) or (users is not None and len(users) > 1):
+        fail.pop("nofail", None)
+        fail.pop("mlfgained", None)
+    return fail
+
+
+# --------------------------------------------------------------------------------------------------------
+# Filters
+
+_INTERNAL = frozenset({"ip4", "ip6", "dns", "cidr", "content", "mlfid", "nofail", "mlfforget", "mlfgained",
+                       "mlfpending"})
+_ALT_NAME = re.compile(r"^alt_(.*?)(?:_\d+)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    find: Finder
+    key: str | None  # a literal the line must contain for this rule to match (prefilter)
+    index: int
+    pattern: str  # after tag expansion
+    engine: str
+    alts: tuple[tuple[str, str], ...]  # (alt_user, user): fail2ban's alternative names
+    fields: tuple[str, ...]  # capture names reported in Match.fields
+    heads: frozenset[str] | None  # literal starts of the message this rule can match (None: any)
+
+
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    """Consecutive rules on `re`, joined into one alternation tried at the message start: the engine
+    tries alternatives in order, so the first alternative that matches is the first rule that matches."""
+
+    rx: re.Pattern[str] | None
+    rules: dict[str, tuple[_Rule, tuple[str, ...], tuple[int, ...]]]  # marker group -> rule, names, indices
+    single: _Rule | None = None  # a rule that cannot join (RE2, not anchored): tried on its own
+
+
+class Filter:
+    """A compiled filter. Immutable after construction apart from a bounded memo of parsed host texts
+    (which only saves work and never changes a result), so one Filter may serve many jails.
+    """
+
+    __slots__ = ("_dates", "_fast_head", "_fast_pre", "_gate", "_heads", "_heads_len", "_hosts", "_ignore",
+                 "_ignore_whole", "_pref", "_rules", "_segments", "_unheaded", "definition", "engines", "name",
+                 "notes", "uses_context")
+
+    def __init__(self, definition: FilterDef, *, tz: tzinfo | None = None, engine: Engine = "auto",
+                 fast: bool = True) -> None:
+        self.definition = definition
+        self.name = definition.name
+        notes = list(definition.notes)
+        engines: list[str] = []
+        rules: list[_Rule] = []
+        for i, src in enumerate(definition.failregex):
+            try:
+                pattern = expand_tags(src.text)
+            except UnsupportedRegex as exc:
+                notes.append(f"{src.where}: regex skipped: {exc}")
+                continue
+            if matches_newline(pattern):
+                notes.append(f"{src.where}: regex skipped: it spans lines (multi-line buffering)")
+                continue
+            c = _compile_one(pattern, src.where, engine)
+            names = _check_groups(pattern, src.where, definition)
+            if c.note:
+                notes.append(c.note)
+            engines.append(c.engine)
+            alts = tuple((n, _ALT_NAME.sub(r"\1", n)) for n in names if n.startswith("alt_"))
+            fields = tuple(n for n in names if n not in _INTERNAL and not n.startswith(("cond_", "alt_")))
+            rules.append(_Rule(c.find, required_literal(pattern), i, pattern, c.engine, alts, fields,
+                               _literal_heads(pattern)))
+        if not rules:
+            raise FilterError(definition.source, "the filter has no usable failregex")
+        self._rules = tuple(rules)
+        self._ignore = tuple(self._compile_aux(src, engine, notes, engines) for src in definition.ignoreregex)
+        self._ignore_whole = definition.ignore_whole_line
+        self._pref: Finder | None = None
+        if definition.prefregex is not None:
+            self._pref = self._compile_aux(definition.prefregex, engine, notes, engines)
+        elif definition.prefix is not None:
+            self._pref = self._compile_prefix(definition.prefix, engine, notes, engines)
+        try:
+            self._dates = DateParser(definition.datepattern, tz=tz)
+        except DatePatternError as exc:
+            raise FilterError(definition.source, str(exc)) from None
+        # Gate: a line must hold one of the filter's prefilter strings, or else one of the literals its
+        # rules cannot match without. Nearly every line of a busy log ends here.
+        keys = [r.key for r in rules]
+        if definition.prefilter:
+            self._gate: tuple[str, ...] | None = tuple(definition.prefilter)
+        elif all(k is not None for k in keys):
+            self._gate = tuple(dict.fromkeys(k for k in keys if k is not None))
+        else:
+            self._gate = None
+        # Dispatch on the message's first characters: only rules that can start that way are tried.
+        heads = [h for r in rules if r.heads for h in r.heads]
+        self._heads_len = max(1, min(4, min((len(h) for h in heads), default=1)))
+        table: dict[str, list[_Rule]] = {}
+        unheaded: list[_Rule] = []
+        for r in rules:
+            if r.heads is None or any(len(h) < self._heads_len for h in r.heads):
+                unheaded.append(r)
+                continue
+            for h in r.heads:
+                table.setdefault(h[:self._heads_len], []).append(r)
+        self._unheaded = tuple(unheaded)
+        self._heads = {k: tuple(sorted({*v, *unheaded}, key=lambda r: r.index)) for k, v in table.items()}
+        self._hosts: dict[str, IPAddr | RejectReason] = {}
+        self.notes = tuple(notes)
+        self.engines = tuple(engines)
+        self.uses_context = any(
+            "<F-MLFID>" in src.text for src in (definition.prefregex, definition.prefix, *definition.failregex)
+            if src is not None)
+        self._fast_head: re.Pattern[str] | None = None
+        self._fast_pre: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())
+        self._segments: tuple[_Segment, ...] = ()
+        if fast:
+            self._build_fast_lane()
+
+    @staticmethod
+    def _compile_aux(src: RegexSource, engine: Engine, notes: list[str], engines: list[str]) -> Finder:
+        try:
+            pattern = expand_tags(src.text)
+        except UnsupportedRegex as exc:
+            raise FilterError(src.where, str(exc)) from None
+        c = _compile_one(pattern, src.where, engine)
+        if c.note:
+            notes.append(c.note)
+        engines.append(c.engine)
+        return c.find
+
+    @staticmethod
+    def _compile_prefix(src: RegexSource, engine: Engine, notes: list[str], engines: list[str]) -> Finder:
+        # A YAML prefix is matched at the start; the message is the rest of the line (no `.*` tail, so
+        # the prefix stays lintable and cheap).
+        try:
+            pattern = expand_tags(src.text)
+            rx = re.compile(pattern)
+        except (UnsupportedRegex, re.error) as exc:
+            raise FilterError(src.where, f"invalid prefix: {exc}") from None
+        risk = lint_regex("^" + pattern) if engine == "auto" else None
+        if risk or engine == "re2":
+            rx2 = _re2_finder(f"^(?:{pattern})(?P<content>.*)")
+            if rx2 is not None:
+                engines.append("re2")
+                return rx2
+            if risk:
+                notes.append(f"{src.where}: {risk}")
+        engines.append("re")
+        match = rx.match
+
+        def find(text: str) -> dict[str, Any] | None:
+            m = match(text)
+            if m is None:
+                return None
+            d = m.groupdict()
+            d["content"] = text[m.end():]
+            return d
+
+        return find
+
+    def _build_fast_lane(self) -> None:
+        """Timestamp + prefix in one regex, the rules as ordered alternations: one or two regex calls per
+        line instead of several calls and their Python glue. Only for YAML prefixes with the default
+        timestamp forms, and only where it gives exactly what the general path gives (tests check this).
+        """
+        d = self.definition
+        if d.prefix is None or self._dates.fast_shapes is None:
+            return
+        try:
+            prefix = expand_tags(d.prefix.text)
+            if lint_regex("^" + prefix):
+                return
+            syslog, iso = self._dates.fast_shapes
+            head = re.compile(f"(?:(?P<_ds>{syslog})|(?P<_di>{iso}))(?P<_pre>(?>{prefix}))?")
+        except (re.error, UnsupportedRegex):
+            return
+        pre = [(n, i) for n, i in head.groupindex.items() if not n.startswith("_")] + [("_pre", head.groupindex["_pre"])]
+        self._fast_pre = (tuple(n for n, _ in pre), tuple(i for _, i in pre))
+        segments: list[_Segment] = []
+        group: list[_Rule] = []
+
+        def flush() -> None:
+            if not group:
+                return
+            alts = []
+            for r in group:
+                body = re.sub(r"\(\?P<(\w+)>", lambda m, k=r.index: f"(?P<_{k}_{m.group(1)}>", r.pattern[1:])
+                body = re.sub(r"\(\?P=(\w+)\)", lambda m, k=r.index: f"(?P=_{k}_{m.group(1)})", body)
+                alts.append(f"(?:{body})(?P<_r{r.index}>)")
+            rx = re.compile("(?:" + "|".join(alts) + ")")
+            table = {}
+            for r in group:
+                prefix_ = f"_{r.index}_"
+                items = [(n[len(prefix_):], i) for n, i in rx.groupindex.items() if n.startswith(prefix_)]
+                names = tuple(n for n, _ in items)
+                idx = (*(i for _, i in items), rx.groupindex[f"_r{r.index}"])  # >= 2 indices: a tuple back
+                table[f"_r{r.index}"] = (r, names, idx)
+            segments.append(_Segment(rx, table))
+            group.clear()
+
+        for r in self._rules:
+            if r.engine == "re" and r.pattern.startswith("^") and not re.match(r"\^(?:\\[bB]|\(\?<)", r.pattern):
+                group.append(r)
+            else:
+                flush()
+                segments.append(_Segment(None, {}, r))
+        flush()
+        self._fast_head = head
+        self._segments = tuple(segments)
+
+    # -- matching ----------------------------------------------------------------------------------------
+
+    def match(self, line: str, now: float, ctx: MatchContext | None = None) -> Result:
+        """Match one line. `now` is the caller's clock (used for year inference and context expiry).
+
+        Returns Match (a failure by an address, possibly `ignored`), Rejected (a failure whose host is not
+        a usable address) or None. Pass a MatchContext to get multi-line (connection id) semantics; without
+        one every line stands alone. Never raises on input.
+        """
+        if len(line) > MAX_LINE:
+            line = line[:MAX_LINE]
+        if "\n" in line or "\r" in line:
+            # One record, one line: an embedded newline must not let a forged line start mid-record.
+            line = line.replace("\r", " ").replace("\n", " ")
+        gate = self._gate
+        if gate is not None:
+            for s in gate:
+                if s in line:
+                    break
+            else:
+                return None
+        head = self._fast_head
+        if head is not None:
+            m0 = head.match(line)
+            if m0 is not None:
+                if m0.group("_pre") is None:
+                    return None  # the timestamp was read, the prefix does not match: nothing can
+                return self._fast(line, m0, now, ctx)
+        return self._general(line, now, ctx)
+
+    def _fast(self, line: str, m0: re.Match[str], now: float, ctx: MatchContext | None) -> Result:
+        pos = m0.end()
+        for seg in self._segments:
+            rx = seg.rx
+            if rx is not None:
+                m = rx.match(line, pos)
+                if m is None:
+                    continue
+                rule, names, idx = seg.rules[m.lastgroup or ""]
+                pre_names, pre_idx = self._fast_pre
+                groups = dict(zip(pre_names, m0.group(*pre_idx)))
+                groups.update(zip(names, m.group(*idx)))
+                break
+            rule = seg.single  # type: ignore[assignment]
+            assert rule is not None
+            found = rule.find(line[pos:])
+            if found is None:
+                continue
+            pre_names, pre_idx = self._fast_pre
+            groups = dict(zip(pre_names, m0.group(*pre_idx)))
+            groups.update(found)
+            break
+        else:
+            return None
+        stamp = self._dates.fast_time(m0, now)
+        if self._ignore:
+            date_end = m0.end("_ds") if m0.group("_ds") is not None else m0.end("_di")
+            if self._ignored(line[pos:], line[date_end:]):
+                return self._result(rule, groups, stamp, True)
+        return self._conclude(rule, groups, stamp, now, ctx)
+
+    def _general(self, line: str, now: float, ctx: MatchContext | None) -> Result:
+        found = self._dates.find_span(line, now)
+        if found is not None:
+            when: float | None = found[0]
+            text = line[:found[1]] + line[found[2]:] if found[1] or found[2] else line
+        else:
+            text, when = line, None
+        pre: dict[str, Any] | None = None
+        content = text
+        if self._pref is not None:
+            d = self._pref(text)
+            if d is None:
+                return None
+            c = d.pop("content", None)
+            if c:
+                content = c
+            pre = d
+        for rule in self._heads.get(content[:self._heads_len], self._unheaded):
+            groups = rule.find(content)
+            if groups is not None:
+                break
+        else:
+            return None
+        if pre:
+            merged = dict(pre)
+            merged.update(groups)
+            groups = merged
+        if self._ignore and self._ignored(content, text):
+            return self._result(rule, groups, when, True)
+        return self._conclude(rule, groups, when, now, ctx)
+
+    def _conclude(self, rule: _Rule, groups: dict[str, Any], when: float | None, now: float,
+                  ctx: MatchContext | None) -> Result:
+        for k, base in rule.alts:
+            v = groups.pop(k, None)
+            if v and not groups.get(base):
+                groups[base] = v
+        mlfid = groups.get("mlfid")
+        if mlfid is not None and ctx is not None:
+            groups = _merge_connection(ctx, mlfid, groups, now)
+        if groups.get("nofail") or groups.get("mlfgained"):
+            return None
+        if groups.get("ip4") is None and groups.get("ip6") is None and groups.get("dns") is None \
+                and groups.get("fid") is None:
+            groups["mlfpending"] = 1  # remembered in the context: a later line of this connection decides
+            return None
+        return self._result(rule, groups, when, False)
+
+    def _ignored(self, content: str, text: str) -> bool:
+        for ig in self._ignore:
+            if ig(content) is not None:
+                return True
+            if self._ignore_whole and content is not text and ig(text) is not None:
+                return True
+        return False
+
+    def _result(self, rule: _Rule, groups: Mapping[str, Any], when: float | None, ignored: bool) -> Result:
+        raw = groups.get("ip4") or groups.get("ip6") or groups.get("dns") or groups.get("fid")
+        if not raw:
+            return Rejected("", "no-address", when, ignored, rule.index)
+        host = self._hosts.get(raw)
+        if host is None:
+            host = parse_host(raw)
+            if len(self._hosts) >= _HOST_MEMO:
+                self._hosts.clear()
+            self._hosts[raw] = host
+        if isinstance(host, str):
+            return Rejected(raw, host, when, ignored, rule.index)
+        fields = {k: v for k in rule.fields if isinstance(v := groups.get(k), str)} if rule.fields else {}
+        return Match(host, when, ignored, fields, rule.index)
+
+    def __repr__(self) -> str:
+        return f"Filter({self.name!r}, {len(self._rules)} regexes)"
+
+
+def _literal_heads(pattern: str, limit: int = 32) -> frozenset[str] | None:
+    """The literal texts a match of an anchored `pattern` can start with (`^[iI]nvalid` -> Invalid,
+    invalid), or None when some match may start with a non-literal."""
+    try:
+        parsed = _sre.parse(pattern)
+    except re.error:
+        return None
+    if parsed.state.flags & _C.SRE_FLAG_IGNORECASE:
+        return None
+    items = list(parsed)
+    if not items or str(items[0][0]) != "AT":
+        return None
+
+    def walk(seq: list[Any], starts: set[str]) -> tuple[set[str], bool]:
+        """Extend `starts` through `seq`; the flag says whether all of seq was literal."""
+        for op, av in seq:
+            name = str(op)
+            if name == "AT":
+                continue
+            if name == "LITERAL":
+                starts = {s + chr(av) for s in starts}
+                continue
+            if name == "IN" and all(str(o) == "LITERAL" for o, _ in av) and len(av) <= 4:
+                starts = {s + chr(c) for s in starts for _, c in av}
+                if len(starts) > limit:
+                    return starts, False
+                continue
+            if name == "SUBPATTERN" and not av[1] & _C.SRE_FLAG_IGNORECASE:
+                starts, whole = walk(list(av[3]), starts)
+                if not whole:
+                    return starts, False
+                continue
+            if name == "BRANCH":
+                out: set[str] = set()
+                whole = True
+                for alt in av[1]:
+                    sub, w = walk(list(alt), set(starts))
+                    out |= sub
+                    whole = whole and w
+                if len(out) > limit:
+                    return starts, False
+                starts = out
+                if not whole:
+                    return starts, False
+                continue
+            return starts, False
+        return starts, True
+
+    heads, _ = walk(items[1:], {""})
+    return frozenset(heads) if heads and all(heads) else None
+
+
+def _check_groups(pattern: str, where: str, definition: FilterDef) -> tuple[str, ...]:
+    """A failregex must be able to name a host: <HOST>/<ADDR>/<F-ID> here or in the prefix. Returns the
+    regex's group names."""
+    try:
+        own = tuple(re.compile(pattern).groupindex)
+    except re.error:
+        own = tuple(_re2_group_names(pattern))
+    names = set(own)
+    for extra in (definition.prefregex, definition.prefix):
+        if extra is not None:
+            try:
+                names |= set(re.compile(expand_tags(extra.text)).groupindex)
+            except (re.error, UnsupportedRegex):
+                pass
+    if not names & {"ip4", "ip6", "dns", "fid", "mlfid"}:
+        raise FilterError(where, "failregex has no <HOST> (or <ADDR>, <F-ID>) to take the address from")
+    return own
+
+
+def _re2_group_names(pattern: str) -> list[str]:
+    return re.findall(r"\(\?P<(\w+)>", pattern)
+
+
+def compile_filter(definition: FilterDef, *, tz: tzinfo | None = None, engine: Engine = "auto",
+                   fast: bool = True) -> Filter:
+    return Filter(definition, tz=tz, engine=engine, fast=fast)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Specs, built-ins, YAML filters
+
+_SPEC_RE = re.compile(r"^(?P<name>[^\[\]]+?)\s*(?:\[(?P<opts>.*)\])?\s*$", re.DOTALL)
+_BUILTIN_DIR = Path(__file__).with_name("filters")
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """`sshd[mode=aggressive, publickey="any"]` -> ("sshd", {"mode": "aggressive", "publickey": "any"})."""
+    m = _SPEC_RE.match(spec.strip())
+    if m is None:
+        raise FilterError("", f"cannot read filter spec {spec!r}")
+    return m.group("name").strip(), _parse_options(m.group("opts") or "", spec)
+
+
+def _parse_options(text: str, spec: str) -> dict[str, str]:
+    opts: dict[str, str] = {}
+    pos = 0
+    item = re.compile(r"""\s*([\w\-.]+)\s*=\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^,]*?)\s*(?:,|$)""")
+    while pos < len(text):
+        if not text[pos:].strip():
+            break
+        m = item.match(text, pos)
+        if m is None or m.end() == pos:
+            raise FilterError("", f"cannot read the options in filter spec {spec!r} near {text[pos:]!r}")
+        value = m.group(2)
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        opts[m.group(1)] = value
+        pos = m.end()
+    return opts
+
+
+def builtin_filters() -> list[str]:
+    """Names of the filters shipped with nftblockd."""
+    return sorted(p.stem for p in _BUILTIN_DIR.glob("*.yaml"))
+
+
+def load_filter(spec: str, *, search_dirs: Sequence[Path] = (), tz: tzinfo | None = None,
+                engine: Engine = "auto") -> Filter:
+    """Load and compile a filter.
+
+    `spec` is a built-in name (`sshd`), a YAML filter file, or a fail2ban filter (`.conf` path, or a name
+    found in `search_dirs` such as /etc/fail2ban/filter.d), each optionally followed by options in
+    fail2ban syntax: `sshd[mode=aggressive]`, `/etc/fail2ban/filter.d/sshd.conf[mode=aggressive]`.
+    A bare name is looked up as NAME.yaml in `search_dirs`, then among the built-ins, then as a fail2ban
+    NAME.conf in `search_dirs`. `tz` is the zone of timestamps without one (None: the host's).
+    Raises FilterError.
+    """
+    name, opts = parse_spec(spec)
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml"):
+        return compile_filter(load_yaml_filter(path, opts), tz=tz, engine=engine)
+    if path.suffix in (".conf", ".local"):
+        return _load_conf(path, opts, tz, engine)
+    if "/" in name:
+        if not path.is_file():
+            raise FilterError("", f"filter {name!r}: no such file")
+        head = path.read_text(encoding="utf-8", errors="replace")[:65536]
+        if re.search(r"^\s*\[Definition\]", head, re.MULTILINE):
+            return _load_conf(path, opts, tz, engine)
+        return compile_filter(load_yaml_filter(path, opts), tz=tz, engine=engine)
+    for d in (*search_dirs, _BUILTIN_DIR):
+        cand = Path(d) / f"{name}.yaml"
+        if cand.is_file():
+            return compile_filter(load_yaml_filter(cand, opts), tz=tz, engine=engine)
+    conf = _find_conf(name, search_dirs)
+    if conf is not None:
+        return _load_conf(conf, opts, tz, engine)
+    known = ", ".join(builtin_filters())
+    raise FilterError("", f"unknown filter {name!r} (built-in filters: {known}; or give a .yaml/.conf path)")
+
+
+def _find_conf(name: str, search_dirs: Sequence[Path]) -> Path | None:
+    for d in search_dirs:
+        for cand in (Path(d) / f"{name}.conf", Path(d) / "filter.d" / f"{name}.conf"):
+            if cand.is_file():
+                return cand
+    return None
+
+
+def _load_conf(path: Path, opts: dict[str, str], tz: tzinfo | None, engine: Engine) -> Filter:
+    from .f2b import read_filter  # f2b builds on this module's types; import here to avoid a cycle
+
+    return compile_filter(read_filter(path, opts), tz=tz, engine=engine)
+
+
+# YAML filter schema (see nftblockd/filters/sshd.yaml for a full example):
+#
+#   name: sshd                       # defaults to the file name
+#   description: text
+#   options: {mode: normal}          # defaults; a spec such as `sshd[mode=aggressive]` overrides them
+#   choices: {mode: [normal, ddos, extra, aggressive]}   # allowed values, checked when loading
+#   vars: {suffix: '...'}            # named regex fragments, used as <suffix>; options are usable too
+#   prefilter: [sshd]                # optional: a line must contain one of these to be looked at
+#   prefix: '<syslog>'               # optional: matched at the line start, regexes see the rest
+#   datepattern: '{^LN-BEG}'         # optional: fail2ban datepattern; default: common forms anywhere
+#   failregex:                       # tried in order, first match wins
+#     - '^Invalid user <F-USER>.*</F-USER> from <HOST> port \d+$'
+#     - regex: '^Did not receive identification string from <HOST>'
+#       when: {mode: [ddos, aggressive]}  # only with these option values
+#   ignoreregex: [...]               # same form; a failure that also matches one is reported ignored
+
+_YAML_KEYS = {"name", "description", "options", "choices", "vars", "prefilter", "prefix", "datepattern",
+              "failregex", "ignoreregex", "notes"}
+_VAR_RE = re.compile(r"<([a-z_][\w\-]*)>")
+
+# Fragments every YAML filter may use. <syslog> is a syslog / journal / RFC 5424 header up to the message,
+# after the timestamp has been cut out; the program name comes from the filter's `daemon` var.
+_BASE_VARS = {
+    "syslog": (
+        r"\s*(?:<\d{1,3}>\d{1,2}\s+)?(?:<[^.>\s]+\.[^.>\s]+>\s+)?(?:\[\]\s*)?(?:[\w.\-@:]+\s+)?"
+        r"(?:kernel:\s?\[ *\d+\.\d+\]:?\s+)?(?:@vserver_\S+\s+)?"
+        r"[\[(]?(?:<daemon>)(?:\(\S+\))?[\])]?(?:\[\d+\])?:?(?:\s+kernel:\s?\[ *\d+\.\d+\]:?)?"
+        r"(?: \d+ \S+ (?:-|\[[^\]\"]*(?:\"[^\"]*\"[^\]\"]*)*\](?:\[[^\]\"]*(?:\"[^\"]*\"[^\]\"]*)*\])*))?"
+        r"\s+(?:\[ID \d+ \S+\]\s+)?"
+    ),
+    "daemon": r"\S+",
+}
+
+
+def load_yaml_filter(path: Path, opts: Mapping[str, str] | None = None) -> FilterDef:
+    """Read one YAML filter into a FilterDef, applying `opts` (option overrides from the spec)."""
+    from .yamlsrc import YamlError, load_yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FilterError(str(path), f"cannot read the filter: {exc}") from None
+    try:
+        doc = load_yaml(text, str(path))
+    except YamlError as exc:
+        raise FilterError(f"{exc.file}:{exc.line}", exc.reason) from None
+    return filter_from_yaml(doc.value, str(path), doc.line, opts or {})
+
+
+def filter_from_yaml(value: Any, file: str, line_of: Callable[[tuple[str | int, ...]], int],
+                     opts: Mapping[str, str]) -> FilterDef:
+    def where(*path: str | int) -> str:
+        return f"{file}:{line_of(tuple(path))}"
+
+    if not isinstance(value, dict):
+        raise FilterError(where(), "a filter file is a mapping (name, failregex, ...)")
+    for key in value:
+        if key not in _YAML_KEYS:
+            raise FilterError(where(key), f"unknown key {key!r} (known: {', '.join(sorted(_YAML_KEYS))})")
+    name = str(value.get("name") or Path(file).stem)
+    options = {str(k): str(v) for k, v in (value.get("options") or {}).items()}
+    choices = value.get("choices") or {}
+    for k, v in opts.items():
+        if k not in options and k not in (value.get("vars") or {}):
+            raise FilterError(where("options"), f"filter {name!r} has no option {k!r}")
+        allowed = choices.get(k)
+        if allowed is not None and v not in [str(a) for a in allowed]:
+            raise FilterError(where("choices", k), f"option {k}={v!r} must be one of {allowed}")
+        options[k] = v
+    variables = {**_BASE_VARS, **{str(k): str(v) for k, v in (value.get("vars") or {}).items()}, **options}
+
+    def subst(text: str, at: str) -> str:
+        for _ in range(16):
+            new = _VAR_RE.sub(lambda m: variables.get(m.group(1), m.group(0)), text)
+            if new == text:
+                return new
+            text = new
+        raise FilterError(at, "variables refer to each other in a loop")
+
+    def regexes(key: str) -> tuple[RegexSource, ...]:
+        raw = value.get(key) or []
+        if isinstance(raw, str):
+            raw = [raw]
+        if not isinstance(raw, list):
+            raise FilterError(where(key), f"{key} must be a list of regexes")
+        out = []
+        for i, item in enumerate(raw):
+            at = where(key, i)
+            if isinstance(item, dict):
+                unknown = set(item) - {"regex", "when"}
+                if unknown or "regex" not in item:
+                    raise FilterError(at, "a rule is a regex or {regex: ..., when: {option: [values]}}")
+                if not _applies(item.get("when") or {}, options, at):
+                    continue
+                item = item["regex"]
+            if not isinstance(item, str) or not item:
+                raise FilterError(at, "a regex must be non-empty text")
+            out.append(RegexSource(subst(item, at), at))
+        return tuple(out)
+
+    fail = regexes("failregex")
+    if not fail:
+        raise FilterError(where("failregex"), f"filter {name!r} has no failregex for these options")
+    prefilter = value.get("prefilter")
+    if prefilter is not None and (not isinstance(prefilter, list) or not all(isinstance(s, str) and s
+                                                                              for s in prefilter)):
+        raise FilterError(where("prefilter"), "prefilter is a list of non-empty substrings")
+    prefix = value.get("prefix")
+    return FilterDef(
+        name=name,
+        source=file,
+        failregex=fail,
+        ignoreregex=regexes("ignoreregex"),
+        prefix=RegexSource(subst(str(prefix), where("prefix")), where("prefix")) if prefix else None,
+        datepattern=str(value["datepattern"]) if value.get("datepattern") else None,
+        prefilter=tuple(prefilter) if prefilter else None,
+        options=options,
+    )
+
+
+def _applies(when: Any, options: Mapping[str, str], at: str) -> bool:
+    if not isinstance(when, dict):
+        raise FilterError(at, "when: is a mapping of option to the values it applies to")
+    for k, allowed in when.items():
+        values = [str(a) for a in (allowed if isinstance(allowed, list) else [allowed])]
+        if options.get(str(k)) not in values:
+            return False
+    return True
+
+
+def iter_lines(text: str) -> Iterator[str]:
+    """Lines of a text without their terminators (helper shared by the test tools)."""
+    yield from text.splitlines()

@@ -1,0 +1,141 @@
+"""Log jails end to end: lines appended to a real file → the real daemon in a namespace → the kernel set."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.daemon import DaemonProc
+from tests.helpers.netns import NetNS, wait_for
+
+
+def config(log: Path) -> str:
+    return f"""
+allowlist: [192.0.2.0/24]
+reconcile: {{interval: 1h}}
+jails:
+  sshd:
+    files: ["{log}"]
+    filter: sshd
+    maxretry: 3
+    findtime: 10m
+    bantime: 1h
+    ipv6_prefix: 64
+"""
+
+
+_pids = iter(range(1000, 10**6))
+
+
+def failures(addr: str, n: int, port: int = 40000) -> str:
+    """n sshd failures, each from its own connection (its own pid, as sshd logs them)."""
+    stamp = time.strftime("%b %e %H:%M:%S")
+    return "".join(f"{stamp} host sshd[{next(_pids)}]: Failed password for invalid user admin from {addr} "
+                   f"port {port + i} ssh2\n" for i in range(n))
+
+
+def append(path: Path, text: str) -> None:
+    with path.open("a") as f:
+        f.write(text)
+
+
+def banned(ns: NetNS) -> set[str]:
+    return set(ns.set_elements("nftblock", "default_ip4")) | set(ns.set_elements("nftblock", "default_net6"))
+
+
+@pytest.fixture
+def setup(netns: NetNS, tmp_path: Path) -> Iterator[tuple[DaemonProc, Path]]:
+    log = tmp_path / "auth.log"
+    log.write_text("")
+    d = DaemonProc(netns, tmp_path / "d", config(log)).start()
+    yield d, log
+    d.close()
+
+
+def test_threshold_bans_and_below_threshold_does_not(netns: NetNS, setup: tuple[DaemonProc, Path]) -> None:
+    d, log = setup
+    append(log, failures("198.51.100.1", 2) + failures("198.51.100.2", 3) + failures("2001:db8:bad::66", 3)
+           + failures("192.0.2.7", 5))
+    wait_for(lambda: {"198.51.100.2", "2001:db8:bad::/64"} <= banned(netns), what="jail bans")
+    # the marker: a later ban proves the earlier lines were all processed
+    append(log, failures("198.51.100.99", 3))
+    wait_for(lambda: "198.51.100.99" in banned(netns), what="marker ban")
+    assert "198.51.100.1" not in banned(netns)
+    assert "192.0.2.7" not in banned(netns)  # allowlisted
+    ban = [b for b in d.cli_json("list")["bans"] if b["target"] == "198.51.100.2"][0]
+    assert ban["jail"] == "sshd" and ban["origin"] == "jail"
+    assert 3500 < ban["expires_in"] <= 3600
+
+
+def test_rotation_by_rename_and_create_misses_nothing(netns: NetNS, setup: tuple[DaemonProc, Path]) -> None:
+    d, log = setup
+    append(log, failures("198.51.100.10", 2))
+    os.rename(log, log.with_suffix(".log.1"))
+    append(log.with_suffix(".log.1"), failures("198.51.100.11", 3))  # written to the old file after the rename
+    log.write_text("")
+    append(log, failures("198.51.100.10", 1))
+    wait_for(lambda: {"198.51.100.10", "198.51.100.11"} <= banned(netns), what="bans across a rotation")
+
+
+def test_copytruncate_misses_nothing(netns: NetNS, setup: tuple[DaemonProc, Path]) -> None:
+    d, log = setup
+    append(log, failures("198.51.100.20", 2))
+    wait_for(lambda: d.cli_json("status") is not None and _lines(d) >= 2, what="lines read")
+    shutil.copy(log, log.with_suffix(".log.1"))
+    with log.open("r+") as f:
+        f.truncate(0)
+    append(log, failures("198.51.100.20", 1))
+    wait_for(lambda: "198.51.100.20" in banned(netns), what="ban after copytruncate")
+
+
+def _lines(d: DaemonProc) -> int:
+    st = d.cli_json("status")
+    return sum(j.get("lines", 0) for j in st.get("jails", []))
+
+
+def test_restart_does_not_count_twice(netns: NetNS, setup: tuple[DaemonProc, Path]) -> None:
+    d, log = setup
+    append(log, failures("198.51.100.30", 2))
+    wait_for(lambda: _lines(d) >= 2, what="lines read before restart")
+    assert d.stop() == 0
+    d.start()
+    append(log, failures("198.51.100.31", 3))
+    wait_for(lambda: "198.51.100.31" in banned(netns), what="marker after restart")
+    assert "198.51.100.30" not in banned(netns)  # its 2 lines were not read again
+    # had the 2 old lines been read again, this third failure would make 3 (or 4) and ban
+    append(log, failures("198.51.100.30", 1) + failures("198.51.100.32", 3))
+    wait_for(lambda: "198.51.100.32" in banned(netns), what="second marker")
+    assert "198.51.100.30" not in banned(netns)
+    assert sum(j["lines"] for j in d.cli_json("status")["jails"]) == 7  # 3 + 1 + 3 since the restart
+
+
+def test_lines_written_while_down_are_read_after_restart(netns: NetNS, setup: tuple[DaemonProc, Path]) -> None:
+    d, log = setup
+    assert d.stop() == 0
+    append(log, failures("198.51.100.40", 3))
+    d.start()
+    wait_for(lambda: "198.51.100.40" in banned(netns), what="ban from lines written while stopped")
+
+
+def test_restart_keeps_bans_and_escalation(netns: NetNS, setup: tuple[DaemonProc, Path]) -> None:
+    d, log = setup
+    append(log, failures("198.51.100.50", 3))
+    wait_for(lambda: "198.51.100.50" in banned(netns), what="first ban")
+    d.cli("ban", "203.0.113.5", "--timeout", "2h")
+    assert d.stop() == 0
+    netns.nft("flush", "set", "inet", "nftblock", "default_ip4", check=False)  # e.g. after a reboot
+    d.start()
+    assert {"198.51.100.50", "203.0.113.5"} <= banned(netns)
+    targets = {b["target"]: b for b in d.cli_json("list")["bans"]}
+    assert targets["198.51.100.50"]["jail"] == "sshd"
+    # second offence after the ban is lifted: escalated duration (2h)
+    d.cli("unban", "198.51.100.50")
+    append(log, failures("198.51.100.50", 3, port=41000))
+    wait_for(lambda: "198.51.100.50" in banned(netns), what="second ban")
+    ban = {b["target"]: b for b in d.cli_json("list")["bans"]}["198.51.100.50"]
+    assert ban["expires_in"] > 7000

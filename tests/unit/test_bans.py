@@ -1,0 +1,131 @@
+"""The ban state's rules (bans.py docstring), without a kernel."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nftblockd.bans import BanState, Outcome, net_key
+from nftblockd.config import parse_config
+from nftblockd.events import Ban, Unban, parse_target
+from nftblockd.ruleset import plan_ruleset
+
+NOW = 1_800_000_000.0
+
+
+def state() -> BanState:
+    return BanState(plan_ruleset(parse_config("blocklists: {default: {}, other: {}}")))
+
+
+def ban(t: str, until: float | None = NOW + 60, bl: str = "default") -> Ban:
+    return Ban(parse_target(t), bl, until)
+
+
+def test_single_address_goes_to_the_hash_set() -> None:
+    s = state()
+    ch = s.ban(ban("203.0.113.1"), NOW)
+    assert ch.outcome is Outcome.ADDED and ch.ops[0].set_name == "default_ip4"
+    assert ch.ops[0].key == int(ipaddress.IPv4Address("203.0.113.1")) and ch.ops[0].until_ms == (NOW + 60) * 1000
+    assert s.ban(ban("2001:db8::1"), NOW).ops[0].set_name == "default_ip6"
+    assert s.ban(ban("10.0.0.0/8"), NOW).ops[0].set_name == "default_net4"
+
+
+def test_reban_never_shortens() -> None:
+    s = state()
+    s.ban(ban("203.0.113.1", NOW + 600), NOW)
+    assert s.ban(ban("203.0.113.1", NOW + 60), NOW).outcome is Outcome.UNCHANGED
+    ch = s.ban(ban("203.0.113.1", NOW + 6000), NOW)
+    assert ch.outcome is Outcome.EXTENDED and ch.ops[0].existed
+    assert s.ban(ban("203.0.113.1", None), NOW).outcome is Outcome.EXTENDED  # permanent wins
+    assert s.ban(ban("203.0.113.1", NOW + 10**6), NOW).outcome is Outcome.UNCHANGED
+
+
+def test_an_already_ended_ban_is_not_sent() -> None:
+    assert state().ban(ban("203.0.113.1", NOW - 1), NOW).outcome is Outcome.EXPIRED
+
+
+def test_range_inside_a_longer_range_is_covered() -> None:
+    s = state()
+    s.ban(ban("10.0.0.0/8", NOW + 600), NOW)
+    ch = s.ban(ban("10.1.0.0/16", NOW + 60), NOW)
+    assert ch.outcome is Outcome.COVERED and ch.related == ("10.0.0.0/8",) and not ch.ops
+
+
+def test_range_inside_a_shorter_range_is_refused() -> None:
+    s = state()
+    s.ban(ban("10.0.0.0/8", NOW + 60), NOW)
+    ch = s.ban(ban("10.1.0.0/16", NOW + 600), NOW)
+    assert ch.outcome is Outcome.CONFLICT and "10.0.0.0/8" in ch.message
+
+
+def test_wider_range_absorbs_narrower_ones_with_the_latest_end() -> None:
+    s = state()
+    s.ban(ban("10.1.0.0/16", NOW + 6000), NOW)
+    s.ban(ban("10.2.0.0/16", NOW + 60), NOW)
+    ch = s.ban(ban("10.0.0.0/8", NOW + 600), NOW)
+    assert ch.outcome is Outcome.ABSORBED
+    dels = [op for op in ch.ops if not op.add]
+    adds = [op for op in ch.ops if op.add]
+    assert len(dels) == 2 and len(adds) == 1 and adds[0].until_ms == (NOW + 6000) * 1000
+    assert [b.target for b in s.iter_bans()] == [ipaddress.ip_network("10.0.0.0/8")]
+
+
+def test_adjacent_ranges_stay_separate_and_unban_only_its_own() -> None:
+    s = state()
+    s.ban(ban("10.0.0.0/24"), NOW)
+    s.ban(ban("10.0.1.0/24"), NOW)
+    ch = s.unban(Unban(parse_target("10.0.0.0/24"), "default"))
+    assert ch.outcome is Outcome.REMOVED
+    assert [str(b.target) for b in s.iter_bans()] == ["10.0.1.0/24"]
+
+
+def test_unban_of_an_address_inside_a_range_names_the_range() -> None:
+    s = state()
+    s.ban(ban("10.0.0.0/8"), NOW)
+    ch = s.unban(Unban(parse_target("10.1.2.3"), "default"))
+    assert ch.outcome is Outcome.NOT_FOUND and "10.0.0.0/8" in ch.message and not ch.ops
+
+
+def test_unknown_blocklist() -> None:
+    assert state().ban(ban("203.0.113.1", bl="nope"), NOW).outcome is Outcome.UNKNOWN_SET
+
+
+def test_expire_forgets_without_ops() -> None:
+    s = state()
+    s.ban(ban("203.0.113.1", NOW + 10), NOW)
+    s.ban(ban("10.0.0.0/8", NOW + 10), NOW)
+    s.ban(ban("203.0.113.2", None), NOW)
+    assert s.expire(NOW + 11) == 2
+    assert [str(b.target) for b in s.iter_bans()] == ["203.0.113.2/32"]
+    assert s.ban(ban("10.1.0.0/16", NOW + 60), NOW).outcome is Outcome.ADDED  # the index forgot it too
+
+
+def test_covering_for_check() -> None:
+    s = state()
+    s.ban(ban("10.0.0.0/8"), NOW)
+    s.ban(ban("10.1.2.3", bl="other"), NOW)
+    found = {(i.set_name, str(i.target)) for i in s.covering(parse_target("10.1.2.3"))}
+    assert found == {("default_net4", "10.0.0.0/8"), ("other_ip4", "10.1.2.3/32")}
+
+
+nets = st.builds(lambda a, p: ipaddress.IPv4Network((a, p), strict=False),
+                 st.integers(0, 2**32 - 1), st.integers(8, 32))
+
+
+@given(st.lists(st.tuples(nets, st.integers(1, 10**6)), max_size=40))
+def test_interval_entries_never_overlap_and_every_accepted_ban_is_enforced(items: list) -> None:
+    s = state()
+    accepted = []
+    for net, dur in items:
+        ch = s.ban(Ban(net, "default", NOW + dur), NOW)
+        if ch.outcome is not Outcome.CONFLICT:
+            accepted.append((net, NOW + dur))
+    ranges = sorted((int(b.target.network_address), int(b.target.broadcast_address))
+                    for b in s.iter_bans() if b.target.prefixlen < 32)
+    for (_, e1), (s2, _) in zip(ranges, ranges[1:]):
+        assert e1 < s2
+    for net, until in accepted:
+        cover = s.covering(net, "default")
+        assert any(c.until is None or c.until >= until - 0.001 for c in cover), (net, cover)
