@@ -84,6 +84,7 @@ class JailConfig:
     filter: str
     files: tuple[str, ...] = ()
     journal_matches: tuple[tuple[str, str], ...] = ()
+    journal_path: str | None = None  # a directory of journal files instead of the local journal
     maxretry: int = 5
     findtime: float = 600.0
     bantime: float | None = 3600.0
@@ -402,14 +403,25 @@ class _Builder:
                 self.fail((*path, "files"), "files must be a list of paths or globs")
                 files = []
             matches: tuple[tuple[str, str], ...] = ()
+            journal_path: str | None = None
             if "journal" in j:
-                jm = self.mapping(j["journal"], (*path, "journal"), {"matches"})
+                jm = self.mapping(j["journal"], (*path, "journal"), {"matches", "path"})
                 raw = jm.get("matches") or {}
+                journal_path = self.get(jm, "path", (*path, "journal"), str, None)
                 if not isinstance(raw, dict) or not raw:
                     self.fail((*path, "journal", "matches"), "journal needs matches such as "
-                              "{_SYSTEMD_UNIT: sshd.service}")
+                              "{_SYSTEMD_UNIT: ssh.service} (a list of values ORs them)")
                 else:
-                    matches = tuple((str(k), str(v)) for k, v in raw.items())
+                    pairs = []
+                    for k, v in raw.items():
+                        values = v if isinstance(v, list) else [v]
+                        if not re.fullmatch(r"[A-Z0-9_]+", str(k)) or not values or any(
+                                isinstance(x, dict | list) for x in values):
+                            self.fail((*path, "journal", "matches", k), "a journal field name (capitals, "
+                                      "digits, _) with a value or a list of values")
+                            continue
+                        pairs += [(str(k), str(x)) for x in values]
+                    matches = tuple(pairs)
             if not files and not matches and j.get("enabled", True):
                 self.fail(path, "a jail needs files: or journal: to read from")
             flt = self.get(j, "filter", path, str, "")
@@ -428,6 +440,7 @@ class _Builder:
                 filter=flt,
                 files=tuple(files),
                 journal_matches=matches,
+                journal_path=journal_path,
                 maxretry=self.positive_int(j, "maxretry", path, 5, 1, 1_000_000),
                 findtime=self.duration(j, "findtime", path, 600.0),
                 bantime=self.timeout(j, "bantime", path, 3600.0),

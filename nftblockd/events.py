@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 IPNet: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
 IPAddr: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -85,9 +85,12 @@ def format_target(net: IPNet) -> str:
     return str(net.network_address) if is_single(net) else str(net)
 
 
-@dataclass(frozen=True, slots=True)
-class LogLine:
-    """One line from a source. `time` is the source's own timestamp (journal) or None (files)."""
+class LogLine(NamedTuple):
+    """One line from a source. `time` is the source's own timestamp (journal) or None (files).
+
+    A NamedTuple, not a frozen dataclass: sources build one per log line, and a frozen dataclass's
+    __init__ made construction 85 % of the tailer's time (bench_tail: 265k -> 614k lines/s).
+    """
 
     source: str
     text: str

@@ -71,7 +71,8 @@ class JailRunner:
         if self.jail.files:
             out.append(FileTail(self.jail.name, list(self.jail.files), positions))
         if self.jail.journal_matches:
-            out.append(JournalSource(self.jail.name, list(self.jail.journal_matches), positions))
+            out.append(JournalSource(self.jail.name, list(self.jail.journal_matches), positions,
+                                     path=self.jail.journal_path, syslog_format=True))
         return out
 
     async def run(self) -> None:

@@ -57,7 +57,7 @@ class JournalSource:
     def __init__(self, name: str, matches: Sequence[tuple[str, str]], store: PositionStore, *,
                  path: str | None = None, files: Sequence[str] | None = None, namespace: str | None = None,
                  system_only: bool = True, max_line: int = DEFAULT_MAX_LINE, batch_size: int = 1024,
-                 save_interval: float = 1.0) -> None:
+                 save_interval: float = 1.0, syslog_format: bool = False) -> None:
         if not matches:
             raise ValueError(f"source {name!r}: a journal source needs matches such as "
                              "('_SYSTEMD_UNIT', 'sshd.service'); without one every entry would be read")
@@ -73,6 +73,9 @@ class JournalSource:
             raise ValueError(f"source {name!r}: max_line and batch_size must be positive, "
                              "save_interval not negative")
         self.name = name
+        # "HOST IDENT[PID]: MESSAGE", the line fail2ban's systemd backend builds, so that file filters
+        # (built-in and fail2ban's) match journal entries unchanged; the time travels in LogLine.time
+        self._syslog_format = syslog_format
         self.stats = SourceStats()
         self.ready = asyncio.Event()
         self._matches = tuple(matches)
@@ -227,6 +230,8 @@ class JournalSource:
             except UnicodeDecodeError:
                 text = msg.decode("utf-8", "replace")
                 stats.invalid_utf8 += 1
+            if self._syslog_format:
+                text = _syslog_prefix(reader) + text
             batch.append(LogLine(name, text, reader._get_realtime() / 1e6))
         return batch, more, (reader._get_cursor() if read else None)
 
@@ -250,3 +255,19 @@ class JournalSource:
             return
         self._saved = self._cursor
         self.stats.positions_saved += 1
+
+
+def _field(reader: Any, name: str) -> str:
+    try:
+        value = reader._get(name)
+    except KeyError:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _syslog_prefix(reader: Any) -> str:
+    host = _field(reader, "_HOSTNAME")
+    ident = _field(reader, "SYSLOG_IDENTIFIER") or _field(reader, "_COMM")
+    pid = _field(reader, "SYSLOG_PID") or _field(reader, "_PID")
+    head = f"{ident}[{pid}]:" if pid else f"{ident}:"
+    return f"{host} {head} " if host else f"{head} "

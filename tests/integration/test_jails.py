@@ -139,3 +139,48 @@ def test_restart_keeps_bans_and_escalation(netns: NetNS, setup: tuple[DaemonProc
     wait_for(lambda: "198.51.100.50" in banned(netns), what="second ban")
     ban = {b["target"]: b for b in d.cli_json("list")["bans"]}["198.51.100.50"]
     assert ban["expires_in"] > 7000
+
+
+async def test_journal_jail_bans_from_a_real_journald(netns: NetNS, tmp_path: Path) -> None:
+    from tests.helpers.journald import Journald, skip_reason
+    from tests.helpers.sources import wait_for_condition
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    jd = await Journald(tmp_path / "jd").start()
+    d = DaemonProc(netns, tmp_path / "d", f"""
+reconcile: {{interval: 1h}}
+jails:
+  sshd:
+    journal: {{matches: {{SYSLOG_IDENTIFIER: [sshd, sshd-session]}}, path: "{jd.journal_dir}"}}
+    filter: sshd
+    maxretry: 3
+""")
+    try:
+        jd.send("Server listening on 0.0.0.0 port 22.", SYSLOG_IDENTIFIER="sshd", SYSLOG_PID="10")
+        await jd.sync()
+        d.start()
+        for i in range(3):
+            jd.send(f"Failed password for invalid user admin from 198.51.100.60 port {4000 + i} ssh2",
+                    SYSLOG_IDENTIFIER="sshd-session", SYSLOG_PID=str(20 + i))
+        jd.send("Failed password for root from 198.51.100.61 port 4000 ssh2", SYSLOG_IDENTIFIER="cron",
+                SYSLOG_PID="30")  # not matched by the journal match: never read
+        await jd.sync()
+        await wait_for_condition(lambda: "198.51.100.60" in banned(netns), 10, "journal ban")
+        assert "198.51.100.61" not in banned(netns)
+        # restart: the cursor is resumed, nothing counted twice, entries written while down are read
+        assert d.stop() == 0
+        for i in range(2):
+            jd.send(f"Failed password for root from 198.51.100.62 port {4100 + i} ssh2",
+                    SYSLOG_IDENTIFIER="sshd", SYSLOG_PID=str(40 + i))
+        await jd.sync()
+        d.start()
+        jd.send("Failed password for root from 198.51.100.62 port 4200 ssh2", SYSLOG_IDENTIFIER="sshd",
+                SYSLOG_PID="50")
+        await jd.sync()
+        await wait_for_condition(lambda: "198.51.100.62" in banned(netns), 10, "ban across a restart")
+        lines = sum(j["lines"] for j in d.cli_json("status")["jails"])
+        assert lines == 3  # two written while down + one after: the earlier entries were not read again
+    finally:
+        d.close()
+        jd.stop()
