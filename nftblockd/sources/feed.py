@@ -29,8 +29,8 @@ The rules a `FeedFetcher` keeps:
   304 can never leave us with nothing.
 - **Refresh**: `run()` refreshes every `refresh` seconds ± `jitter`; after a restart with a fresh cache it
   waits for the cache to age rather than hitting the feed at every restart. A local file is also followed
-  with inotify (asyncinotify, on its directory: `CLOSE_WRITE` and `MOVED_TO` of its name), so an edited or
-  atomically replaced file is picked up at once; `refresh_now()` does the same for the CLI.
+  with inotify (asyncinotify, on its directory: `CLOSE_WRITE`, `MOVED_TO`, `ATTRIB` of its name), so an
+  edited or atomically replaced file is picked up at once; `refresh_now()` does the same for the CLI.
 
 Time comes from an injected `Clock` (wall time for the status, `sleep` for the schedule); randomness for the
 jitter from an injected callable. HTTP timeouts are real time: they bound real IO.
@@ -253,6 +253,7 @@ class FeedFetcher:
         self._last_attempt: float | None = None
         self._next_refresh: float | None = None
         self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()  # one fetch at a time: run() and a CLI-triggered fetch() may meet
 
     @property
     def name(self) -> str:
@@ -310,6 +311,18 @@ class FeedFetcher:
     def refresh_now(self) -> None:
         """Make `run()` fetch at once instead of waiting for the next refresh."""
         self._wake.set()
+
+    def set_allowlist(self, allow: Sequence[IPNet]) -> None:
+        """Networks never to block, from the next copy on (config reload, the host's addresses changed).
+
+        The copy in force is not re-sanitised here: the daemon does that from `FeedUpdate.parsed` with
+        `aggregate.sanitise(parsed.v4, parsed.v6, fetcher.policy, allow)`, without fetching again.
+        """
+        self._allow = tuple(allow)
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
 
     # -- cache ---------------------------------------------------------------------------------------------
 
@@ -380,6 +393,10 @@ class FeedFetcher:
 
         Raises FeedError; the copy in force is untouched and `status().error` says why.
         """
+        async with self._lock:
+            return await self._fetch()
+
+    async def _fetch(self) -> FeedUpdate | None:
         now = self._clock.time()
         self._last_attempt = now
         if self._accepted and self._pending is not None:

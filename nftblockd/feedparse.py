@@ -1,0 +1,444 @@
+"""Parse a threat feed's body into address prefixes: bytes in, `ParseResult` out.
+
+Pure: no IO, no clock, no network. The fetcher (`sources/feed.py`) hands us a whole body that it has already
+size-capped and decompressed; everything here is a function of that body and the feed's format settings.
+
+Formats
+    plain   one address or CIDR per line; `#` and `;` start a comment anywhere on a line. Covers Spamhaus
+            DROP (`1.2.3.0/24 ; SBL123`), FireHOL netsets, blocklist.de, Emerging Threats and most others.
+    csv     one column of a CSV or TSV file, by index or by header name. The delimiter is a tab if the
+            first row has one, else `;` if it has `;` but no `,`, else `,`. Lines starting with `#` are
+            comments, and a commented-out header (`# first_seen,dst_ip,...`, as abuse.ch writes it) is
+            recognised. With an index, a first row whose cell is not an address is taken as a header.
+    json    a JSON list of strings, or of objects read at `column` (a key); newline-delimited JSON (one
+            value a line, as Spamhaus' drop_v4.json) is read the same way. Objects without the key
+            (metadata records) are skipped, not counted as invalid.
+
+Strictness (the feed's fault is reported, never guessed around)
+    - An entry with host bits set (`10.0.0.5/8`) is widened to its network and counted.
+    - Garbage is counted in `invalid`, the first few samples kept for the operator, and skipped.
+    - A body that is markup (an HTML error or captive-portal page, XML) raises `FeedFormatError`: it is an
+      error, never "a list with zero entries". So does a body whose lines are mostly garbage (more than
+      `max_invalid_share` of its data lines), or that has garbage and no entry at all.
+    - An empty body (or only comments) is a valid, empty list: whether that is acceptable is the shrink
+      guard's decision, not the parser's.
+    - Addresses are accepted exactly as `events.parse_target` accepts them (no leading zeros, no scoped
+      addresses, no names); IPv4-mapped IPv6 (`::ffff:1.2.3.4`) becomes IPv4.
+
+Representation
+    Entries are returned as *packed ints*, not `ipaddress` objects, because a feed can hold a million of them
+    and an `IPv4Network` costs ~160 bytes and ~5 µs to build: an entry is `network << 8 | hostbits`, where
+    `hostbits = max_prefixlen - prefixlen` (0 for a single address). Sorting packed ints sorts by network.
+    `ParseResult.networks()` builds the `ipaddress` objects when they are wanted (tests, small feeds).
+"""
+
+from __future__ import annotations
+
+import csv
+import ipaddress
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .events import AddressError, IPNet, parse_target
+
+__all__ = [
+    "FORMATS",
+    "FeedFormatError",
+    "ParseResult",
+    "ParseStats",
+    "pack",
+    "parse_entry",
+    "parse_feed",
+    "unpack",
+]
+
+FORMATS = ("plain", "csv", "json")
+MAX_SAMPLES = 5  # invalid lines quoted back to the operator
+
+
+class FeedFormatError(ValueError):
+    """The body is not a list we can read (the feed's fault, not the operator's; not transient)."""
+
+
+# -- packed entries ---------------------------------------------------------------------------------------
+
+
+def pack(net: IPNet) -> int:
+    """`10.0.0.0/8` → `(10 << 24) << 8 | 24`."""
+    return int(net.network_address) << 8 | (net.max_prefixlen - net.prefixlen)
+
+
+def unpack(packed: int, version: int) -> IPNet:
+    """Inverse of `pack` for the given IP version (4 or 6)."""
+    hostbits = packed & 0xFF
+    if version == 4:
+        return ipaddress.IPv4Network((packed >> 8, 32 - hostbits))
+    return ipaddress.IPv6Network((packed >> 8, 128 - hostbits))
+
+
+# -- one entry --------------------------------------------------------------------------------------------
+
+# Canonical decimal octets and prefix lengths as dict lookups: one lookup both converts and validates (no
+# leading zeros, nothing above 255), which on a million lines is several times cheaper than int() + checks.
+_OCT0 = {str(i): i for i in range(256)}
+_OCT1 = {str(i): i << 8 for i in range(256)}
+_OCT2 = {str(i): i << 16 for i in range(256)}
+_OCT3 = {str(i): i << 24 for i in range(256)}
+_PLEN4 = {str(i): i for i in range(33)}
+_PLEN6 = {str(i): i for i in range(129)}
+_MASK4 = [(0xFFFFFFFF << (32 - p)) & 0xFFFFFFFF for p in range(33)]
+_MASK6 = [((1 << 128) - 1) ^ ((1 << (128 - p)) - 1) for p in range(129)]
+_HEXCOLON = re.compile(r"[0-9A-Fa-f:]+")
+_V4_MAPPED_HI = 0xFFFF  # ::ffff:0:0/96 shifted right by 32
+
+
+def parse_entry(text: str) -> tuple[int, int, bool] | None:
+    """`(version, packed, host_bits_were_set)` for one address or CIDR, or None if it is not one.
+
+    Accepts exactly what `events.parse_target` accepts (a hypothesis test holds the two together); the common
+    spellings take a fast path, anything unusual (netmask notation, embedded IPv4 in IPv6…) the slow one.
+    """
+    s = text.strip()
+    ip, slash, plen_text = s.partition("/")
+    if "." in ip and ":" not in ip:
+        parts = ip.split(".")
+        if len(parts) == 4:
+            try:
+                value = _OCT3[parts[0]] | _OCT2[parts[1]] | _OCT1[parts[2]] | _OCT0[parts[3]]
+                plen = _PLEN4[plen_text] if slash else 32
+            except KeyError:
+                pass
+            else:
+                net = value & _MASK4[plen]
+                return 4, net << 8 | (32 - plen), net != value
+    elif ":" in ip and len(s) <= 64 and _HEXCOLON.fullmatch(ip):
+        v6 = _fast_v6(ip)
+        plen6 = _PLEN6.get(plen_text) if slash else 128
+        if v6 is not None and plen6 is not None:
+            net = v6 & _MASK6[plen6]
+            if plen6 >= 96 and net >> 32 == _V4_MAPPED_HI:
+                return 4, (net & 0xFFFFFFFF) << 8 | (128 - plen6), net != v6
+            return 6, net << 8 | (128 - plen6), net != v6
+    return _slow_entry(s)
+
+
+def _fast_v6(ip: str) -> int | None:
+    """Pure hex-and-colon IPv6 text → int, or None to let the slow path decide."""
+    head, dcolon, tail = ip.partition("::")
+    if dcolon:
+        if "::" in tail:
+            return None
+        hi = head.split(":") if head else []
+        lo = tail.split(":") if tail else []
+        missing = 8 - len(hi) - len(lo)
+        if missing < 1:
+            return None
+        groups = hi + ["0"] * missing + lo
+    else:
+        groups = ip.split(":")
+        if len(groups) != 8:
+            return None
+    for g in groups:
+        if not 0 < len(g) <= 4:
+            return None
+    return int("".join([g.zfill(4) for g in groups]), 16)
+
+
+def _slow_entry(s: str) -> tuple[int, int, bool] | None:
+    try:
+        net = parse_target(s, strict=True)
+        widened = False
+    except AddressError:
+        try:
+            net = parse_target(s)
+        except AddressError:
+            return None
+        widened = True
+    return net.version, pack(net), widened
+
+
+# -- results ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ParseStats:
+    """What the parser saw. `entries` counts accepted addresses/CIDRs, duplicates included."""
+
+    lines: int = 0  # lines (plain, csv) or items (json) read
+    entries: int = 0
+    v4: int = 0
+    v6: int = 0
+    host_bits_normalised: int = 0
+    invalid: int = 0
+    skipped: int = 0  # blank and comment lines, the header, JSON objects without the key
+    invalid_samples: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "lines": self.lines, "entries": self.entries, "v4": self.v4, "v6": self.v6,
+            "host_bits_normalised": self.host_bits_normalised, "invalid": self.invalid,
+            "skipped": self.skipped, "invalid_samples": list(self.invalid_samples),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ParseResult:
+    """Packed entries per family (see the module docstring; treat the lists as read-only) and stats."""
+
+    v4: list[int]
+    v6: list[int]
+    stats: ParseStats
+
+    @property
+    def entries(self) -> int:
+        return self.stats.entries
+
+    def networks(self) -> list[IPNet]:
+        """The entries as `ipaddress` networks, IPv4 first, in feed order (≈5 µs each: not for hot paths)."""
+        out: list[IPNet] = [unpack(p, 4) for p in self.v4]
+        out.extend(unpack(p, 6) for p in self.v6)
+        return out
+
+
+@dataclass(slots=True)
+class _Collector:
+    """Accumulates entries and counts while one body is parsed (private, mutable, short-lived)."""
+
+    v4: list[int] = field(default_factory=list)
+    v6: list[int] = field(default_factory=list)
+    lines: int = 0
+    normalised: int = 0
+    invalid: int = 0
+    skipped: int = 0
+    samples: list[str] = field(default_factory=list)
+
+    def add(self, text: str, where: str) -> None:
+        got = parse_entry(text)
+        if got is None:
+            self.bad(text, where)
+            return
+        version, packed, widened = got
+        (self.v4 if version == 4 else self.v6).append(packed)
+        if widened:
+            self.normalised += 1
+
+    def bad(self, text: str, where: str) -> None:
+        self.invalid += 1
+        if len(self.samples) < MAX_SAMPLES:
+            self.samples.append(f"{where}: {text[:80]!r}")
+
+    def result(self, max_invalid_share: float) -> ParseResult:
+        entries = len(self.v4) + len(self.v6)
+        stats = ParseStats(
+            lines=self.lines, entries=entries, v4=len(self.v4), v6=len(self.v6),
+            host_bits_normalised=self.normalised, invalid=self.invalid, skipped=self.skipped,
+            invalid_samples=tuple(self.samples),
+        )
+        if self.invalid and (entries == 0 or self.invalid > max_invalid_share * (entries + self.invalid)):
+            sample = f" (first: {self.samples[0]})" if self.samples else ""
+            raise FeedFormatError(
+                f"not a list of addresses: {self.invalid} of {entries + self.invalid} entries are not an "
+                f"address or CIDR{sample}"
+            )
+        return ParseResult(self.v4, self.v6, stats)
+
+
+# -- bodies -----------------------------------------------------------------------------------------------
+
+
+def parse_feed(body: bytes | str, format: str = "plain", column: int | str = 0, *,
+               max_invalid_share: float = 0.5) -> ParseResult:
+    """Parse a whole feed body. Raises `FeedFormatError` if the body as a whole is not a list."""
+    text = _decode(body)
+    if _looks_like_markup(text):
+        raise FeedFormatError("the body is an HTML/XML page, not a list (an error page or a login portal?)")
+    if format == "plain":
+        out = _parse_plain(text)
+    elif format == "csv":
+        out = _parse_csv(text, column)
+    elif format == "json":
+        out = _parse_json(text, column)
+    else:
+        raise ValueError(f"unknown feed format {format!r} (expected one of {', '.join(FORMATS)})")
+    return out.result(max_invalid_share)
+
+
+def _decode(body: bytes | str) -> str:
+    text = body if isinstance(body, str) else body.decode("utf-8", errors="replace")
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def _looks_like_markup(text: str) -> bool:
+    head = text[:2048].lstrip().lower()
+    if head.startswith("<"):
+        return True
+    return any(tag in head for tag in ("<html", "<!doctype", "<body", "<head>"))
+
+
+def _parse_plain(text: str) -> _Collector:
+    c = _Collector()
+    v4, v6 = c.v4, c.v6
+    o0, o1, o2, o3, p4, m4 = _OCT0, _OCT1, _OCT2, _OCT3, _PLEN4, _MASK4
+    n = 0
+    for n, raw in enumerate(_lines(text), 1):
+        line = raw
+        cut = line.find("#")
+        if cut >= 0:
+            line = line[:cut]
+        cut = line.find(";")
+        if cut >= 0:
+            line = line[:cut]
+        s = line.strip()
+        if not s:
+            c.skipped += 1
+            continue
+        # Inlined IPv4 fast path of parse_entry: this loop is where a million-line feed spends its time.
+        ip, slash, plen_text = s.partition("/")
+        parts = ip.split(".")
+        if len(parts) == 4:
+            try:
+                value = o3[parts[0]] | o2[parts[1]] | o1[parts[2]] | o0[parts[3]]
+                plen = p4[plen_text] if slash else 32
+            except KeyError:
+                pass
+            else:
+                net = value & m4[plen]
+                v4.append(net << 8 | (32 - plen))
+                if net != value:
+                    c.normalised += 1
+                continue
+        got = parse_entry(s)
+        if got is None:
+            c.bad(s, f"line {n}")
+        else:
+            (v4 if got[0] == 4 else v6).append(got[1])
+            if got[2]:
+                c.normalised += 1
+    c.lines = n
+    return c
+
+
+def _lines(text: str, chunk: int = 1 << 20) -> Iterator[str]:
+    """`text.splitlines()`, a megabyte at a time: a million-line feed never has all its lines alive at once.
+
+    Chunks end just after a `\n`, so no line separator (not even `\r\n`) is cut in two.
+    """
+    start, size = 0, len(text)
+    while start < size:
+        end = text.find("\n", min(start + chunk, size))
+        end = size if end < 0 else end + 1
+        yield from text[start:end].splitlines()
+        start = end
+
+
+def _sniff_delimiter(text: str) -> str:
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        if "\t" in s:
+            return "\t"
+        if ";" in s and "," not in s:
+            return ";"
+        return ","
+    return ","
+
+
+def _parse_csv(text: str, column: int | str) -> _Collector:
+    c = _Collector()
+    delimiter = _sniff_delimiter(text)
+    if isinstance(column, int) and column < 0:
+        raise ValueError("a CSV column index cannot be negative")
+    index: int | None = column if isinstance(column, int) else None
+    want = column.strip().lower() if isinstance(column, str) else ""
+    seen_data = False
+    for n, line in enumerate(text.splitlines(), 1):
+        c.lines = n
+        stripped = line.strip()
+        if not stripped:
+            c.skipped += 1
+            continue
+        if stripped.startswith("#"):
+            c.skipped += 1
+            if index is None:  # a commented-out header, as abuse.ch writes it
+                index = _header_index(_split_row(stripped.lstrip("#"), delimiter), want)
+            continue
+        row = _split_row(line, delimiter)
+        if index is None:
+            index = _header_index(row, want)
+            if index is None:
+                raise FeedFormatError(f"no column named {column!r} in the CSV header {row!r}")
+            c.skipped += 1
+            seen_data = True
+            continue
+        cell = row[index].strip() if index < len(row) else ""
+        if not seen_data and isinstance(column, int) and parse_entry(cell) is None:
+            seen_data = True
+            c.skipped += 1  # a header row above an index-addressed column
+            continue
+        seen_data = True
+        c.add(cell, f"line {n}")
+    return c
+
+
+def _split_row(line: str, delimiter: str) -> list[str]:
+    """One CSV line (quoted fields spanning lines do not occur in address feeds)."""
+    return next(csv.reader([line], delimiter=delimiter), [])
+
+
+def _header_index(header: list[str], want: str) -> int | None:
+    for i, name in enumerate(header):
+        if name.strip().strip('"').lower() == want:
+            return i
+    return None
+
+
+def _parse_json(text: str, column: int | str) -> _Collector:
+    c = _Collector()
+    items = _json_items(text)
+    key = column if isinstance(column, str) else None
+    for n, item in enumerate(items, 1):
+        c.lines += 1
+        if isinstance(item, str):
+            c.add(item, f"item {n}")
+        elif isinstance(item, dict):
+            if key is None:
+                raise FeedFormatError("the JSON list holds objects: set column: to the key of the address")
+            value = item.get(key)
+            if value is None:
+                c.skipped += 1  # a metadata record, not an entry
+            elif isinstance(value, str):
+                c.add(value, f"item {n}")
+            else:
+                c.bad(repr(value), f"item {n}")
+        else:
+            c.bad(repr(item), f"item {n}")
+    return c
+
+
+def _json_items(text: str) -> Iterable[Any]:
+    stripped = text.strip()
+    if not stripped:
+        return []
+    try:
+        doc = json.loads(stripped)
+    except ValueError:
+        return list(_ndjson(stripped))
+    if isinstance(doc, list):
+        return doc
+    if isinstance(doc, dict | str):  # a one-line NDJSON document
+        return [doc]
+    raise FeedFormatError(f"a JSON feed must be a list, got {type(doc).__name__}")
+
+
+def _ndjson(text: str) -> Iterator[Any]:
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except ValueError as exc:
+            raise FeedFormatError(f"not JSON (line {n}: {exc})") from None
