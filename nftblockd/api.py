@@ -47,6 +47,7 @@ class ControlAPI:
         self._status_extra = status_extra
         self._feeds = feeds
         self._feeds_refresh = feeds_refresh
+        self._feed_owned: set[str] = set()
 
     async def __call__(self, cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
         parsed = parse_args(cmd, args)
@@ -75,8 +76,16 @@ class ControlAPI:
             return await self._feeds_refresh(parsed.name)
         raise ControlError("bad_request", f"unknown command {cmd!r}")
 
-    def _blocklist(self, name: str | None) -> str:
+    def set_feeds(self, status: Callable[[], list[dict[str, Any]]],
+                  refresh: Callable[[str], Awaitable[dict[str, Any]]], owned: set[str]) -> None:
+        self._feeds = status
+        self._feeds_refresh = refresh
+        self._feed_owned = owned
+
+    def _blocklist(self, name: str | None, *, writing: bool = False) -> str:
         bl = name or self.default_blocklist
+        if writing and bl in self._feed_owned:
+            raise ControlError("unknown_set", f"blocklist {bl!r} is managed by feeds; ban into another blocklist")
         try:
             self.enforcer.cfg.blocklist(bl)
         except KeyError:
@@ -85,7 +94,7 @@ class ControlAPI:
         return bl
 
     async def ban(self, a: BanArgs) -> dict[str, Any]:
-        blocklist = self._blocklist(a.blocklist)
+        blocklist = self._blocklist(a.blocklist, writing=True)
         if len(a.items) >= BULK_THRESHOLD and len({(i.timeout, i.reason, i.jail) for i in a.items[:1000]}) == 1 \
                 and len({(i.timeout, i.reason, i.jail) for i in a.items}) == 1:
             return await self.ban_bulk(a, blocklist)

@@ -271,6 +271,11 @@ class _Builder:
             log_level=self.log_level(top),
             lines=self.doc.lines,
         )
+        owned = {f.blocklist for f in cfg.feeds}
+        for j in cfg.jails:
+            if j.blocklist in owned:
+                self.fail(("jails", j.name, "blocklist"), f"blocklist {j.blocklist!r} is filled by feeds (its sets "
+                          "hold exactly the feeds' entries); give the jail another blocklist")
         if self.problems:
             raise ConfigError(self.problems)
         return cfg

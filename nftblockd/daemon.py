@@ -30,6 +30,7 @@ from .enforcer import Enforcer
 from .bans import Outcome
 from .enforcer import Result
 from .events import Ban, Decision, IPAddr, IPNet, Unban
+from .feeds import FeedManager
 from .jails import JailRunner
 from .matcher import Filter, FilterError, load_filter
 from .sources.base import MemoryPositionStore
@@ -118,8 +119,13 @@ class Daemon:
                                  persist=self.persist, on_change=self._changed)
         self.tracker = Tracker.from_config(cfg, self._own)
         self.jails: list[JailRunner] = []
+        self.feeds = FeedManager(cfg, self.enforcer, Path(cfg.state_dir) / "feeds", self.metrics) \
+            if cfg.feeds else None
+
         self.api = ControlAPI(self.enforcer, default_blocklist=self._default_blocklist(cfg),
                               status_extra=self._status_extra)
+        if self.feeds is not None:
+            self.api.set_feeds(self.feeds.status, self.feeds.refresh, self.feeds.blocklists())
         self.server: ControlServer | None = None
         self._hooks: list[Callable[[], Awaitable[None]]] = []
         self.watch_interval = 0.5
@@ -169,6 +175,9 @@ class Daemon:
         batcher = asyncio.create_task(self.enforcer.batcher.run(batcher_stop))
         try:
             restored = await self.restore()
+            if self.feeds is not None:
+                self.notifier.status("loading cached feeds")
+                restored += await self.feeds.load_caches()
         finally:
             batcher_stop.set()
             await batcher
@@ -190,6 +199,8 @@ class Daemon:
                 tg.create_task(watchdog_loop(self.notifier, self.stop, self._healthy), name="watchdog")
                 jail_tasks = [tg.create_task(j.run(), name=f"jail-{j.jail.name}") for j in self.jails]
                 tg.create_task(self._housekeeping(), name="housekeeping")
+                if self.feeds is not None:
+                    tg.create_task(self.feeds.run(self.stop), name="feeds")
                 await self._sources_ready()
                 self.notifier.ready(f"enforcing: {restored} bans restored, {len(self.jails)} jails, "
                                     f"table inet {self.plan.table}")

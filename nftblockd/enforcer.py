@@ -77,6 +77,13 @@ def describe_errno(errno: int, text: str, set_name: str, size: int | None) -> tu
     return "unavailable", f"the kernel refused it: {os.strerror(errno)}" + (f" ({text})" if text else "")
 
 
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    added: int
+    removed: int
+    failed: int
+
+
 @dataclass(slots=True)
 class BulkResult:
     changes: list[BulkChange] = field(default_factory=list)
@@ -266,6 +273,44 @@ class Enforcer:
                        sum(len(c.unchanged) for c in changes), len(out.failed),
                        extra={"jail": jail or origin, "origin": origin})
         return out
+
+    async def sync_sets(self, desired: dict[str, list[int]], until: float | None, *, reason: str = "",
+                        origin: str = "feed") -> SyncResult:
+        """Make whole sets equal `desired` (feed-owned sets) as ONE transaction of deletions and additions.
+
+        Goes straight to the kernel thread rather than through the batcher, whose windows would split a
+        large delta into several transactions. Kept entries are re-sent with the new end when there is one
+        (so a daily feed's timeouts are refreshed, not left to expire together).
+        """
+        now = time.time()
+        groups: list[Group] = []
+        changes: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        async with self._lock:
+            for name, keys in desired.items():
+                added, removed, kept = self.state.replace_set(name, keys, until, origin=origin, reason=reason,
+                                                              refresh=until is not None)
+                changes[name] = (added, removed, kept)
+                until_ms = None if until is None else int(until * 1000)
+                if removed:
+                    groups.append(Group(name, removed, [DELETE] * len(removed)))
+                adds = added + (kept if until is not None else [])
+                if adds:
+                    spec_new = OpSpec(True, until_ms, "")
+                    spec_kept = OpSpec(True, until_ms, "", True)
+                    groups.append(Group(name, adds, [spec_new] * len(added) + [spec_kept] * (len(adds) - len(added))))
+            res = await self.kernel(self._writer().apply, groups, int(now * 1000)) if groups else None
+        failed = 0
+        if res is not None:
+            self.generation = self._writer().sock.generation
+            for (name, key), (errno, text) in res.failed.items():
+                self.state.forget(name, key)
+                failed += 1
+                self.counters.kernel_errors[errno] = self.counters.kernel_errors.get(errno, 0) + 1
+            if self.metrics is not None and res.elements_sent:
+                self.metrics.batch_seconds.observe(res.seconds)
+                self.metrics.batch_elements.observe(res.elements_sent)
+        return SyncResult(sum(len(c[0]) for c in changes.values()), sum(len(c[1]) for c in changes.values()),
+                          failed)
 
     async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]]) -> list[tuple[str, list[int], list[int]]]:
         async with self._lock:

@@ -1,0 +1,140 @@
+"""Threat feeds in the daemon: fetchers → union per blocklist → aggregate → one atomic kernel delta.
+
+A blocklist that a feed targets belongs to its feeds: its four sets hold exactly the aggregate of those
+feeds' last good copies (exact addresses in the hash sets, ranges in the interval sets). Each change is
+applied as ONE netlink transaction of deletions and additions, so there is never a moment with old entries
+gone and new ones not yet in. At start, cached copies are applied before READY, so a reboot without network
+still protects the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .aggregate import Aggregate, Sanitised, aggregate
+from .config import Config
+from .enforcer import Enforcer
+from .metrics import Metrics
+from .ruleset import set_name
+from .sources.feed import FeedError, FeedFetcher, FeedUpdate
+
+log = logging.getLogger("nftblockd.feeds")
+
+
+def _desired(agg: Aggregate, blocklist: str) -> dict[str, list[int]]:
+    """Set name -> keys in the ban state's formats (address ints; start << 8 | prefixlen for ranges)."""
+    out: dict[str, list[int]] = {}
+    for version, packed_list, bits in ((4, agg.v4, 32), (6, agg.v6, 128)):
+        hosts = []
+        ranges = []
+        for p in packed_list:
+            hostbits = p & 0xFF
+            start = p >> 8
+            if hostbits == 0:
+                hosts.append(start)
+            else:
+                ranges.append((start << 8) | (bits - hostbits))
+        out[set_name(blocklist, version, False)] = hosts
+        out[set_name(blocklist, version, True)] = ranges
+    return out
+
+
+class FeedManager:
+    def __init__(self, cfg: Config, enforcer: Enforcer, cache_dir: Path, metrics: Metrics | None = None) -> None:
+        self.cfg = cfg
+        self.enforcer = enforcer
+        self.metrics = metrics
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        allow = enforcer.allow.networks
+        self.fetchers = {f.name: FeedFetcher(f, cache_dir, allow=allow) for f in cfg.feeds}
+        self.latest: dict[str, Sanitised] = {}
+        self._timeouts = {f.name: f.ban_timeout for f in cfg.feeds}
+        self._sync_lock = asyncio.Lock()
+        self.syncs = 0
+        self.last_sync: dict[str, dict[str, Any]] = {}
+
+    def blocklists(self) -> set[str]:
+        return {f.blocklist for f in self.cfg.feeds}
+
+    async def load_caches(self) -> int:
+        """Apply every feed's cached copy (before READY). Returns the elements installed."""
+        for name, f in self.fetchers.items():
+            upd = await f.load_cache()
+            if upd is not None:
+                self.latest[name] = upd.sanitised
+        total = 0
+        for bl in sorted(self.blocklists()):
+            total += await self.sync(bl)
+        return total
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for f in self.fetchers.values():
+                tg.create_task(f.run(self.on_update, stop), name=f"feed-{f.cfg.name}")
+
+    async def on_update(self, upd: FeedUpdate) -> None:
+        self.latest[upd.name] = upd.sanitised
+        if self.metrics is not None:
+            self.metrics.feed_fetch.labels(upd.name, upd.origin).inc()
+        await self.sync(upd.blocklist)
+
+    async def sync(self, blocklist: str) -> int:
+        """Make the blocklist's sets equal the aggregate of its feeds; one transaction."""
+        async with self._sync_lock:
+            feeds = [f.name for f in self.cfg.feeds if f.blocklist == blocklist]
+            parts = [self.latest[n] for n in feeds if n in self.latest]
+            t0 = time.perf_counter()
+            agg = aggregate(parts)
+            timeouts = [self._timeouts[n] for n in feeds]
+            ban_timeout = None if any(t is None for t in timeouts) else max(t for t in timeouts if t is not None)
+            until = None if ban_timeout is None else time.time() + ban_timeout
+            desired = _desired(agg, blocklist)
+            res = await self.enforcer.sync_sets(desired, until, reason="feeds " + ", ".join(feeds))
+            self.syncs += 1
+            self.last_sync[blocklist] = {"at": time.time(), "seconds": round(time.perf_counter() - t0, 4),
+                                         "added": res.added, "removed": res.removed, "failed": res.failed,
+                                         "entries": len(agg)}
+            log.info("feeds -> blocklist %s: %d entries (%d added, %d removed, %d refused) in %.3fs", blocklist,
+                     len(agg), res.added, res.removed, res.failed, time.perf_counter() - t0)
+            return len(agg)
+
+    def status(self) -> list[dict[str, Any]]:
+        out = []
+        now = time.time()
+        for name, f in self.fetchers.items():
+            st = f.status()
+            d = {
+                "name": name, "blocklist": st.blocklist, "source": st.source, "entries": st.entries,
+                "last_success": st.last_success, "last_attempt": st.last_attempt,
+                "next_refresh": st.next_refresh, "error": st.error,
+                "pending_shrink": asdict(st.pending_shrink) if st.pending_shrink else None,
+                "counters": asdict(st.counters),
+            }
+            out.append(d)
+            if self.metrics is not None:
+                self.metrics.feed_entries.labels(name).set(st.entries)
+                if st.last_success is not None:
+                    self.metrics.feed_age.labels(name).set(now - st.last_success)
+        return out
+
+    async def refresh(self, name: str) -> dict[str, Any]:
+        f = self.fetchers.get(name)
+        if f is None:
+            from .control.protocol import ControlError
+            raise ControlError("not_found", f"no feed named {name!r} (feeds: {', '.join(self.fetchers) or 'none'})")
+        try:
+            upd = await f.fetch()
+            if self.metrics is not None:
+                self.metrics.feed_fetch.labels(name, "ok" if upd else "unchanged").inc()
+        except FeedError:
+            if self.metrics is not None:
+                self.metrics.feed_fetch.labels(name, "error").inc()
+            upd = None
+        if upd is not None:
+            await self.on_update(upd)
+        return {"feed": next(d for d in self.status() if d["name"] == name)}
