@@ -180,8 +180,12 @@ class KernelWriter:
     def apply(self, groups: Sequence[Group], now_ms: int | None = None) -> ApplyResult:
         """Apply ops in as few transactions as possible; see the module docstring for the guarantees."""
         t0 = time.perf_counter()
-        res = ApplyResult()
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        fast = self._apply_uniform(groups, now_ms)
+        if fast is not None:
+            fast.seconds = time.perf_counter() - t0
+            return fast
+        res = ApplyResult()
         # flat, parallel arrays: op i is (names[i], keys[i], specs[i])
         names: list[str] = []
         keys: list[int] = []
@@ -251,6 +255,47 @@ class KernelWriter:
                 live = [i for i in live if i not in drop]
         res.seconds = time.perf_counter() - t0
         return res
+
+    def _apply_uniform(self, groups: Sequence[Group], now_ms: int) -> ApplyResult | None:
+        """Bulk fast path: every group targets a hash set and shares one op (bulk bans, feed hosts, restores).
+
+        One transaction, no per-element bookkeeping. Returns None when the path does not apply, or when the
+        kernel refused something: the general path then finds the offenders and applies the rest.
+        """
+        msgs: list[bytes] = []
+        n = 0
+        del_type = m.NFT_MSG_DESTROYSETELEM if self.features.destroy else m.NFT_MSG_DELSETELEM
+        # deletes first, as in the general path (a delete and an add of one key never share a batch here:
+        # the batcher coalesces them)
+        ordered = sorted(groups, key=lambda g: bool(g.specs and g.specs[0].add))
+        for g in ordered:
+            if not g.keys:
+                continue
+            spec = self._specs.get(g.set_name)
+            s0 = g.specs[0]
+            if spec is None or spec.interval or g.specs.count(s0) != len(g.specs) or s0.comment:
+                return None
+            if s0.add and s0.existed and not self.features.timeout_update:
+                return None  # refresh needs destroy + add: the general path does it
+            if not s0.add and not self.features.destroy:
+                return None  # plain DELSETELEM fails on absent elements: the general path drops them
+            timeout = None
+            if s0.add and s0.until_ms is not None:
+                timeout = s0.until_ms - now_ms
+                if timeout <= 0:
+                    return None
+            msg_type = m.NFT_MSG_NEWSETELEM if s0.add else del_type
+            flags = ADD_FLAGS if s0.add else m.NLM_F_REQUEST
+            msgs += m.uniform_hash_messages(msg_type, m.NFPROTO_INET, self.plan.table, g.set_name, g.keys,
+                                            spec.key_len, timeout, self.features.timeout_update and s0.add,
+                                            self.sock.next_seq(len(g.keys) + 1), flags)
+            n += len(g.keys)
+        if not msgs:
+            return None
+        out = self.sock.transact(msgs)
+        if not out.committed:
+            return None
+        return ApplyResult(committed_ops=n, transactions=1, elements_sent=n)
 
     def _encode(self, names: list[str], keys: list[int], specs: list[OpSpec], live: Sequence[int], now_ms: int,
                 no_replace: set[int]) -> tuple[list[m.SetMessage], dict[int, _Where]]:

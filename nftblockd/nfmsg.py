@@ -262,6 +262,32 @@ def encode_hash_elements(keys: Sequence[bytes], timeouts_ms: Sequence[int | None
     return out
 
 
+def uniform_hash_messages(msg_type: int, family: int, table: str, set_name: str, keys: Sequence[int],
+                          key_len: int, timeout_ms: int | None, refresh: bool, seq_start: int,
+                          flags: int) -> list[bytes]:
+    """Messages for many hash-set elements that share one timeout: the bulk fast path.
+
+    Every element has the same length, so message boundaries are arithmetic and each element is one
+    concatenation of a shared head, its key and a shared tail (no per-element attribute encoding).
+    """
+    tail = b"" if timeout_ms is None else _timeout_attrs(timeout_ms, refresh)
+    key_nest_len = 8 + key_len
+    elem_len = 4 + key_nest_len + len(tail)
+    head = _NLA.pack(elem_len, NFTA_LIST_ELEM | NLA_F_NESTED) + _NLA.pack(
+        key_nest_len, NFTA_SET_ELEM_KEY | NLA_F_NESTED) + _NLA.pack(4 + key_len, NFTA_DATA_VALUE)
+    per_msg = (MAX_NEST - 4) // elem_len
+    head_attrs = strz(NFTA_SET_ELEM_LIST_TABLE, table) + strz(NFTA_SET_ELEM_LIST_SET, set_name)
+    out = []
+    seq = seq_start
+    for i in range(0, len(keys), per_msg):
+        part = keys[i: i + per_msg]
+        elems = b"".join([head + k.to_bytes(key_len, "big") + tail for k in part])
+        body = head_attrs + _NLA.pack(4 + len(elems), NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED) + elems
+        out.append(message(msg_type, flags, seq, family, body))
+        seq += 1
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class SetMessage:
     """One element message plus, for each element nest it carries, the index of the op it came from and the
