@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import record  # noqa: E402
-from nftblockd.control.client import ControlClient  # noqa: E402
-from tests.helpers.daemon import DaemonProc  # noqa: E402
-from tests.helpers.netns import NetNS  # noqa: E402
+from bench.common import record
+from nftblockd.control.client import ControlClient
+from tests.helpers.daemon import DaemonProc
+from tests.helpers.netns import NetNS
 
 N = int(os.environ.get("NFTBLOCK_BENCH_E2E_N", "10000"))
 F2B_N = int(os.environ.get("NFTBLOCK_BENCH_F2B_N", "1000"))

@@ -12,7 +12,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,15 +19,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import record  # noqa: E402
-from nftblockd.allowlist import Allowlist  # noqa: E402
-from nftblockd.config import parse_config  # noqa: E402
-from nftblockd.enforcer import Enforcer  # noqa: E402
-from nftblockd.kernel import KernelWriter  # noqa: E402
-from nftblockd.netlink import NftSocket  # noqa: E402
-from nftblockd.ruleset import plan_ruleset  # noqa: E402
-from tests.helpers.daemon import DaemonProc  # noqa: E402
-from tests.helpers.netns import NetNS, inside  # noqa: E402
+from bench.common import record
+from nftblockd.allowlist import Allowlist
+from nftblockd.config import parse_config
+from nftblockd.enforcer import Enforcer
+from nftblockd.kernel import KernelWriter
+from nftblockd.netlink import NftSocket
+from nftblockd.ruleset import plan_ruleset
+from tests.helpers.daemon import DaemonProc
+from tests.helpers.netns import NetNS, inside
 
 ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_ROUNDS", "3"))
 CONFIG = "blocklists: {default: {timeout: 1h, size: 2000000}}\nallowlist_self: false\nreconcile: {interval: 1h}\n"

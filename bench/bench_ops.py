@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import record  # noqa: E402
-from tests.helpers.daemon import DaemonProc  # noqa: E402
-from tests.helpers.netns import NetNS, inside  # noqa: E402
+from bench.common import record
+from tests.helpers.daemon import DaemonProc
+from tests.helpers.netns import NetNS, inside
 
 N = int(os.environ.get("NFTBLOCK_BENCH_OPS_N", "1000000"))
 CONFIG = """

@@ -110,7 +110,7 @@ class ControlAPI:
                 refused.append({"target": item.target, "code": "invalid_address", "message": str(exc)})
                 continue
             timeout = default_timeout if item.timeout is BLOCKLIST_DEFAULT else item.timeout
-            until = None if timeout is None else now + float(timeout)  # type: ignore[arg-type]
+            until = None if timeout is None else now + float(timeout)
             origin = "fail2ban" if a.origin == "fail2ban" else "cli"
             decisions.append(Ban(target, blocklist, until, origin, item.reason, item.jail))  # type: ignore[arg-type]
             comment = comment or item.reason
@@ -135,7 +135,7 @@ class ControlAPI:
         default_timeout = self.enforcer.cfg.blocklist(blocklist).timeout
         timeout = default_timeout if first.timeout is BLOCKLIST_DEFAULT else first.timeout
         now = time.time()
-        until = None if timeout is None else now + float(timeout)  # type: ignore[arg-type]
+        until = None if timeout is None else now + float(timeout)
         keys: dict[int, list[int]] = {4: [], 6: []}
         texts: dict[int, dict[int, str]] = {4: {}, 6: {}}  # answer with the caller's own spelling
         rest = []
@@ -162,10 +162,10 @@ class ControlAPI:
         applied: list[str] = []
         for c in res.changes:
             version = 4 if c.set_name.endswith("4") else 6
-            t = texts[version]
+            spelled = texts[version]
             for part in (c.new, c.extended, c.unchanged):
-                applied += [t[k] for k in part if (version, k) not in failed_keys] if failed_keys else map(
-                    t.__getitem__, part)
+                applied += [spelled[k] for k in part if (version, k) not in failed_keys] if failed_keys \
+                    else map(spelled.__getitem__, part)
         out: dict[str, Any] = {"applied": applied, "refused": refused}
         if rest:
             more = await self.ban(BanArgs(tuple(rest), blocklist, a.origin)) if len(rest) < BULK_THRESHOLD \
@@ -229,18 +229,18 @@ class ControlAPI:
         removed: dict[str, None] = {}
         for bl in blocklists:
             for set_name, gone, _missing in await self.enforcer.unban_hosts(bl, keys):
-                t = texts[4 if set_name.endswith("4") else 6]
-                removed.update(dict.fromkeys(t[k] for k in gone))
+                spelled = texts[4 if set_name.endswith("4") else 6]
+                removed.update(dict.fromkeys(spelled[k] for k in gone))
         out: dict[str, Any] = {"removed": list(removed), "not_found": [
             t for v in (4, 6) for t in texts[v].values() if t not in removed]}
         for i in range(0, len(rest), BULK_THRESHOLD - 1):
             more = await self.unban(UnbanArgs(tuple(rest[i:i + BULK_THRESHOLD - 1]), a.blocklist))
             out["removed"] += more["removed"]
             out["not_found"] += more["not_found"]
-            for key in ("messages", "refused"):
-                if key in more:
-                    out.setdefault(key, {} if key == "messages" else []).__iadd__(more[key]) if key == "refused" \
-                        else out.setdefault(key, {}).update(more[key])
+            if "messages" in more:
+                out.setdefault("messages", {}).update(more["messages"])
+            if "refused" in more:
+                out.setdefault("refused", []).extend(more["refused"])
         return out
 
     def list(self, a: ListArgs) -> dict[str, Any]:

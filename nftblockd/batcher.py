@@ -17,13 +17,14 @@ per-op failures, so `nftblock ban` can return only when the set really holds the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from .bans import DELETE, OpSpec, SetOp
+from .bans import OpSpec, SetOp
 
 log = logging.getLogger("nftblockd.batcher")
 
@@ -33,10 +34,7 @@ Key = tuple[str, int]
 def merge(old: OpSpec, new: OpSpec) -> OpSpec | None:
     """The coalescing rule for one element; None = the two cancel out."""
     if old.add and new.add:
-        if old.until_ms is None or new.until_ms is None:
-            until = None
-        else:
-            until = max(old.until_ms, new.until_ms)
+        until = None if old.until_ms is None or new.until_ms is None else max(old.until_ms, new.until_ms)
         return OpSpec(True, until, new.comment or old.comment, old.existed or new.existed)
     if old.add:  # then delete
         return new if old.existed else None
@@ -240,10 +238,8 @@ class Batcher:
                 wait = self._first_at + self.delay - time.monotonic()
                 if wait > 0:
                     self._wake.clear()
-                    try:
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), wait)
-                    except TimeoutError:
-                        pass
                     if len(self._pending) < self.max_ops and time.monotonic() < self._first_at + self.delay:
                         continue
             await self.flush_once()

@@ -71,7 +71,7 @@ class BatchConfig:
 
 @dataclass(frozen=True, slots=True)
 class Escalation:
-    """bantime × factor^(previous bans) up to `max` (recidive-style growth)."""
+    """bantime x factor^(previous bans) up to `max` (recidive-style growth)."""
 
     factor: float = 2.0
     max: float = 7 * 86400.0
@@ -365,7 +365,7 @@ class _Builder:
         if listen is not None and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[0-9.]+|localhost):\d{1,5}", listen):
             self.fail(("metrics", "listen"), f"expected ADDRESS:PORT such as 127.0.0.1:9789, got {listen!r}")
             return None
-        return listen
+        return str(listen) if listen is not None else None
 
     def blocklists(self, value: Any) -> tuple[BlocklistConfig, ...]:
         if value is None:
@@ -516,7 +516,7 @@ class _Builder:
 
 def is_allowlisted(allow: tuple[IPNet, ...], net: IPNet) -> bool:
     """True if `net` overlaps any allowlisted network (a ban touching an allowed range is refused)."""
-    return any(a.version == net.version and a.overlaps(net) for a in allow)  # type: ignore[arg-type]
+    return any(a.version == net.version and a.overlaps(net) for a in allow)
 
 
 __all__ = [

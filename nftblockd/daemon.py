@@ -9,37 +9,35 @@ the cheap kernel generation check and the periodic reconcile.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
-
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from .allowlist import Allowlist, build_allowlist
 from .api import ControlAPI
+from .bans import Outcome
 from .config import Config, ConfigError, Problem, load_config
 from .control.server import ControlServer
-from .enforcer import Enforcer
-from .bans import Outcome
-from .enforcer import Result
+from .enforcer import Enforcer, Result
 from .events import Ban, Decision, IPAddr, IPNet, Unban
 from .feeds import FeedManager
 from .jails import JailRunner
-from .matcher import Filter, FilterError, load_filter
-from .sources.base import MemoryPositionStore
-from .store import BanRow, Store, StoreError, StoreProblem, unpack_target
-from .tracker import BanRecord, Tracker
 from .kernel import KernelWriter
+from .matcher import Filter, FilterError, load_filter
 from .metrics import Metrics, MetricsServer
 from .ruleset import plan_ruleset
 from .sdnotify import Notifier, watchdog_loop
+from .sources.base import MemoryPositionStore
+from .store import BanRow, Store, StoreError, StoreProblem, unpack_target
+from .tracker import BanRecord, Tracker
 
 log = logging.getLogger("nftblockd")
 T = TypeVar("T")
@@ -222,18 +220,18 @@ class Daemon:
         log.info("stopped; %d bans stay in the kernel and expire there", len(self.enforcer.state))
         return 0
 
-    async def _sources_ready(self, timeout: float = 30.0) -> None:
+    async def _sources_ready(self, limit: float = 30.0) -> None:
         """READY=1 means log lines written from now on will be seen: wait for every source's watches."""
         events = [s.ready for j in self.jails for s in j.sources]
         if not events:
             return
         waits = [asyncio.ensure_future(e.wait()) for e in events]
-        done, pending = await asyncio.wait(waits, timeout=timeout)
+        _done, pending = await asyncio.wait(waits, timeout=limit)
         for w in pending:
             w.cancel()
         if pending:
             log.warning("%d log sources were not ready after %.0fs; continuing without waiting", len(pending),
-                        timeout)
+                        limit)
 
     def _status_extra(self) -> dict[str, Any]:
         jails = []
@@ -243,7 +241,8 @@ class Daemon:
                           "ignored": st.ignored, "rejected": st.rejected, "failures": st.failures,
                           "bans": st.bans, "already_banned": st.already_banned, "allowlisted": st.allowlisted,
                           "stale": st.stale, "banned_now": self.tracker.banned_count(j.jail.name),
-                          "sources": [{"name": getattr(s, "name", ""), **dataclasses.asdict(s.stats)} for s in j.sources]})
+                          "sources": [{"name": getattr(s, "name", ""), **dataclasses.asdict(s.stats)}
+                                      for s in j.sources]})
         store = None
         if self.store is not None:
             store = {"path": str(Path(self.cfg.state_dir) / "state.db"), "persistent": self.store.persistent}

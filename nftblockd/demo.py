@@ -77,7 +77,7 @@ def main() -> int:
     env = dict(os.environ, NOTIFY_SOCKET=notify_path)
     cli = [sys.executable, "-m", "nftblockd.cli", "--socket", cfg["control"]["socket"]]
     daemon: subprocess.Popen[bytes] | None = None
-    log_file = open(work / "daemon.log", "wb")
+    log_file = open(work / "daemon.log", "wb")  # noqa: SIM115 (the daemon writes to it until the finally)
     try:
         say(f"network namespace {NS} (nothing here touches this machine's own ruleset)")
         run("ip", "netns", "add", NS)

@@ -53,7 +53,7 @@ def format_duration(seconds: float | None) -> str:
         return "permanent"
     if seconds < 1:
         return f"{int(seconds * 1000)}ms"
-    s = int(round(seconds))
+    s = round(seconds)
     out = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if s >= size:

@@ -302,7 +302,7 @@ class Enforcer:
         failed = 0
         if res is not None:
             self.generation = self._writer().sock.generation
-            for (name, key), (errno, text) in res.failed.items():
+            for (name, key), (errno, _text) in res.failed.items():
                 self.state.forget(name, key)
                 failed += 1
                 self.counters.kernel_errors[errno] = self.counters.kernel_errors.get(errno, 0) + 1
@@ -312,7 +312,8 @@ class Enforcer:
         return SyncResult(sum(len(c[0]) for c in changes.values()), sum(len(c[1]) for c in changes.values()),
                           failed)
 
-    async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]]) -> list[tuple[str, list[int], list[int]]]:
+    async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]]
+                          ) -> list[tuple[str, list[int], list[int]]]:
         async with self._lock:
             results = []
             for version, keys in keys_by_version.items():
@@ -327,7 +328,7 @@ class Enforcer:
             deletes: list[tuple[str, IPNet]] = []
             for name, removed, _missing in results:
                 cls = ipaddress.IPv4Network if name.endswith("4") else ipaddress.IPv6Network
-                deletes += [(blocklist, cls(k)) for k in removed]  # type: ignore[misc]
+                deletes += [(blocklist, cls(k)) for k in removed]
             await self.persist([], deletes, [])
         self.counters.unbans += n
         if self.metrics is not None:

@@ -16,8 +16,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from .config import JailConfig
 from .events import Ban, Hit
@@ -47,7 +48,7 @@ class JailStats:
     by_reason: dict[str, int] = field(default_factory=dict)
 
 
-BanSink = Callable[[list[Ban], list[BanRecord], float], Awaitable[None]]
+BanSink = Callable[[list[Ban], list[BanRecord], float], Coroutine[Any, Any, None]]
 
 
 class JailRunner:
@@ -170,7 +171,7 @@ class JailRunner:
                 mx.failures.labels(name).inc(st.failures - self._reported[2])
                 self._reported = (st.matched, st.ignored + st.rejected, st.failures)
         if bans:
-            task = asyncio.get_running_loop().create_task(self.sink(bans, records, arrival))
+            task: asyncio.Task[None] = asyncio.get_running_loop().create_task(self.sink(bans, records, arrival))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
         return outcomes

@@ -45,8 +45,9 @@ class Features:
     timeout_update: bool
 
     def describe(self) -> dict[str, object]:
-        return {"release": "%d.%d" % self.release, "table_owner": self.owner, "table_persist": self.persist,
-                "destroy_setelem": self.destroy, "timeout_update": self.timeout_update}
+        return {"release": f"{self.release[0]}.{self.release[1]}", "table_owner": self.owner,
+                "table_persist": self.persist, "destroy_setelem": self.destroy,
+                "timeout_update": self.timeout_update}
 
 
 @dataclass(slots=True)
@@ -316,13 +317,13 @@ class KernelWriter:
         del_type = m.NFT_MSG_DESTROYSETELEM if self.features.destroy else m.NFT_MSG_DELSETELEM
         refresh = self.features.timeout_update
         for name, (dels, adds) in by_set.items():
-            spec = self._specs[name]
+            set_spec = self._specs[name]
             for msg_type, ids, flags in ((del_type, dels, m.NLM_F_REQUEST), (m.NFT_MSG_NEWSETELEM, adds,
                                                                                   ADD_FLAGS)):
                 if not ids:
                     continue
                 adding = msg_type == m.NFT_MSG_NEWSETELEM
-                encoded = self._encode_elements(spec, keys, specs, ids, now_ms if adding else None, refresh)
+                encoded = self._encode_elements(set_spec, keys, specs, ids, now_ms if adding else None, refresh)
                 parts = m.split_set_messages(msg_type, m.NFPROTO_INET, self.plan.table, name, encoded,
                                              self.sock.next_seq(len(encoded) + 1), flags)
                 for sm in parts:

@@ -3,7 +3,7 @@
 All calls are blocking and must be made from one thread at a time (the daemon runs them on a single worker
 thread). Facts this code relies on are in shared/docs/netlink-notes.md:
 - a batch is processed synchronously inside send(); success means *no* error reply for any of its sequence
-  numbers, which a GETGEN barrier sent right after the batch makes observable (F1.3–F1.5);
+  numbers, which a GETGEN barrier sent right after the batch makes observable (F1.3-F1.5);
 - replies can be lost when the receive buffer overflows (ENOBUFS): we then compare generations (F1.9);
 - a table created with OWNER is bound to this socket's portid, so every write goes through this socket (F7.3).
 """

@@ -7,6 +7,7 @@ UNIX sockets are filesystem objects, so the CLI reaches it from outside the name
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -45,7 +46,7 @@ class DaemonProc:
         env = dict(os.environ, NOTIFY_SOCKET=self.notify_path, PYTHONPATH=str(REPO))
         env.pop("INVOCATION_ID", None)
         env.pop("JOURNAL_STREAM", None)
-        log = open(self.log_path, "ab")
+        log = open(self.log_path, "ab")  # noqa: SIM115 (handed to the child, closed right after)
         self.proc = self.ns.popen(sys.executable, "-m", "nftblockd.daemon_main", "--config", str(self.config_path),
                                   "--socket", self.socket, "--state-dir", self.state_dir, *self.extra_args,
                                   stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -67,10 +68,8 @@ class DaemonProc:
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"daemon exited with {self.proc.returncode}; log:\n{self.log()}")
             self.notify.settimeout(min(left, 0.5))
-            try:
+            with contextlib.suppress(TimeoutError):
                 self.messages.append(self.notify.recv(4096).decode())
-            except TimeoutError:
-                pass
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -62,10 +62,7 @@ def test_fail2ban_bans_land_in_nftblockd_and_unbans_remove_them(netns: NetNS, tm
     d = DaemonProc(netns, tmp_path / "d", "reconcile: {interval: 1h}\n").start()
     log = tmp_path / "auth.log"
     log.write_text("")
-    if kind == "python":
-        action = f"nftblock.py[socket={d.socket}, set=default]"
-    else:
-        action = "nftblock"
+    action = f"nftblock.py[socket={d.socket}, set=default]" if kind == "python" else "nftblock"
     conf = f2b_conf(tmp_path, log, d.socket, action)
     env_path = f"{REPO / '.venv' / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin"
     server = netns.popen("env", f"PATH={env_path}", f"NFTBLOCK_SOCKET={d.socket}", "fail2ban-server", "-f",

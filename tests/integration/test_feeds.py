@@ -53,7 +53,7 @@ def server(netns: NetNS) -> Iterator[tuple[Feeds, int]]:
     feeds = Feeds()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             status, body, ctype = feeds.routes.get(self.path, (404, b"", "text/plain"))
             self.send_response(status)
             self.send_header("Content-Type", ctype)

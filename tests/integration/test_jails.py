@@ -67,13 +67,13 @@ def test_threshold_bans_and_below_threshold_does_not(netns: NetNS, setup: tuple[
     wait_for(lambda: "198.51.100.99" in banned(netns), what="marker ban")
     assert "198.51.100.1" not in banned(netns)
     assert "192.0.2.7" not in banned(netns)  # allowlisted
-    ban = [b for b in d.cli_json("list")["bans"] if b["target"] == "198.51.100.2"][0]
+    ban = next(b for b in d.cli_json("list")["bans"] if b["target"] == "198.51.100.2")
     assert ban["jail"] == "sshd" and ban["origin"] == "jail"
     assert 3500 < ban["expires_in"] <= 3600
 
 
 def test_rotation_by_rename_and_create_misses_nothing(netns: NetNS, setup: tuple[DaemonProc, Path]) -> None:
-    d, log = setup
+    _d, log = setup
     append(log, failures("198.51.100.10", 2))
     os.rename(log, log.with_suffix(".log.1"))
     append(log.with_suffix(".log.1"), failures("198.51.100.11", 3))  # written to the old file after the rename

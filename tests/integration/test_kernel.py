@@ -213,7 +213,7 @@ def test_wrong_set_type_is_a_clear_error(netns: NetNS) -> None:
     netns.run("nft", "-f", "-", input="table inet nftblock {\n set default_ip4 { type ipv6_addr; }\n}\n")
     w = make_writer(netns)
     try:
-        with pytest.raises(KernelStateError, match="default_ip4.*Delete the table"):
+        with pytest.raises(KernelStateError, match=r"default_ip4.*Delete the table"):
             w.setup([])
     finally:
         w.close()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
+import itertools
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftblockd.bans import BanState, Outcome, net_key
+from nftblockd.bans import BanState, Outcome
 from nftblockd.config import parse_config
 from nftblockd.events import Ban, Unban, parse_target
 from nftblockd.ruleset import plan_ruleset
@@ -124,7 +125,7 @@ def test_interval_entries_never_overlap_and_every_accepted_ban_is_enforced(items
             accepted.append((net, NOW + dur))
     ranges = sorted((int(b.target.network_address), int(b.target.broadcast_address))
                     for b in s.iter_bans() if b.target.prefixlen < 32)
-    for (_, e1), (s2, _) in zip(ranges, ranges[1:]):
+    for (_, e1), (s2, _) in itertools.pairwise(ranges):
         assert e1 < s2
     for net, until in accepted:
         cover = s.covering(net, "default")
