@@ -148,7 +148,8 @@ class F2bConfig:
                 continue
             m = _INTERP_RE.match(text, i)
             if m is None:
-                raise FilterError(where, f"'%' must be written '%%' or start %(name)s, near {text[i:i + 20]!r}")
+                raise FilterError(where, f"'%' must be written '%%' or start %(name)s, "
+                                         f"near {text[i:i + 20]!r}")
             ref = self._lookup(m.group(1), section, vars)
             if ref is None:
                 raise FilterError(where, f"%({m.group(1)})s is not defined")

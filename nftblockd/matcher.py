@@ -4,28 +4,35 @@ Pure: no IO except reading filter files when `load_filter` is asked to, never th
 argument), no module-level mutable state. `Filter.match` never raises on input; whatever a log line holds,
 the worst outcome is "no match".
 
-How a line is matched (the order is the speed; see `Filter.match`):
+How a line is matched (the general path, `Filter._general`):
 
-1. Lines longer than MAX_LINE characters are cut: a pathological line cannot stall the loop, and because
-   every line is matched on its own it cannot hide the lines after it.
-2. Prefilter: each failregex has a literal it cannot match without (derived from the regex, or the
-   filter's own `prefilter` list). A line holding none of them is dropped with a few substring searches:
-   nearly every line of a busy log ends here.
+1. Lines longer than MAX_LINE characters are cut and embedded newlines become spaces: a pathological line
+   cannot stall the loop, a record cannot smuggle a second line, and every line is matched on its own, so
+   it cannot hide the lines after it.
+2. Gate: the filter's `prefilter` substrings, or else a literal every failregex needs (derived from the
+   regex). A line holding none of them is dropped with a few substring searches.
 3. The timestamp is found (timestamps.DateParser) and cut out, as fail2ban does, so regexes never see it.
 4. The filter's prefix (fail2ban `prefregex`, or a YAML `prefix`) must match at the start; the regexes
    then see the message after it.
-5. The failregexes whose literal is in the line are tried in order; the first match wins. A match that
-   an ignoreregex also matches is reported as ignored.
+5. Only the failregexes that can start the way the message starts are tried, in order; the first match
+   wins. A match that an ignoreregex also matches is reported as ignored.
 6. The host is taken from the `<HOST>` groups and parsed strictly: IPv4-mapped IPv6 becomes IPv4; DNS
    names, leading-zero octets (`192.030.0.6`) and other non-addresses give `Rejected` (skip and count),
    never a guess and never a DNS lookup.
 
-Regex engine: Python's `re` by default. Every regex is linted for shapes that backtrack super-linearly
-(nested or overlapping unbounded repeats, unanchored scans); a flagged regex runs on RE2 (google-re2,
-linear time) when RE2 can compile it. Measured on this code: RE2 through its Python binding costs 5-8x
-`re` per call on typical log lines, so it is used where it buys safety, not everywhere. The built-in
-filters pass the lint and run on `re`. A flagged regex RE2 cannot compile (lookarounds, back-references,
-conditionals) stays on `re` and only ever sees the first RISKY_LINE characters; `Filter.notes` says so.
+The fast lane (`Filter._fast`, YAML prefixes with the usual syslog / ISO timestamps, i.e. the built-ins on
+their hot path) does the same in two regex calls: timestamp and prefix (an atomic group, so the very match
+the prefix alone gives) in one, then the rules that can start the message joined into one ordered
+alternation (the first alternative that matches is the first rule that matches). The tests run both paths
+over every sample line and require identical results.
+
+Regex engine: Python's `re`, with every regex linted for shapes that backtrack super-linearly (nested or
+overlapping unbounded repeats, unanchored scans); a flagged regex runs on RE2 (google-re2, linear time)
+when RE2 can compile it. Decided by measurement: RE2 through its Python binding costs 5-8x `re` per call
+on log lines, and the sshd benchmark with RE2 for every pattern runs at 1.4x fail2ban against 3.8x with
+this split. The built-in filters are lint-clean on `re`, except two dovecot rules, which run on RE2. A
+flagged regex RE2 cannot compile (lookarounds, back-references, conditionals; or RE2 not installed) stays
+on `re`, only ever sees the first RISKY_LINE characters, and `Filter.notes` says so.
 
 Multi-line filters (fail2ban's `<F-MLFID>` connection ids, `<F-NOFAIL>`, `<F-MLFFORGET>`,
 `<F-MLFGAINED>`) keep their memory in a caller-owned, bounded `MatchContext`, so the filter itself stays
@@ -34,12 +41,14 @@ stateless and shareable.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import ipaddress
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import tzinfo
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
@@ -47,8 +56,20 @@ from .events import IPAddr, normalise_address
 from .timestamps import DateParser, DatePatternError
 
 __all__ = [
-    "MAX_LINE", "RISKY_LINE", "Filter", "FilterDef", "FilterError", "Match", "MatchContext", "Rejected",
-    "RegexSource", "builtin_filters", "compile_filter", "expand_tags", "lint_regex", "load_filter",
+    "MAX_LINE",
+    "RISKY_LINE",
+    "Filter",
+    "FilterDef",
+    "FilterError",
+    "Match",
+    "MatchContext",
+    "RegexSource",
+    "Rejected",
+    "builtin_filters",
+    "compile_filter",
+    "expand_tags",
+    "lint_regex",
+    "load_filter",
     "parse_spec",
 ]
 
@@ -248,6 +269,7 @@ class _Info:
     unbounded: bool = False  # holds an unbounded repeat
     tail: int = 0  # characters by which a match could still be extended at its end (a trailing repeat)
     risk: str | None = None
+    rep: int = 0  # characters its unbounded repeats can take
 
 
 def _casefold_bits(bits: int) -> int:
@@ -293,6 +315,7 @@ def _seq_info(items: Any, icase: bool) -> _Info:
         out.tail = (out.tail | info.tail) if info.nullable else info.tail
         out.nullable = out.nullable and info.nullable
         out.unbounded = out.unbounded or info.unbounded
+        out.rep |= info.rep
     if out.risk is None:
         out.risk = _overlap_risk(infos)
     return out
@@ -309,7 +332,7 @@ def _overlap_risk(infos: list[_Info]) -> str | None:
             continue
         gap = 0
         for b in infos[i + 1:]:
-            if b.unbounded and b.first & reach and (gap & reach) & ~b.chars == 0:
+            if b.unbounded and b.first & reach and (gap & reach) & ~b.rep == 0:
                 return "two repeats in a row can match the same text (quadratic backtracking)"
             if not b.nullable and not b.chars & reach:
                 break  # the repeat cannot run past this item
@@ -352,6 +375,7 @@ def _node_info(op: Any, av: Any, icase: bool) -> _Info:
             out.nullable = out.nullable or info.nullable
             out.unbounded = out.unbounded or info.unbounded
             out.risk = out.risk or info.risk
+            out.rep |= info.rep
         return out
     if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
         lo, hi, sub = av
@@ -362,18 +386,18 @@ def _node_info(op: Any, av: Any, icase: bool) -> _Info:
         if name == "POSSESSIVE_REPEAT":
             tail = 0
         info = _Info(body.chars, body.first, lo == 0 or body.nullable, unbounded or body.unbounded, tail,
-                     body.risk)
+                     body.risk, (body.chars | body.rep) if unbounded else body.rep)
         if info.risk is None and unbounded and name != "POSSESSIVE_REPEAT":
             info.risk = _nested_risk(sub, body, icase)
         return info
     if name == "GROUPREF_EXISTS":
         _gid, yes, no = av
-        a = _seq_info(yes, icase)
-        b = _seq_info(no, icase) if no is not None else _Info()
-        return _Info(a.chars | b.chars, a.first | b.first, a.nullable or b.nullable,
-                     a.unbounded or b.unbounded, a.tail | b.tail, a.risk or b.risk)
+        ya = _seq_info(yes, icase)
+        na = _seq_info(no, icase) if no is not None else _Info()
+        return _Info(ya.chars | na.chars, ya.first | na.first, ya.nullable or na.nullable,
+                     ya.unbounded or na.unbounded, ya.tail | na.tail, ya.risk or na.risk, ya.rep | na.rep)
     # back-references and anything unknown: assume the worst about what they consume
-    return _Info(_ALL, _ALL, True, True, _ALL)
+    return _Info(_ALL, _ALL, True, True, _ALL, None, _ALL)
 
 
 def _nested_risk(sub: Any, body: _Info, icase: bool) -> str | None:
@@ -541,7 +565,7 @@ def _re2_finder(pattern: str) -> Finder | None:
     options.log_errors = False
     try:
         rx = re2.compile(pattern.encode("utf-8", "surrogateescape"), options)
-    except Exception:  # re2.error and pybind errors have no common base  # noqa: BLE001
+    except Exception:  # re2.error and pybind errors have no common base
         return None
     search = rx.search
 
@@ -622,8 +646,17 @@ def parse_host(text: str) -> IPAddr | RejectReason:
 
 @dataclass(slots=True)
 class _Conn:
-    groups: dict[str, Any]
-    users: set[str]
+    """What the lines of one connection said so far (fail2ban keeps the same in a dict of groups)."""
+
+    ip4: str | None
+    ip6: str | None
+    dns: str | None
+    fid: str | None
+    nofail: Any  # the last line was a helper (or a successful login): no failure by itself
+    gained: Any  # the last line was a successful login
+    pending: bool  # a failure without an address waits for a line that names one
+    fields: dict[str, str]  # user and other captures, merged
+    users: set[str] | None  # user names tried (None: not tracked, a line standing alone)
     seen: float
 
 
@@ -647,50 +680,62 @@ class MatchContext:
         return len(self._conns)
 
 
-def _merge_connection(ctx: MatchContext, mlfid: str, fail: dict[str, Any], now: float) -> dict[str, Any]:
-    """Fold one line of a connection into what is known about it (fail2ban's multi-line semantics).
+def _merge_connection(ctx: MatchContext | None, mlfid: str | None, line: _Conn, now: float) -> _Conn:
+    """Fold one line into what is known about its connection (fail2ban's multi-line semantics); returns
+    the state that decides this line.
 
-    A `nofail` line only teaches (e.g. "Connection from <HOST>" gives the address for later lines); a
-    line without an address stays pending until a later line of the connection names one; `mlfforget`
-    (disconnect) ends the connection; `mlfgained` (accepted login) clears pending failures unless the
+    A `nofail` line only teaches (e.g. "Connection from <HOST>" gives the address for later lines); a line
+    without an address stays pending until a later line of the connection names one; `forget`
+    (disconnect) ends the connection; `gained` (accepted login) clears pending failures unless the
     connection already tried more than one user name.
     """
-    gained = fail.get("mlfgained")
-    if gained and not fail.get("nofail"):
-        fail["nofail"] = gained
-    forget = fail.pop("mlfforget", None)
-    user = fail.get("user")
+    if line.gained and not line.nofail:
+        line.nofail = line.gained
+    if mlfid is None or ctx is None:
+        return line
+    forget = line.pending  # the caller passes `mlfforget` in `pending` (a line is never pending itself)
+    line.pending = False
+    user = line.fields.get("user")
     conns = ctx._conns
     conn = conns.get(mlfid)
     if conn is not None and conn.seen < now - ctx.max_age:
         del conns[mlfid]
         conn = None
-    users: set[str] | None = None
     if conn is not None:
-        known = conn.groups
-        if user:
-            conn.users.add(user)
         users = conn.users
-        known.pop("nofail", None)
-        known.pop("mlfgained", None)
-        if gained:
-            known.pop("mlfpending", None)
-        for k, v in fail.items():
-            if v is not None:
-                known[k] = v
-        fail = known
+        if user and users is not None:
+            users.add(user)
+        conn.nofail = line.nofail
+        conn.gained = line.gained
+        if line.gained:
+            conn.pending = False
+        if line.ip4 is not None:
+            conn.ip4 = line.ip4
+        if line.ip6 is not None:
+            conn.ip6 = line.ip6
+        if line.dns is not None:
+            conn.dns = line.dns
+        if line.fid is not None:
+            conn.fid = line.fid
+        if line.fields:
+            conn.fields.update(line.fields)
         conn.seen = now
         if forget:
             del conns[mlfid]
+        state = conn
     elif not forget:
-        users = {user} if user else set()
-        conns[mlfid] = _Conn(fail, users, now)
+        line.users = {user} if user else set()
+        line.seen = now
+        conns[mlfid] = line
         if len(conns) > ctx.max_entries:
             del conns[next(iter(conns))]  # the connection first seen longest ago
-    if fail.pop("mlfpending", None) or (users is not None and len(users) > 1):
-        fail.pop("nofail", None)
-        fail.pop("mlfgained", None)
-    return fail
+        state = line
+    else:
+        state = line
+    if state.pending or (state.users is not None and len(state.users) > 1):
+        state.pending = False
+        state.nofail = state.gained = None
+    return state
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -711,6 +756,11 @@ class _Rule:
     alts: tuple[tuple[str, str], ...]  # (alt_user, user): fail2ban's alternative names
     fields: tuple[str, ...]  # capture names reported in Match.fields
     heads: frozenset[str] | None  # literal starts of the message this rule can match (None: any)
+    names: tuple[str, ...] = ()  # all group names of the regex
+
+    @property
+    def starts(self) -> tuple[str, ...] | None:
+        return tuple(self.heads) if self.heads else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -719,8 +769,54 @@ class _Segment:
     tries alternatives in order, so the first alternative that matches is the first rule that matches."""
 
     rx: re.Pattern[str] | None
-    rules: dict[str, tuple[_Rule, tuple[str, ...], tuple[int, ...]]]  # marker group -> rule, names, indices
+    rules: dict[str, tuple[_Rule, _Plan]]  # marker group -> rule and where its groups are
     single: _Rule | None = None  # a rule that cannot join (RE2, not anchored): tried on its own
+
+
+_FLAGS = ("ip4", "ip6", "dns", "fid", "nofail", "mlfgained", "mlfforget")
+
+
+def _state_from_groups(rule: _Rule, groups: dict[str, Any], now: float) -> _Conn:
+    """One line's groups as connection state (mlfforget travels in `pending`, see _merge_connection)."""
+    get = groups.get
+    fields = {k: v for k, v in groups.items()
+              if isinstance(v, str) and k not in _INTERNAL and not k.startswith(("cond_", "alt_", "_"))}
+    for k, base in rule.alts:
+        v = get(k)
+        if v and not get(base):
+            fields[base] = v
+    return _Conn(get("ip4"), get("ip6"), get("dns"), get("fid"), get("nofail"), get("mlfgained"),
+                 bool(get("mlfforget")), fields, None, now)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Where a fast-lane rule's groups are. `idx` goes to Match.group(*idx) of the rule's regex; the values,
+    followed by the prefix's groups and a None, are then read with two itemgetters (one C call each)."""
+
+    idx: tuple[int, ...]
+    core: Callable[[tuple[Any, ...]], tuple[Any, ...]]  # ip4, ip6, dns, fid, nofail, mlfgained, mlfforget, mlfid
+    field_names: tuple[str, ...]
+    field_values: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None
+    alts: tuple[tuple[str, int], ...]
+
+
+def _plan(rule: _Rule, local: dict[str, int], marker: int, pre_names: tuple[str, ...]) -> _Plan:
+    """Plan for a rule whose own groups sit at `local` group indices of a joined regex; the prefix's groups
+    (`pre_names`, e.g. mlfid) come from the head match. A rule's own group wins over the prefix's, even
+    when it did not take part (fail2ban: the prefix's groups updated by the rule's)."""
+    names = list(local)
+    idx = [local[n] for n in names] + [marker, marker]  # >= 2 indices: Match.group returns a tuple
+    where = {n: i for i, n in enumerate(names)}
+    for i, n in enumerate(pre_names):
+        where.setdefault(n, len(idx) + i)
+    none = len(idx) + len(pre_names) + 3  # the prefix tuple carries _pre, _ds, _di, then the None we add
+    core = itemgetter(*(where.get(k, none) for k in (*_FLAGS, "mlfid")))
+    field_names = tuple(dict.fromkeys(n for n in (*rule.fields, *pre_names)
+                                      if n in where and n not in _INTERNAL and not n.startswith(("cond_", "alt_"))))
+    values = itemgetter(*(where[n] for n in field_names), none) if field_names else None
+    alts = tuple((base, where[k]) for k, base in rule.alts if k in where)
+    return _Plan(tuple(idx), core, field_names, values, alts)
 
 
 class Filter:
@@ -728,9 +824,9 @@ class Filter:
     (which only saves work and never changes a result), so one Filter may serve many jails.
     """
 
-    __slots__ = ("_dates", "_fast_head", "_fast_pre", "_gate", "_heads", "_heads_len", "_hosts", "_ignore",
-                 "_ignore_whole", "_pref", "_rules", "_segments", "_unheaded", "definition", "engines", "name",
-                 "notes", "uses_context")
+    __slots__ = ("_dates", "_fast_by_key", "_fast_head", "_fast_other", "_fast_pre", "_gate", "_heads",
+                 "_heads_len", "_hosts", "_ignore", "_ignore_whole", "_pref", "_rules", "_unheaded",
+                 "definition", "engines", "name", "notes", "uses_context")
 
     def __init__(self, definition: FilterDef, *, tz: tzinfo | None = None, engine: Engine = "auto",
                  fast: bool = True) -> None:
@@ -756,7 +852,7 @@ class Filter:
             alts = tuple((n, _ALT_NAME.sub(r"\1", n)) for n in names if n.startswith("alt_"))
             fields = tuple(n for n in names if n not in _INTERNAL and not n.startswith(("cond_", "alt_")))
             rules.append(_Rule(c.find, required_literal(pattern), i, pattern, c.engine, alts, fields,
-                               _literal_heads(pattern)))
+                               _literal_heads(pattern), names))
         if not rules:
             raise FilterError(definition.source, "the filter has no usable failregex")
         self._rules = tuple(rules)
@@ -797,11 +893,12 @@ class Filter:
         self.notes = tuple(notes)
         self.engines = tuple(engines)
         self.uses_context = any(
-            "<F-MLFID>" in src.text for src in (definition.prefregex, definition.prefix, *definition.failregex)
-            if src is not None)
+            "<F-MLFID>" in src.text
+            for src in (definition.prefregex, definition.prefix, *definition.failregex) if src is not None)
         self._fast_head: re.Pattern[str] | None = None
+        self._fast_by_key: dict[str, tuple[_Segment, ...]] = {}
+        self._fast_other: tuple[_Segment, ...] = ()
         self._fast_pre: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())
-        self._segments: tuple[_Segment, ...] = ()
         if fast:
             self._build_fast_lane()
 
@@ -848,9 +945,11 @@ class Filter:
         return find
 
     def _build_fast_lane(self) -> None:
-        """Timestamp + prefix in one regex, the rules as ordered alternations: one or two regex calls per
-        line instead of several calls and their Python glue. Only for YAML prefixes with the default
-        timestamp forms, and only where it gives exactly what the general path gives (tests check this).
+        """Timestamp and prefix in one regex call; then, chosen by the message's first characters, the few
+        rules that can match, joined into one alternation. The engine tries alternatives in order, so the
+        first alternative that matches is the first rule that matches; the prefix is an atomic group, so it
+        is the very match the prefix regex alone gives. Only for YAML prefixes with the default timestamp
+        forms, and only where it gives exactly what the general path gives (the tests compare both).
         """
         d = self.definition
         if d.prefix is None or self._dates.fast_shapes is None:
@@ -863,39 +962,50 @@ class Filter:
             head = re.compile(f"(?:(?P<_ds>{syslog})|(?P<_di>{iso}))(?P<_pre>(?>{prefix}))?")
         except (re.error, UnsupportedRegex):
             return
-        pre = [(n, i) for n, i in head.groupindex.items() if not n.startswith("_")] + [("_pre", head.groupindex["_pre"])]
-        self._fast_pre = (tuple(n for n, _ in pre), tuple(i for _, i in pre))
-        segments: list[_Segment] = []
-        group: list[_Rule] = []
+        pre_names = tuple(n for n in head.groupindex if not n.startswith("_"))
+        cache: dict[tuple[int, ...], tuple[_Segment, ...]] = {}
 
-        def flush() -> None:
-            if not group:
-                return
-            alts = []
-            for r in group:
-                body = re.sub(r"\(\?P<(\w+)>", lambda m, k=r.index: f"(?P<_{k}_{m.group(1)}>", r.pattern[1:])
-                body = re.sub(r"\(\?P=(\w+)\)", lambda m, k=r.index: f"(?P=_{k}_{m.group(1)})", body)
-                alts.append(f"(?:{body})(?P<_r{r.index}>)")
-            rx = re.compile("(?:" + "|".join(alts) + ")")
-            table = {}
-            for r in group:
-                prefix_ = f"_{r.index}_"
-                items = [(n[len(prefix_):], i) for n, i in rx.groupindex.items() if n.startswith(prefix_)]
-                names = tuple(n for n, _ in items)
-                idx = (*(i for _, i in items), rx.groupindex[f"_r{r.index}"])  # >= 2 indices: a tuple back
-                table[f"_r{r.index}"] = (r, names, idx)
-            segments.append(_Segment(rx, table))
-            group.clear()
+        def segments_for(rules: tuple[_Rule, ...]) -> tuple[_Segment, ...]:
+            key = tuple(r.index for r in rules)
+            if key in cache:
+                return cache[key]
+            out: list[_Segment] = []
+            group: list[_Rule] = []
 
-        for r in self._rules:
-            if r.engine == "re" and r.pattern.startswith("^") and not re.match(r"\^(?:\\[bB]|\(\?<)", r.pattern):
-                group.append(r)
-            else:
-                flush()
-                segments.append(_Segment(None, {}, r))
-        flush()
+            def flush() -> None:
+                if not group:
+                    return
+                alts = []
+                for r in group:
+                    alts.append(f"(?:{_rename_groups(r.pattern[1:], f'_{r.index}_')})(?P<_r{r.index}>)")
+                rx = re.compile("(?:" + "|".join(alts) + ")")
+                table = {}
+                for r in group:
+                    own = f"_{r.index}_"
+                    local = {n[len(own):]: j for n, j in rx.groupindex.items() if n.startswith(own)}
+                    table[f"_r{r.index}"] = (r, _plan(r, local, rx.groupindex[f"_r{r.index}"], pre_names))
+                out.append(_Segment(rx, table))
+                group.clear()
+
+            for r in rules:
+                if r.engine == "re" and r.pattern.startswith("^") and not re.match(r"\^(?:\\[bB]|\(\?<)",
+                                                                                   r.pattern):
+                    group.append(r)
+                else:
+                    flush()
+                    out.append(_Segment(None, {}, r))
+            flush()
+            cache[key] = tuple(out)
+            return cache[key]
+
+        try:
+            self._fast_by_key = {k: segments_for(v) for k, v in self._heads.items()}
+            self._fast_other = segments_for(self._unheaded)
+        except re.error:
+            return
+        gi = head.groupindex
+        self._fast_pre = (pre_names, (*(gi[n] for n in pre_names), gi["_pre"], gi["_ds"], gi["_di"]))
         self._fast_head = head
-        self._segments = tuple(segments)
 
     # -- matching ----------------------------------------------------------------------------------------
 
@@ -913,50 +1023,129 @@ class Filter:
             line = line.replace("\r", " ").replace("\n", " ")
         gate = self._gate
         if gate is not None:
-            for s in gate:
-                if s in line:
-                    break
+            if len(gate) == 1:
+                if gate[0] not in line:
+                    return None
             else:
-                return None
+                for s in gate:
+                    if s in line:
+                        break
+                else:
+                    return None
         head = self._fast_head
         if head is not None:
             m0 = head.match(line)
             if m0 is not None:
-                if m0.group("_pre") is None:
-                    return None  # the timestamp was read, the prefix does not match: nothing can
                 return self._fast(line, m0, now, ctx)
         return self._general(line, now, ctx)
 
     def _fast(self, line: str, m0: re.Match[str], now: float, ctx: MatchContext | None) -> Result:
-        pos = m0.end()
-        for seg in self._segments:
+        # The general path's steps (_state_from_groups, _merge_connection, _decide, _result), inlined on
+        # positional groups: this runs for nearly every line a busy jail matches.
+        pre_names, pre_idx = self._fast_pre
+        pre = m0.group(*pre_idx)
+        if pre[-3] is None:
+            return None  # the timestamp was read, the prefix does not match: nothing can
+        pos = m0.end(pre_idx[-3])
+        for seg in self._fast_by_key.get(line[pos:pos + self._heads_len], self._fast_other):
             rx = seg.rx
             if rx is not None:
                 m = rx.match(line, pos)
                 if m is None:
                     continue
-                rule, names, idx = seg.rules[m.lastgroup or ""]
-                pre_names, pre_idx = self._fast_pre
-                groups = dict(zip(pre_names, m0.group(*pre_idx)))
-                groups.update(zip(names, m.group(*idx)))
+                rule, plan = seg.rules[m.lastgroup or ""]
+                vals = m.group(*plan.idx)
                 break
             rule = seg.single  # type: ignore[assignment]
-            assert rule is not None
             found = rule.find(line[pos:])
-            if found is None:
-                continue
-            pre_names, pre_idx = self._fast_pre
-            groups = dict(zip(pre_names, m0.group(*pre_idx)))
-            groups.update(found)
-            break
+            if found is not None:
+                groups = dict(zip(pre_names, pre[:-3], strict=True))
+                groups.update(found)
+                date_end = m0.end(pre_idx[-2]) if pre[-2] is not None else m0.end(pre_idx[-1])
+                return self._general_tail(rule, groups, self._dates.stamp(pre[-2], pre[-1], now), now,
+                                          ctx, line[pos:], line[date_end:])
         else:
             return None
-        stamp = self._dates.fast_time(m0, now)
+        when = self._dates.stamp(pre[-2], pre[-1], now)
+        allv = vals + pre + (None,)
+        ip4, ip6, dns, fid, nofail, gained, forget, mlfid = plan.core(allv)
+        fields: dict[str, str] = {}
+        if plan.field_values is not None:
+            fields = {n: v for n, v in zip(plan.field_names, plan.field_values(allv), strict=False) if v is not None}
+        for base, i in plan.alts:
+            x = allv[i]
+            if x and not fields.get(base):
+                fields[base] = x
         if self._ignore:
-            date_end = m0.end("_ds") if m0.group("_ds") is not None else m0.end("_di")
+            date_end = m0.end(pre_idx[-2]) if pre[-2] is not None else m0.end(pre_idx[-1])
             if self._ignored(line[pos:], line[date_end:]):
-                return self._result(rule, groups, stamp, True)
-        return self._conclude(rule, groups, stamp, now, ctx)
+                return self._result(rule, _Conn(ip4, ip6, dns, fid, nofail, gained, False, fields, None, now),
+                                    when, True)
+        forget = bool(forget)
+        if gained and not nofail:
+            nofail = gained
+        if mlfid is not None and ctx is not None:
+            # _merge_connection, inlined
+            user = fields.get("user")
+            conns = ctx._conns
+            conn = conns.get(mlfid)
+            if conn is not None and conn.seen < now - ctx.max_age:
+                del conns[mlfid]
+                conn = None
+            if conn is not None:
+                users = conn.users
+                if user and users is not None:
+                    users.add(user)
+                conn.nofail = nofail
+                conn.gained = gained
+                if gained:
+                    conn.pending = False
+                if ip4 is not None:
+                    conn.ip4 = ip4
+                if ip6 is not None:
+                    conn.ip6 = ip6
+                if dns is not None:
+                    conn.dns = dns
+                if fid is not None:
+                    conn.fid = fid
+                if fields:
+                    conn.fields.update(fields)
+                conn.seen = now
+                if forget:
+                    del conns[mlfid]
+                state = conn
+            else:
+                state = _Conn(ip4, ip6, dns, fid, nofail, gained, False, fields, None, now)
+                if not forget:
+                    state.users = {user} if user else set()
+                    conns[mlfid] = state
+                    if len(conns) > ctx.max_entries:
+                        del conns[next(iter(conns))]
+            if state.pending or (state.users is not None and len(state.users) > 1):
+                state.pending = False
+                state.nofail = state.gained = None
+            if state.nofail or state.gained:
+                return None
+            ip4, ip6, dns, fid = state.ip4, state.ip6, state.dns, state.fid
+            if ip4 is None and ip6 is None and dns is None and fid is None:
+                state.pending = True  # remembered: a later line of this connection decides
+                return None
+            fields = dict(state.fields)  # a copy: the connection's own dict keeps changing
+        elif nofail or gained or (ip4 is None and ip6 is None and dns is None and fid is None):
+            return None
+        # _result, inlined
+        raw = ip4 or ip6 or dns or fid
+        if not raw:
+            return Rejected("", "no-address", when, False, rule.index)
+        host = self._hosts.get(raw)
+        if host is None:
+            host = parse_host(raw)
+            if len(self._hosts) >= _HOST_MEMO:
+                self._hosts.clear()
+            self._hosts[raw] = host
+        if isinstance(host, str):
+            return Rejected(raw, host, when, False, rule.index)
+        return Match(host, when, False, fields, rule.index)
 
     def _general(self, line: str, now: float, ctx: MatchContext | None) -> Result:
         found = self._dates.find_span(line, now)
@@ -985,26 +1174,24 @@ class Filter:
             merged = dict(pre)
             merged.update(groups)
             groups = merged
-        if self._ignore and self._ignored(content, text):
-            return self._result(rule, groups, when, True)
-        return self._conclude(rule, groups, when, now, ctx)
+        return self._general_tail(rule, groups, when, now, ctx, content, text)
 
-    def _conclude(self, rule: _Rule, groups: dict[str, Any], when: float | None, now: float,
-                  ctx: MatchContext | None) -> Result:
-        for k, base in rule.alts:
-            v = groups.pop(k, None)
-            if v and not groups.get(base):
-                groups[base] = v
-        mlfid = groups.get("mlfid")
-        if mlfid is not None and ctx is not None:
-            groups = _merge_connection(ctx, mlfid, groups, now)
-        if groups.get("nofail") or groups.get("mlfgained"):
+    def _general_tail(self, rule: _Rule, groups: dict[str, Any], when: float | None, now: float,
+                      ctx: MatchContext | None, content: str, text: str) -> Result:
+        state = _state_from_groups(rule, groups, now)
+        if self._ignore and self._ignored(content, text):
+            return self._result(rule, state, when, True)
+        return self._decide(rule, groups.get("mlfid"), state, when, now, ctx)
+
+    def _decide(self, rule: _Rule, mlfid: str | None, state: _Conn, when: float | None, now: float,
+                ctx: MatchContext | None) -> Result:
+        state = _merge_connection(ctx, mlfid, state, now)
+        if state.nofail or state.gained:
             return None
-        if groups.get("ip4") is None and groups.get("ip6") is None and groups.get("dns") is None \
-                and groups.get("fid") is None:
-            groups["mlfpending"] = 1  # remembered in the context: a later line of this connection decides
+        if state.ip4 is None and state.ip6 is None and state.dns is None and state.fid is None:
+            state.pending = True  # remembered in the context: a later line of this connection decides
             return None
-        return self._result(rule, groups, when, False)
+        return self._result(rule, state, when, False)
 
     def _ignored(self, content: str, text: str) -> bool:
         for ig in self._ignore:
@@ -1014,8 +1201,8 @@ class Filter:
                 return True
         return False
 
-    def _result(self, rule: _Rule, groups: Mapping[str, Any], when: float | None, ignored: bool) -> Result:
-        raw = groups.get("ip4") or groups.get("ip6") or groups.get("dns") or groups.get("fid")
+    def _result(self, rule: _Rule, state: _Conn, when: float | None, ignored: bool) -> Result:
+        raw = state.ip4 or state.ip6 or state.dns or state.fid
         if not raw:
             return Rejected("", "no-address", when, ignored, rule.index)
         host = self._hosts.get(raw)
@@ -1026,8 +1213,7 @@ class Filter:
             self._hosts[raw] = host
         if isinstance(host, str):
             return Rejected(raw, host, when, ignored, rule.index)
-        fields = {k: v for k in rule.fields if isinstance(v := groups.get(k), str)} if rule.fields else {}
-        return Match(host, when, ignored, fields, rule.index)
+        return Match(host, when, ignored, dict(state.fields), rule.index)
 
     def __repr__(self) -> str:
         return f"Filter({self.name!r}, {len(self._rules)} regexes)"
@@ -1095,13 +1281,17 @@ def _check_groups(pattern: str, where: str, definition: FilterDef) -> tuple[str,
     names = set(own)
     for extra in (definition.prefregex, definition.prefix):
         if extra is not None:
-            try:
+            with contextlib.suppress(re.error, UnsupportedRegex):
                 names |= set(re.compile(expand_tags(extra.text)).groupindex)
-            except (re.error, UnsupportedRegex):
-                pass
     if not names & {"ip4", "ip6", "dns", "fid", "mlfid"}:
         raise FilterError(where, "failregex has no <HOST> (or <ADDR>, <F-ID>) to take the address from")
     return own
+
+
+def _rename_groups(pattern: str, prefix: str) -> str:
+    """Prefix every named group (and back-reference) so that several rules can share one regex."""
+    pattern = re.sub(r"\(\?P<(\w+)>", lambda m: f"(?P<{prefix}{m.group(1)}>", pattern)
+    return re.sub(r"\(\?P=(\w+)\)", lambda m: f"(?P={prefix}{m.group(1)})", pattern)
 
 
 def _re2_group_names(pattern: str) -> list[str]:
@@ -1206,18 +1396,26 @@ def _load_conf(path: Path, opts: dict[str, str], tz: tzinfo | None, engine: Engi
 #   description: text
 #   options: {mode: normal}          # defaults; a spec such as `sshd[mode=aggressive]` overrides them
 #   choices: {mode: [normal, ddos, extra, aggressive]}   # allowed values, checked when loading
-#   vars: {suffix: '...'}            # named regex fragments, used as <suffix>; options are usable too
+#   vars: {suffix: '...'}            # named regex fragments, used as <suffix>; options are usable too,
+#                                    # a spec may override a var (`apache-badbots[badbots="X|Y"]`), and
+#                                    # <name-<mode>> picks a var by an option's value
 #   prefilter: [sshd]                # optional: a line must contain one of these to be looked at
-#   prefix: '<syslog>'               # optional: matched at the line start, regexes see the rest
+#   prefix: '<F-MLFID><syslog></F-MLFID>'  # optional: matched at the line start (after the timestamp is
+#                                    # cut out), regexes see the rest; <syslog> is a built-in fragment
+#                                    # (syslog, journal and RFC 5424 headers) naming the program <daemon>
 #   datepattern: '{^LN-BEG}'         # optional: fail2ban datepattern; default: common forms anywhere
 #   failregex:                       # tried in order, first match wins
 #     - '^Invalid user <F-USER>.*</F-USER> from <HOST> port \d+$'
 #     - regex: '^Did not receive identification string from <HOST>'
 #       when: {mode: [ddos, aggressive]}  # only with these option values
 #   ignoreregex: [...]               # same form; a failure that also matches one is reported ignored
+#
+# Regexes use fail2ban's tags: <HOST> (an address; a host name only to be counted as rejected), <ADDR>,
+# <IP4>, <IP6>, <F-ID/>, <F-NAME>...</F-NAME> captures, and the multi-line tags <F-MLFID>, <F-NOFAIL>,
+# <F-MLFFORGET>, <F-MLFGAINED> (see MatchContext).
 
 _YAML_KEYS = {"name", "description", "options", "choices", "vars", "prefilter", "prefix", "datepattern",
-              "failregex", "ignoreregex", "notes"}
+              "failregex", "ignoreregex"}
 _VAR_RE = re.compile(r"<([a-z_][\w\-]*)>")
 
 # Fragments every YAML filter may use. <syslog> is a syslog / journal / RFC 5424 header up to the message,
@@ -1328,8 +1526,3 @@ def _applies(when: Any, options: Mapping[str, str], at: str) -> bool:
         if options.get(str(k)) not in values:
             return False
     return True
-
-
-def iter_lines(text: str) -> Iterator[str]:
-    """Lines of a text without their terminators (helper shared by the test tools)."""
-    yield from text.splitlines()

@@ -21,11 +21,20 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone, tzinfo
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import Any, TextIO
 
-from .matcher import Filter, FilterError, Match, MatchContext, Rejected, builtin_filters, load_filter, parse_host
+from .matcher import (
+    Filter,
+    FilterError,
+    Match,
+    MatchContext,
+    Rejected,
+    builtin_filters,
+    load_filter,
+    parse_host,
+)
 
 __all__ = ["SampleScore", "conformance", "conformance_main", "run"]
 
@@ -37,7 +46,7 @@ def _printable(s: str) -> str:
 
 
 def _iso(t: float | None) -> str | None:
-    return None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat()
+    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat()
 
 
 def run(filter_spec: str, logfile: str, *, json_output: bool, out: TextIO, now: float | None = None,
@@ -85,7 +94,8 @@ def run(filter_spec: str, logfile: str, *, json_output: bool, out: TextIO, now: 
             "lines_per_second": round(lps, 1),
             "matches": [{"line": n, "host": str(m.host), "time": _iso(m.time)} for n, m in matches],
             "ignored_lines": [n for n, _ in ignored],
-            "rejected_hosts": [{"line": n, "text": _printable(r.text), "reason": r.reason} for n, r in rejected],
+            "rejected_hosts": [{"line": n, "text": _printable(r.text), "reason": r.reason}
+                               for n, r in rejected],
             "notes": [_printable(s) for s in flt.notes],
         }
         out.write(json.dumps(doc) + "\n")
@@ -97,7 +107,7 @@ def run(filter_spec: str, logfile: str, *, json_output: bool, out: TextIO, now: 
         w(f"  note: {_printable(note)}\n")
     w(f"\nMatched lines ({len(matches)}):\n")
     for n, m in matches[:_SHOW_MAX]:
-        w(f"  {n:>7}  {str(m.host):<39}  {_iso(m.time) or '-':<25}  {_printable(lines[n - 1])}\n")
+        w(f"  {n:>7}  {m.host!s:<39}  {_iso(m.time) or '-':<25}  {_printable(lines[n - 1])}\n")
     if len(matches) > _SHOW_MAX:
         w(f"  ... {len(matches) - _SHOW_MAX} more (--json lists them all)\n")
     if ignored:
@@ -315,8 +325,9 @@ def _imported_loader(filter_dir: Path, tz: tzinfo) -> Loader:
 EXTRA_SAMPLES = Path(__file__).resolve().parent.parent / "tests" / "data" / "logs"
 
 
-def builtin_conformance(logdir: Path = F2B_LOGS, extra: Path | None = EXTRA_SAMPLES) -> list[SampleScore]:
-    """Score every built-in filter against fail2ban's sample of the same name and our own samples."""
+def builtin_conformance(logdir: Path | None = F2B_LOGS, extra: Path | None = None) -> list[SampleScore]:
+    """Score every built-in filter against fail2ban's sample of the same name (`logdir`) and/or our own
+    annotated samples (`extra`: files named after the filter, e.g. sshd-session for sshd)."""
     from zoneinfo import ZoneInfo
 
     loader = _builtin_loader(ZoneInfo(TEST_TZ))
@@ -324,10 +335,14 @@ def builtin_conformance(logdir: Path = F2B_LOGS, extra: Path | None = EXTRA_SAMP
     for name in builtin_filters():
         sc = SampleScore(name)
         sources: list[tuple[Path, str]] = []
-        if (logdir / name).is_file():
+        if logdir is not None and (logdir / name).is_file():
             sources.append((logdir, name))
         if extra is not None and extra.is_dir():
-            sources += [(extra, p.name) for p in sorted(extra.glob(f"{name}*")) if p.is_file()]
+            sources += [(extra, p.name) for p in sorted(extra.glob(f"{name}*"))
+                        if p.is_file() and (p.name == name or p.name[len(name)] == "-")
+                        and not any(p.name.startswith(o) and len(o) > len(name) for o in builtin_filters())]
+        if not sources:
+            continue
         for d, sample in sources:
             _add(sc, conformance(name, loader, d, sample=sample))
         scores.append(sc)
@@ -369,8 +384,8 @@ def format_table(title: str, scores: Sequence[SampleScore]) -> str:
                     f"{s.deviations:>3}  {s.time_ok:>4}/{s.time_checked:<4}")
     rows.append(f"  {'TOTAL':<24} {total.passed:>5} / {total.asserts:<5} {total.percent:>6.1f}  "
                 f"{total.out_of_scope:>4} {total.deviations:>3}  {total.time_ok:>4}/{total.time_checked:<4}")
-    rows.append("  (skip: expected host is a DNS name or a leading-zero address, out of scope; dev: documented "
-                "deliberate deviation)")
+    rows.append("  (skip: expected host is a DNS name or a leading-zero address, out of scope; "
+                "dev: documented deliberate deviation)")
     return "\n".join(rows)
 
 
@@ -396,12 +411,18 @@ def conformance_main(argv: Sequence[str]) -> int:
         else:
             print(f"unknown argument {a!r}", file=sys.stderr)
             return 2
-    for kind in ("builtin", "imported"):
-        if kind not in which:
+    for kind in ("builtin", "own", "imported"):
+        if kind not in which and not (kind == "own" and "builtin" in which):
             continue
-        scores = builtin_conformance(logdir) if kind == "builtin" else imported_conformance(logdir, filter_dir)
-        title = ("Built-in nftblockd filters vs fail2ban's sample logs (match + host)" if kind == "builtin"
-                 else f"fail2ban's own filters ({filter_dir}) read by nftblockd.f2b (match + host)")
+        if kind == "builtin":
+            scores = builtin_conformance(logdir)
+            title = "Built-in nftblockd filters vs fail2ban's annotated sample logs (match + host)"
+        elif kind == "own":
+            scores = builtin_conformance(None, EXTRA_SAMPLES)
+            title = f"Built-in nftblockd filters vs nftblockd's own annotated samples ({EXTRA_SAMPLES})"
+        else:
+            scores = imported_conformance(logdir, filter_dir)
+            title = f"fail2ban's own filters ({filter_dir}) read by nftblockd.f2b, vs their sample logs"
         print(format_table(title, scores))
         if verbose:
             for s in scores:

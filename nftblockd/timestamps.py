@@ -19,10 +19,11 @@ the filter's regexes (fail2ban's convention: regexes never see the date).
 from __future__ import annotations
 
 import calendar
+import importlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone, tzinfo
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 __all__ = ["DateParser", "DatePatternError", "Stamp", "parse_timestamp"]
@@ -246,35 +247,24 @@ def _anchored_variant(t: _Template) -> _Template:
     return _Template(re.compile(_LINE_BEGIN + t.rx.pattern), t.group, True)
 
 
+# Exact shortcuts for the two commonest line starts. Each matches only text the default template set would
+# match in the same way (the templates before them cannot match such a line; the lookaheads exclude a year,
+# a fraction or a zone that the template would have taken too). Tests compare them with the templates.
 _MONTH_CAP = {m.capitalize(): i for i, m in enumerate(_MONTHS, 1)}
-# "Dec  2 09:53:10" not followed by a year or a fraction: exactly what the syslog template would match.
-_FAST_SYSLOG_TEXT = (r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) (?:[ 0][1-9]|[12]\d|3[01]) "
-                     r"\d\d:\d\d:\d\d(?= [^\d\s.])")
-_FAST_ISO_TEXT = (r"(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])T(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d"
-                  r"(?:[.,]\d{1,9})?(?:Z|[+-][01]\d(?::?[0-5]\d)?)?(?= (?!UTC|GMT|Z\b)[^+\-\s\d])")
-_FAST_SYSLOG = re.compile(r"(?:)([A-Z][a-z][a-z]) ((?:[ 0][1-9]|[12]\d|3[01]) \d\d:\d\d:\d\d)(?=$| [^\d\s.])")
-# "2026-12-02T09:53:10[.123456][+01:00|Z]" followed by a space: what the ISO template would match.
-_FAST_ISO = re.compile(r"(?:)((?:19|20)\d\d)(-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])T(?:[01]\d|2[0-3]):[0-5]\d:"
-                       r"[0-5]\d(?:[.,]\d{1,9})?(?:Z|[+-][01]\d(?::?[0-5]\d)?)?)(?=$| (?!UTC|GMT|Z\b)[^+\-\s\d])")
-
-
-def _fast_fields(idx: int, m: re.Match[str]) -> dict[str, str | None]:
-    if idx == -1:
-        day, clock = m.group(2).split(" ", 1) if m.group(2)[0] != " " else (m.group(2)[1], m.group(2)[3:])
-        hh, mm, ss = clock.split(":")
-        return {"b": m.group(1), "d": day, "H": hh, "M": mm, "S": ss}
-    text = m.group(1) + m.group(2)
-    f = re.fullmatch(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(.*)", text)
-    assert f is not None
-    return {"Y": f.group(1), "m": f.group(2), "d": f.group(3), "H": f.group(4), "M": f.group(5),
-            "S": f.group(6), "f": f.group(7), "z": f.group(8) or None}
-
+FAST_SYSLOG = (r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) (?:[ 0][1-9]|[12]\d|3[01]) "
+               r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?=$| [^\d\s.])")
+FAST_ISO = (r"(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])T(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d"
+            r"(?:[.,]\d{1,9})?(?:Z|[+-][01]\d(?::?[0-5]\d)?)?(?=$| (?!UTC|GMT|Z\b)[^+\-\s\d])")
+_FAST_SYSLOG_RX = re.compile(FAST_SYSLOG)
+_FAST_ISO_RX = re.compile(FAST_ISO)
+_ISO_FIELDS = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:[.,](\d+))?(.*)")
 
 _ASCII = [chr(c) for c in range(128)]
-_CATEGORY_TEST = {
+_CATEGORY_TEST: dict[str, Callable[[str], bool]] = {
     "CATEGORY_DIGIT": str.isdigit, "CATEGORY_SPACE": str.isspace,
     "CATEGORY_WORD": lambda c: c.isalnum() or c == "_",
 }
+_sre: Any = importlib.import_module("re._parser")
 
 
 def _in_ascii(items: Any) -> set[str]:
@@ -301,19 +291,16 @@ def _in_ascii(items: Any) -> set[str]:
     return set(_ASCII) - out if negate else out
 
 
-def _first_chars(pattern: str) -> Any:
-    """The set of characters a match of this (anchored) pattern can begin with, or True for "any"."""
-    import importlib
-
-    parser: Any = importlib.import_module("re._parser")
+def _first_chars(pattern: str) -> frozenset[str] | None:
+    """The ASCII characters a match of an anchored pattern can begin with; None when that is unknown."""
     try:
-        items = list(parser.parse(pattern))
+        items = list(_sre.parse(pattern))
     except re.error:
-        return True
+        return None
     chars: set[str] = set()
 
     def walk(seq: list[Any]) -> bool:
-        """Add the first chars of seq; return True if seq can match the empty string."""
+        """Add the first chars of seq; True if seq can match the empty string."""
         for op, av in seq:
             name = str(op)
             if name in ("AT", "ASSERT", "ASSERT_NOT"):
@@ -325,13 +312,10 @@ def _first_chars(pattern: str) -> Any:
                 chars.update(_in_ascii(av))
                 return False
             if name == "NOT_LITERAL":
-                chars.update(chr(c) for c in range(128) if c != av)
+                chars.update(c for c in _ASCII if ord(c) != av)
                 return False
-            if name == "ANY":
-                raise LookupError
             if name == "SUBPATTERN":
-                flags = av[1]
-                if flags & re.IGNORECASE:
+                if av[1] & re.IGNORECASE:
                     raise LookupError
                 if not walk(list(av[3])):
                     return False
@@ -353,9 +337,9 @@ def _first_chars(pattern: str) -> Any:
 
     try:
         if walk(items):
-            return True
+            return None
     except LookupError:
-        return True
+        return None
     return frozenset(chars)
 
 
@@ -364,10 +348,11 @@ class DateParser:
 
     `pattern` is a fail2ban datepattern (several alternatives separated by newlines) or None for the
     default set. `tz` is the zone of timestamps that carry no offset; None means the host's local zone.
-    The parser memoises conversions (bounded); results never depend on the memo.
+    The parser remembers conversions (bounded); a result never depends on what it remembers.
     """
 
-    __slots__ = ("_anchored", "_by_first", "_fast", "_memo", "_search", "_year_cache", "tz")
+    __slots__ = ("_anchored", "_by_first", "_fast", "_iso", "_memo", "_search", "_syslog", "_year_cache",
+                 "tz")
 
     def __init__(self, pattern: str | Sequence[str] | None = None, *, tz: tzinfo | None = None) -> None:
         self.tz = tz
@@ -383,161 +368,193 @@ class DateParser:
         # every free-standing template is first tried at line start, where nearly all timestamps are
         self._anchored = tuple(anchored + [_anchored_variant(t) for t in search])
         self._search = tuple(search)
-        self._memo: dict[tuple[object, ...], Any] = {}
-        self._year_cache: tuple[float, int] = (-1.0, 0)
-        # Templates that can match a line starting with a given ASCII character, in order: most lines
-        # then try one or two templates instead of all of them.
+        # Templates that can match a line starting with a given ASCII character, in order: a line then
+        # tries the one or two templates it can match instead of all of them.
         firsts = [_first_chars(t.rx.pattern) for t in self._anchored]
         self._by_first: dict[str, tuple[tuple[int, _Template], ...]] = {
             ch: tuple((i, t) for i, (t, f) in enumerate(zip(self._anchored, firsts, strict=True))
-                      if f is True or ch in f)
+                      if f is None or ch in f)
             for ch in _ASCII
         }
-        # Exact shortcuts for the two commonest line starts, valid only where the template order makes
-        # the syslog / ISO template the first one that can match such a line (the default set).
-        self._fast = pattern is None or (isinstance(pattern, str) and pattern.strip().upper() == "{^LN-BEG}")
-
-    @property
-    def fast_shapes(self) -> tuple[str, str] | None:
-        """Regex texts of the syslog and ISO shortcuts (no groups), when this parser may use them."""
-        if not self._fast:
-            return None
-        return _FAST_SYSLOG_TEXT, _FAST_ISO_TEXT
-
-    def fast_time(self, m: re.Match[str], now: float) -> float | None:
-        """The time of a line whose start matched a `fast_shapes` regex in the groups `_ds` / `_di`."""
-        text = m.group("_ds")
-        idx = -1
-        if text is None:
-            text, idx = m.group("_di"), -2
-        hit = self._memo.get((idx, text))
-        if hit is not None:
-            yearless, year, this, prev = hit
-            if not yearless:
-                return this  # type: ignore[no-any-return]
-            bucket, cur = self._year_cache
-            if bucket != now // 900:
-                cur = self._year(now)
-            if year == cur:
-                return prev if this is not None and this > now + 86400.0 else this  # type: ignore[no-any-return]
-        sm = (_FAST_SYSLOG if idx == -1 else _FAST_ISO).match(text)
-        if sm is None:
-            return None
-        return self._memo_time(idx, sm, now)
+        # the shortcuts are exact only where the syslog / ISO template is the first that can match
+        self._fast = pattern is None or (isinstance(pattern, str)
+                                         and pattern.strip().upper() == "{^LN-BEG}")
+        self._memo: dict[tuple[Any, ...], Any] = {}  # template results and hour bases
+        # syslog text -> (year, time in that year, time a year earlier)
+        self._syslog: dict[str, tuple[int, float | None, float | None]] = {}
+        self._iso: dict[str, float | None] = {}
+        self._year_cache: tuple[float, int] = (-1.0, 0)
 
     @property
     def disabled(self) -> bool:
         """True for `{NONE}`: lines are never searched for a time."""
         return not self._anchored and not self._search
 
+    @property
+    def fast_shapes(self) -> tuple[str, str] | None:
+        """Regex texts (without groups) of the syslog and ISO shortcuts, when this parser may use them."""
+        return (FAST_SYSLOG, FAST_ISO) if self._fast else None
+
     def find(self, line: str, now: float) -> Stamp | None:
         found = self.find_span(line, now)
         return Stamp(*found) if found is not None else None
 
     def find_span(self, line: str, now: float) -> tuple[float, int, int] | None:
-        """(time, start, end) of the line's timestamp, or None. `find` without the object, for hot loops."""
+        """(time, start, end) of the line's timestamp, or None: `find` without the object, for hot loops."""
         if self._fast and line:
-            c = line[0]
-            if c in _MONTH_CAP:
-                m = _FAST_SYSLOG.match(line)
-                if m is not None and m.group(1) in _MONTH_CAP:
-                    when = self._memo_time(-1, m, now)
-                    if when is not None:
-                        return when, 0, m.end(2)
-            elif "0" <= c <= "9":
-                m = _FAST_ISO.match(line)
+            for rx, kind in ((_FAST_SYSLOG_RX, 0), (_FAST_ISO_RX, 1)):
+                m = rx.match(line)
                 if m is not None:
-                    when = self._memo_time(-2, m, now)
+                    when = self.stamp(m.group(), None, now) if kind == 0 else self.stamp(None, m.group(), now)
                     if when is not None:
-                        return when, 0, m.end(2)
+                        return when, 0, m.end()
         m = None
         group: int | str = 0
         idx = 0
-        for idx, t in self._by_first.get(line[:1], ()) if line and line[0] < "\x80" else enumerate(self._anchored):
+        cands = self._by_first.get(line[:1]) if line[:1] < "\x80" else None
+        for i, t in cands if cands is not None else enumerate(self._anchored):
             m = t.rx.match(line)
             if m is not None:
-                group = t.group
+                idx, group = i, t.group
                 break
         else:
             best: tuple[int, int, re.Match[str], int | str] | None = None
             for i, t in enumerate(self._search):
                 mm = t.rx.search(line)
                 if mm is not None and (best is None or mm.start() < best[0]):
-                    best = (mm.start(), -10 - i, mm, t.group)
+                    best = (mm.start(), -1 - i, mm, t.group)
             if best is None:
                 return None
             _, idx, m, group = best
         if m is None:
             return None
-        when = self._memo_time(idx, m, now)
+        when = self._template_time(idx, m, now)
         if when is None:
             return None
         return when, m.start(group), m.end(group)
 
-    def _memo_time(self, idx: int, m: re.Match[str], now: float) -> float | None:
-        """The time of a template match; remembered per (template, text) so a repeated stamp costs a lookup."""
-        key = (idx, m.group(0))
-        hit = self._memo.get(key)
-        if hit is None:
-            try:
-                hit = self._analyse(idx, m, now)
-            except (ValueError, OverflowError, KeyError, IndexError):
-                hit = (False, None, None, None)
-            if hit[0] is not None:  # time-of-day-only stamps depend on the day of `now`: not remembered
-                if len(self._memo) >= _MEMO_MAX:
-                    self._memo.clear()
-                self._memo[key] = hit
-        yearless, year, this, prev = hit
-        if yearless is None:
-            return this
-        if not yearless:
-            return this
-        if year != self._year(now):
-            hit = self._analyse(idx, m, now)
-            self._memo[key] = hit
-            yearless, year, this, prev = hit
+    def stamp(self, syslog: str | None, iso: str | None, now: float) -> float | None:
+        """The time of a text the `fast_shapes` regexes matched (give one of the two). Remembers
+        (year, time, time a year earlier) per text: the usual line costs two lookups and a comparison."""
+        if syslog is None:
+            if iso in self._iso:
+                return self._iso[iso]
+            f = _ISO_FIELDS.match(iso or "")
+            when = None
+            if f is not None:
+                fields = {"Y": f.group(1), "m": f.group(2), "d": f.group(3), "H": f.group(4), "M": f.group(5),
+                          "S": f.group(6), "f": f.group(7), "z": f.group(8) or None}
+                try:
+                    when = self._at(fields, int(f.group(1)))
+                except (ValueError, OverflowError, KeyError):
+                    when = None
+            _remember(self._iso, iso or "", when)
+            return when
+        bucket, year = self._year_cache
+        if bucket != now // 900:
+            year = self._year(now)
+        hit = self._syslog.get(syslog)
+        if hit is None or hit[0] != year:
+            # fixed layout "Mmm dd HH:MM:SS": slices, no regex
+            month, day = _MONTH_CAP[syslog[:3]], int(syslog[4:6])
+            hour, minute, second = int(syslog[7:9]), int(syslog[10:12]), int(syslog[13:15])
+            hit = (year, self._local_epoch(year, month, day, hour, minute, second, 0),
+                   self._local_epoch(year - 1, month, day, hour, minute, second, 0))
+            _remember(self._syslog, syslog, hit)
+        this = hit[1]
         # A log without a year is from the last twelve months: a date more than a day ahead of `now`
         # belongs to the previous year (the day absorbs zone and clock differences).
-        if this is not None and this > now + 86400.0:
+        return hit[2] if this is None or this > now + 86400.0 else this
+
+    # -- conversion ------------------------------------------------------------------------------------
+
+    def _template_time(self, idx: int, m: re.Match[str], now: float) -> float | None:
+        key = ("t", idx, m.group(0))
+        hit = self._memo.get(key)
+        if hit is None or (hit[0] and hit[1] != self._year(now)):
+            try:
+                hit = self._convert(m.groupdict(), now)
+            except (ValueError, OverflowError, KeyError, IndexError):
+                hit = (False, 0, None, None)
+            if hit[0] is not None:  # a time of day alone depends on the day of `now`: not remembered
+                _remember(self._memo, key, hit)
+        yearless, _year, this, prev = hit
+        if yearless and (this is None or this > now + 86400.0):
             return prev
         return this
 
-    def _analyse(self, idx: int, m: re.Match[str], now: float) -> tuple[Any, Any, Any, Any]:
-        """(yearless, year, time, time a year earlier); yearless None marks a result not to remember."""
-        if idx in (-1, -2):
-            g = _fast_fields(idx, m)
-        else:
-            g = m.groupdict()
-        if g.get("epoch") is not None or g.get("lepoch") is not None or g.get("tai") is not None:
-            return False, None, self._convert(idx, m, now), None
-        if not (g.get("m") or g.get("b") or g.get("j")):
-            return None, None, _today(g, now, self.tz), None
-        if g.get("Y") or g.get("y"):
-            return False, None, _fields_at(g, _year_of(g), self.tz), None
-        year = self._year(now)
-        try:
-            this: float | None = _fields_at(g, year, self.tz)
-        except ValueError:
-            this = None  # 29 February in a year without one
-        try:
-            prev: float | None = _fields_at(g, year - 1, self.tz)
-        except ValueError:
-            prev = None
-        return True, year, this, prev
-
-    def _convert(self, idx: int, m: re.Match[str], now: float) -> float | None:
-        g = m.groupdict()
+    def _convert(self, g: dict[str, str | None],
+                 now: float) -> tuple[bool | None, int, float | None, float | None]:
+        """(yearless, year used, time, time a year earlier); yearless None: not to be remembered."""
         if g.get("epoch") is not None:
-            return float(g["epoch"])
+            return False, 0, float(g["epoch"] or 0), None
         if g.get("lepoch") is not None:
-            v = g["lepoch"]
+            v = g["lepoch"] or ""
             if len(v) >= 16 and "." not in v:
-                return float(v) / 1_000_000
-            return float(v) / 1000 if len(v.split(".")[0]) >= 13 else float(v)
+                return False, 0, float(v) / 1_000_000, None
+            return False, 0, (float(v) / 1000 if len(v.split(".")[0]) >= 13 else float(v)), None
         if g.get("tai") is not None:
+            tai = g["tai"] or ""
             # TAI64N label: 2^62 + seconds; TAI is ahead of UTC by 10 s at the epoch (leap seconds ignored)
-            return float(int(g["tai"][:16], 16) - (1 << 62) - 10) + int(g["tai"][16:], 16) / 1e9
-        return None
+            return False, 0, float(int(tai[:16], 16) - (1 << 62) - 10) + int(tai[16:], 16) / 1e9, None
+        if not (g.get("m") or g.get("b") or g.get("j")):
+            local_now = _local(now, self.tz)
+            g = {**g, "Y": str(local_now.year), "m": str(local_now.month), "d": str(local_now.day)}
+            when = self._at(g, local_now.year)
+            return None, 0, (when - 86400.0 if when is not None and when > now else when), None
+        if g.get("Y") or g.get("y"):
+            year = int(g["Y"] or 0) if g.get("Y") else 2000 + int(g.get("y") or 0)
+            return False, year, self._at(g, year), None
+        year = self._year(now)
+        return True, year, self._at(g, year), self._at(g, year - 1)
+
+    def _at(self, g: dict[str, str | None], year: int) -> float | None:
+        """Epoch of the fields in `g` in `year` (None for a date that does not exist)."""
+        if g.get("m"):
+            month = int(g["m"] or 0)
+            day = int((g.get("d") or "1").strip())
+        elif g.get("b"):
+            month = _MONTH_NUM[(g["b"] or "").lower()]
+            day = int((g.get("d") or "1").strip())
+        else:
+            d0 = datetime(year, 1, 1) + timedelta(days=int(g.get("j") or 1) - 1)
+            month, day = d0.month, d0.day
+        hour = int(g["H"] or 0) if g.get("H") else 0
+        if g.get("I"):
+            hour = int(g["I"] or 0) % 12 + (12 if (g.get("p") or "").upper() == "PM" else 0)
+        minute = int(g["M"] or 0) if g.get("M") else 0
+        second = min(int(g["S"] or 0) if g.get("S") else 0, 59)  # a leap second counts as the one before
+        frac = g.get("f")
+        micro = int((frac + "000000")[:6]) if frac else 0
+        offset = _zone_offset(g)
+        if offset is None:
+            return self._local_epoch(year, month, day, hour, minute, second, micro)
+        try:
+            datetime(year, month, day, hour, minute, second)
+        except ValueError:
+            return None
+        return calendar.timegm((year, month, day, hour, minute, second)) - offset * 60 + micro / 1e6
+
+    def _local_epoch(self, year: int, month: int, day: int, hour: int, minute: int, second: int,
+                     micro: int) -> float | None:
+        """Epoch of a wall-clock time in the parser's zone; None if there is no such date. The epoch of
+        each hour's start is remembered; an hour in which the zone's offset changes (DST) is converted
+        on its own instead."""
+        key = ("h", year, month, day, hour)
+        base = self._memo.get(key)
+        if base is None:
+            try:
+                start = _epoch(datetime(year, month, day, hour), self.tz)
+                end = _epoch(datetime(year, month, day, hour, 59, 59), self.tz)
+                base = start if end - start == 3599.0 else True
+            except (ValueError, OverflowError):
+                base = False  # 30 February: remembered as impossible
+            _remember(self._memo, key, base)
+        if base is False:
+            return None
+        if base is True:
+            return _epoch(datetime(year, month, day, hour, minute, second, micro), self.tz)
+        return float(base) + minute * 60 + second + micro / 1e6
 
     def _year(self, now: float) -> int:
         # zone offsets are whole quarter hours, so the local year is constant within a quarter hour
@@ -547,10 +564,11 @@ class DateParser:
         return self._year_cache[1]
 
 
-def _year_of(g: dict[str, str | None]) -> int:
-    if g.get("Y"):
-        return int(g["Y"] or 0)
-    return 2000 + int(g.get("y") or 0)
+def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
+    """Bounded memo: cleared when full (the entries are cheap to recompute)."""
+    if len(memo) >= _MEMO_MAX:
+        memo.clear()
+    memo[key] = value
 
 
 def _zone_offset(g: dict[str, str | None]) -> int | None:
@@ -575,44 +593,10 @@ def _local(now: float, tz: tzinfo | None) -> datetime:
     return datetime.fromtimestamp(now, tz) if tz is not None else datetime.fromtimestamp(now)
 
 
-def _epoch(dt: datetime, offset: int | None, tz: tzinfo | None) -> float:
-    if offset is not None:
-        return calendar.timegm(dt.timetuple()) - offset * 60 + dt.microsecond / 1e6
+def _epoch(dt: datetime, tz: tzinfo | None) -> float:
     if tz is not None:
         return dt.replace(tzinfo=tz).timestamp()
     return dt.timestamp()  # naive: the host's local zone, as syslog writes it
-
-
-def _clock(g: dict[str, str | None]) -> tuple[int, int, int, int]:
-    hour = int(g["H"] or 0) if g.get("H") else 0
-    if g.get("I"):
-        hour = int(g["I"] or 0) % 12
-        if (g.get("p") or "").upper() == "PM":
-            hour += 12
-    minute = int(g["M"] or 0) if g.get("M") else 0
-    second = min(int(g["S"] or 0) if g.get("S") else 0, 59)  # a leap second counts as the one before
-    frac = g.get("f")
-    micro = int((frac + "000000")[:6]) if frac else 0
-    return hour, minute, second, micro
-
-
-def _fields_at(g: dict[str, str | None], year: int, tz: tzinfo | None) -> float:
-    if g.get("m"):
-        month = int(g["m"] or 0)
-        day = int((g.get("d") or "1").strip())
-    elif g.get("b"):
-        month = _MONTH_NUM[(g["b"] or "").lower()]
-        day = int((g.get("d") or "1").strip())
-    else:
-        d0 = datetime(year, 1, 1) + timedelta(days=int(g.get("j") or 1) - 1)
-        month, day = d0.month, d0.day
-    return _epoch(datetime(year, month, day, *_clock(g)), _zone_offset(g), tz)
-
-
-def _today(g: dict[str, str | None], now: float, tz: tzinfo | None) -> float:
-    local_now = _local(now, tz)
-    when = _epoch(datetime(local_now.year, local_now.month, local_now.day, *_clock(g)), _zone_offset(g), tz)
-    return when - 86400.0 if when > now else when
 
 
 def parse_timestamp(text: str, now: float, *, tz: tzinfo | None = None) -> float | None:
@@ -625,6 +609,3 @@ def parse_timestamp(text: str, now: float, *, tz: tzinfo | None = None) -> float
     except (ValueError, OverflowError):
         return None
     return stamp.time if stamp else None
-
-
-UTC = timezone.utc
