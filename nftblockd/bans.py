@@ -301,6 +301,34 @@ class BanState:
             d[k] = packed
         return BulkChange(name, new, extended, unchanged, spec_new, spec_ext)
 
+    def restore_hosts(self, blocklist: str, version: int, keys: list[int], untils: list[float | None], now: float,
+                      *, origin: str, reason: str, jail: str) -> tuple[str, list[int], list[OpSpec]] | None:
+        """Saved single-address bans back into the state, each with its own end: (set, keys to add, ops).
+
+        Ends are kept to the millisecond; ops are shared between keys with the same end, so the kernel
+        writer encodes each distinct end once. Ended bans and keys already held are skipped.
+        """
+        entries = self.sets.get(set_name(blocklist, version, False))
+        if entries is None:
+            return None
+        meta = self._intern((origin, reason, jail, ""))
+        d = entries.entries
+        limit = int(now * 1000)
+        out_keys: list[int] = []
+        out_specs: list[OpSpec] = []
+        specs: dict[int | None, tuple[int, OpSpec]] = {}
+        for k, u in zip(keys, untils, strict=True):
+            u_ms = None if u is None else int(u * 1000)
+            if (u_ms is not None and u_ms <= limit) or k in d:
+                continue
+            hit = specs.get(u_ms)
+            if hit is None:
+                hit = specs[u_ms] = (_pack(u_ms, meta), OpSpec(True, u_ms, ""))
+            d[k] = hit[0]
+            out_keys.append(k)
+            out_specs.append(hit[1])
+        return entries.spec.name, out_keys, out_specs
+
     def replace_set(self, set_name_: str, keys: list[int], until: float | None, *, origin: str = "feed",
                     reason: str = "", refresh: bool = False) -> tuple[list[int], list[int], list[int]]:
         """Make a set hold exactly `keys` (a feed-owned set): returns (added, removed, kept).

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .allowlist import Allowlist, build_allowlist
 from .api import ControlAPI
@@ -27,8 +27,7 @@ from .bans import Outcome
 from .config import Config, ConfigError, Problem, load_config
 from .control.server import ControlServer
 from .enforcer import Enforcer, Result
-from .events import Ban, Decision, IPAddr, IPNet, Unban
-from .feeds import FeedManager
+from .events import Ban, Decision, IPAddr, IPNet, Origin, Unban
 from .jails import JailRunner
 from .kernel import KernelWriter
 from .matcher import Filter, FilterError, load_filter
@@ -36,11 +35,14 @@ from .metrics import Metrics, MetricsServer
 from .ruleset import plan_ruleset
 from .sdnotify import Notifier, watchdog_loop
 from .sources.base import MemoryPositionStore
-from .store import BanRow, Store, StoreError, StoreProblem, unpack_target
+from .store import CompactBans, PackedBans, Store, StoreError, StoreProblem, unpack_target
 from .tracker import BanRecord, Tracker
 
 log = logging.getLogger("nftblockd")
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from .feeds import FeedManager
 
 SHUTDOWN_GRACE = 10.0
 
@@ -77,6 +79,10 @@ def own_addresses() -> list[IPAddr]:
     except OSError as exc:
         log.warning("could not read the machine's own addresses: %s", exc)
     return out
+
+
+def _origin(text: str) -> Origin:
+    return text if text in ("cli", "jail", "feed", "fail2ban", "store", "remote") else "store"  # type: ignore
 
 
 def build_filters(cfg: Config) -> dict[str, Filter]:
@@ -117,8 +123,10 @@ class Daemon:
                                  persist=self.persist, on_change=self._changed)
         self.tracker = Tracker.from_config(cfg, self._own)
         self.jails: list[JailRunner] = []
-        self.feeds = FeedManager(cfg, self.enforcer, Path(cfg.state_dir) / "feeds", self.metrics) \
-            if cfg.feeds else None
+        self.feeds: FeedManager | None = None
+        if cfg.feeds:  # imported only when used: the HTTP client is a dependency of feeds alone
+            from .feeds import FeedManager
+            self.feeds = FeedManager(cfg, self.enforcer, Path(cfg.state_dir) / "feeds", self.metrics)
 
         self.api = ControlAPI(self.enforcer, default_blocklist=self._default_blocklist(cfg),
                               status_extra=self._status_extra)
@@ -151,11 +159,13 @@ class Daemon:
         self.store = await self.store_call(Store.open, path, on_problem=problem)
 
     async def persist(self, saves: list[Ban], deletes: list[tuple[str, IPNet]],
-                      history: list[tuple[str, str, float, float | None]]) -> None:
+                      history: list[tuple[str, str, float, float | None]], packed: list[PackedBans],
+                      packed_deletes: list[tuple[str, list[bytes]]]) -> None:
         if self.store is None:
             return
         try:
-            await self.store_call(self.store.apply, save=saves, delete=deletes, history=history)
+            await self.store_call(self.store.apply, save=saves, delete=deletes, history=history,
+                                  save_packed=packed, delete_packed=packed_deletes)
         except StoreError as exc:  # the kernel has the ban; say loudly that it will not survive a restart
             log.error("could not save %d bans / %d unbans: %s", len(saves), len(deletes), exc)
 
@@ -263,8 +273,8 @@ class Daemon:
         now = time.time()
         n = 0
         if self.store is not None:
-            rows = await self.store_call(self.store.load_active_rows, now)
-            n = await self._restore_rows(rows, now)
+            saved = await self.store_call(self.store.load_active_compact, now)
+            n = await self._restore_rows(saved, now)
             history = await self.store_call(self.store.load_history, now - 30 * 86400)
             self.tracker.load_history(history, now)
         positions = self.store.positions() if self.store is not None else MemoryPositionStore()
@@ -275,28 +285,36 @@ class Daemon:
         log.info("restored %d saved bans", n)
         return n
 
-    async def _restore_rows(self, rows: list[BanRow], now: float) -> int:
-        hosts: dict[tuple[str, float | None, str, str, str], dict[int, list[int]]] = {}
+    async def _restore_rows(self, saved: CompactBans, now: float) -> int:
+        """Saved bans back into state and kernel, grouped by label (blocklist, origin, reason, jail) and
+        family; every ban keeps its own end."""
+        blocklists = {b.name for b in self.cfg.blocklists} - (self.feeds.blocklists() if self.feeds else set())
+        hosts: dict[tuple[int, int], tuple[list[int], list[float | None]]] = {}
         others: list[Ban] = []
-        blocklists = {b.name for b in self.cfg.blocklists}
-        for blocklist, packed, until, origin, reason, jail in rows:
+        for label, packed, until in saved.rows:
+            blocklist, origin, reason, jail = saved.labels[label]
             if blocklist not in blocklists:
                 continue
             if len(packed) in (4, 16):
-                group = hosts.setdefault((blocklist, until, origin, reason, jail), {4: [], 6: []})
-                group[4 if len(packed) == 4 else 6].append(int.from_bytes(packed, "big"))
+                keys, untils = hosts.setdefault((label, len(packed)), ([], []))
+                keys.append(int.from_bytes(packed, "big"))
+                untils.append(until)
             else:
-                others.append(Ban(unpack_target(packed), blocklist, until, origin, reason, jail))  # type: ignore
+                others.append(Ban(unpack_target(packed), blocklist, until, _origin(origin), reason, jail))
         n = 0
-        for (blocklist, until, origin, reason, jail), keys in hosts.items():
-            res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=reason, jail=jail,
-                                                comment=reason[:200], now=now, persist=False)
-            n += sum(len(c.new) + len(c.extended) + len(c.unchanged) for c in res.changes) - len(res.failed)
+        for (label, size), (keys, untils) in hosts.items():
+            blocklist, origin, reason, jail = saved.labels[label]
+            r = await self.enforcer.restore_hosts(blocklist, 4 if size == 4 else 6, keys, untils, origin=origin,
+                                                  reason=reason, jail=jail)
+            if r is None:
+                continue
+            _name, new, failures = r
+            n += len(new) - len(failures)
             if jail:
-                for c in res.changes:
-                    cls = ipaddress.IPv4Network if c.set_name.endswith("4") else ipaddress.IPv6Network
-                    for k in c.new:
-                        self.tracker.note_ban(Ban(cls(k), blocklist, until, origin, reason, jail), now)  # type: ignore
+                cls = ipaddress.IPv4Network if size == 4 else ipaddress.IPv6Network
+                ends = dict(zip(keys, untils, strict=True))
+                for k in new:
+                    self.tracker.note_ban(Ban(cls(k), blocklist, ends[k], _origin(origin), reason, jail), now)
         if others:
             results = await self.enforcer.apply(others, now=now, persist=False)
             n += sum(1 for r in results if r.code is None)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import errno as E
-import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,13 +32,16 @@ from .events import Ban, Decision, IPNet, Unban, format_target, parse_target
 from .kernel import KernelWriter
 from .metrics import Metrics
 from .ruleset import Ruleset
+from .store import PackedBans
 
 log = logging.getLogger("nftblockd.enforcer")
 audit_log = logging.getLogger("nftblockd.audit")
 T = TypeVar("T")
-# (bans to save, (blocklist, target) to delete, history rows): written before a request is acknowledged
-Persist = Callable[[list[Ban], list[tuple[str, IPNet]], list[tuple[str, str, float, float | None]]],
-                   Awaitable[None]]
+# (bans to save, (blocklist, target) to delete, history rows, bulk saves, bulk deletes): written before a
+# request is acknowledged. Bulk forms carry packed addresses (store.PackedBans): building a million
+# ipaddress objects just to store them would cost seconds.
+Persist = Callable[[list[Ban], list[tuple[str, IPNet]], list[tuple[str, str, float, float | None]],
+                    list[PackedBans], list[tuple[str, list[bytes]]]], Awaitable[None]]
 
 AUDIT_LINES_PER_REQUEST = 50  # beyond this, a bulk request gets one summary line instead of a flood
 
@@ -220,7 +222,7 @@ class Enforcer:
                 deletes.append((d.blocklist, d.target))
         if saves or deletes or history:
             assert self.persist is not None
-            await self.persist(saves, deletes, history)
+            await self.persist(saves, deletes, history, [], [])
 
     async def ban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]], until: float | None, *,
                         origin: str = "cli", reason: str = "", jail: str = "", comment: str = "",
@@ -262,12 +264,12 @@ class Enforcer:
             self.metrics.allowlist_hits.inc(sum(len(v) for v in out.allowlisted.values()))
         self.counters.refused += len(out.failed) + sum(len(v) for v in out.allowlisted.values())
         if persist and self.persist is not None and applied:
-            saves = []
+            packed: list[PackedBans] = []
             for c in changes:
-                cls = ipaddress.IPv4Network if c.set_name.endswith("4") else ipaddress.IPv6Network
-                saves += [Ban(cls(k), blocklist, until, origin, reason, jail)  # type: ignore[arg-type]
-                          for part in (c.new, c.extended) for k in part if (c.set_name, k) not in out.failed]
-            await self.persist(saves, [], [])
+                size = 4 if c.set_name.endswith("4") else 16
+                packed.append((blocklist, [k.to_bytes(size, "big") for part in (c.new, c.extended) for k in part
+                                           if (c.set_name, k) not in out.failed], until, origin, reason, jail))
+            await self.persist([], [], [], packed, [])
         audit_log.info("bulk ban: %d addresses into blocklist %s (%s), %d unchanged, %d refused", applied,
                        blocklist, "permanent" if until is None else f"{max(0, round(until - now))}s",
                        sum(len(c.unchanged) for c in changes), len(out.failed),
@@ -312,6 +314,21 @@ class Enforcer:
         return SyncResult(sum(len(c[0]) for c in changes.values()), sum(len(c[1]) for c in changes.values()),
                           failed)
 
+    async def restore_hosts(self, blocklist: str, version: int, keys: list[int], untils: list[float | None], *,
+                            origin: str, reason: str, jail: str) -> tuple[str, list[int], list[OpFailure]] | None:
+        """Saved single-address bans with their own ends back into state and kernel (no persistence)."""
+        async with self._lock:
+            r = self.state.restore_hosts(blocklist, version, keys, untils, time.time(), origin=origin,
+                                         reason=reason, jail=jail)
+            if r is None:
+                return None
+            name, new, specs = r
+            fut = await self.batcher.submit_groups([Group(name, new, specs)])
+        failures = await fut
+        for f in failures:
+            self.state.forget(f.set_name, f.key)
+        return name, new, failures
+
     async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]]
                           ) -> list[tuple[str, list[int], list[int]]]:
         async with self._lock:
@@ -325,11 +342,9 @@ class Enforcer:
         await fut
         n = sum(len(r[1]) for r in results)
         if self.persist is not None and n:
-            deletes: list[tuple[str, IPNet]] = []
-            for name, removed, _missing in results:
-                cls = ipaddress.IPv4Network if name.endswith("4") else ipaddress.IPv6Network
-                deletes += [(blocklist, cls(k)) for k in removed]
-            await self.persist([], deletes, [])
+            gone = [(blocklist, [k.to_bytes(4 if name.endswith("4") else 16, "big") for k in removed])
+                    for name, removed, _missing in results]
+            await self.persist([], [], [], [], gone)
         self.counters.unbans += n
         if self.metrics is not None:
             self.metrics.unbans.labels("cli").inc(n)

@@ -274,8 +274,15 @@ class KernelWriter:
                 continue
             spec = self._specs.get(g.set_name)
             s0 = g.specs[0]
-            if spec is None or spec.interval or g.specs.count(s0) != len(g.specs) or s0.comment:
+            if spec is None or spec.interval or s0.comment:
                 return None
+            if g.specs.count(s0) != len(g.specs):
+                part = self._mixed_hash_adds(g, spec, now_ms)
+                if part is None:
+                    return None
+                msgs += part
+                n += len(g.keys)
+                continue
             if s0.add and s0.existed and not self.features.timeout_update:
                 return None  # refresh needs destroy + add: the general path does it
             if not s0.add and not self.features.destroy:
@@ -297,6 +304,27 @@ class KernelWriter:
         if not out.committed:
             return None
         return ApplyResult(committed_ops=n, transactions=1, elements_sent=n)
+
+    def _mixed_hash_adds(self, g: Group, spec: rs.SetSpec, now_ms: int) -> list[bytes] | None:
+        """Hash-set adds whose ends differ (restored bans): one template per distinct end."""
+        if not self.features.timeout_update:
+            return None  # equal element lengths need EXPIRATION on every element (refresh form)
+        klen = spec.key_len
+        tails: dict[int, bytes] = {}
+        blobs = []
+        for k, s in zip(g.keys, g.specs, strict=True):
+            if not s.add or s.comment or s.until_ms is None:
+                return None
+            tpl = tails.get(id(s))
+            if tpl is None:
+                t = s.until_ms - now_ms
+                if t <= 0:
+                    return None
+                tpl = tails[id(s)] = m.encode_hash_elements([bytes(klen)], [t], True)[0]
+            blobs.append(tpl[:12] + k.to_bytes(klen, "big") + tpl[12 + klen:])
+        return [sm.data for sm in m.split_set_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, self.plan.table,
+                                                       g.set_name, blobs, self.sock.next_seq(len(blobs) + 1),
+                                                       ADD_FLAGS)]
 
     def _encode(self, names: list[str], keys: list[int], specs: list[OpSpec], live: Sequence[int], now_ms: int,
                 no_replace: set[int]) -> tuple[list[m.SetMessage], dict[int, _Where]]:

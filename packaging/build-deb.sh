@@ -35,7 +35,7 @@ command -v dpkg-deb >/dev/null || die "dpkg-deb is needed (apt-get install dpkg)
 
 # Python dependency → how the package gets it. A new dependency in pyproject.toml fails the build until it is
 # listed here: bundled (pure Python, pinned) or a Debian package.
-declare -A DEBIAN_PROVIDES=([systemd-python]=python3-systemd [pyyaml]=python3-yaml)
+declare -A DEBIAN_PROVIDES=([systemd-python]=python3-systemd [pyyaml]=python3-yaml [aiohttp]=python3-aiohttp)
 BUNDLED=(pyroute2 asyncinotify prometheus-client)
 
 STAGE=$(mktemp -d)

@@ -1,0 +1,667 @@
+"""The state store: round trips, one transaction per call, growth, damage and crash safety.
+
+Fault injection uses real failures: garbage and truncated files, `chattr +i` (which stops root too), a path
+that is a directory, `PRAGMA max_page_count` for a full disk, and SIGKILL of a child process mid-write.
+sqlite3 is imported here only to inspect files independently of the code under test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nftblockd import store as store_mod
+from nftblockd.events import Ban, IPNet, format_target, normalise_network, parse_target
+from nftblockd.sources.base import PositionStore
+from nftblockd.store import (
+    SCHEMA_VERSION,
+    PruneStats,
+    Store,
+    StoreError,
+    StoreProblem,
+    pack_target,
+    target_text,
+    unpack_target,
+)
+
+NOW = 1_800_000_000.0
+
+
+def ban(target: str, until: float | None = NOW + 3600, blocklist: str = "default", origin: str = "jail",
+        reason: str = "5 failures in 10m", jail: str = "sshd") -> Ban:
+    return Ban(parse_target(target), blocklist, until, origin, reason, jail)  # type: ignore[arg-type]
+
+
+def v4(i: int, until: float | None = NOW + 3600, **kw: str) -> Ban:
+    return Ban(ipaddress.IPv4Network(i), kw.get("blocklist", "default"), until, "jail", kw.get("reason", "r"),
+               "sshd")
+
+
+def no_problem(p: StoreProblem) -> None:
+    pytest.fail(p.message)
+
+
+@pytest.fixture
+def problems() -> list[StoreProblem]:
+    return []
+
+
+@pytest.fixture
+def store(tmp_path: Path, problems: list[StoreProblem]) -> Iterator[Store]:
+    s = Store.open(tmp_path / "state" / "state.db", on_problem=problems.append)
+    yield s
+    s.close()
+
+
+def raw(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path)
+
+
+def fill(path: Path, n: int) -> int:
+    """n bans (a third permanent, the rest ending around NOW), history, a position, feed metadata.
+
+    Returns how many bans are active at NOW."""
+    bans = [v4(i + 1, None if i % 3 == 0 else NOW + i - n // 2) for i in range(n)]
+    with Store.open(path) as s:
+        s.save_bans(bans, created=NOW)
+        s.record_history([("sshd", f"10.0.{i // 256}.{i % 256}", NOW - i) for i in range(500)])
+        s.set_positions({"file:/var/log/auth.log": '{"offset": 42}'})
+        s.set_feed_meta("drop", {"etag": "x"})
+    return sum(1 for b in bans if b.until is None or b.until > NOW)
+
+
+# --- packed targets -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, size", [("1.2.3.4", 4), ("10.0.0.0/8", 5), ("2001:db8::1", 16),
+                                        ("2001:db8::/64", 17), ("0.0.0.0/0", 5), ("::/0", 17)])
+def test_pack_round_trip(text: str, size: int) -> None:
+    net = parse_target(text)
+    key = pack_target(net)
+    assert len(key) == size
+    assert unpack_target(key) == net
+    assert target_text(key) == format_target(net) == text
+
+
+def test_pack_folds_v4_mapped_addresses() -> None:
+    mapped = ipaddress.IPv6Network("::ffff:1.2.3.4/128")
+    assert pack_target(mapped) == pack_target(ipaddress.IPv4Network("1.2.3.4/32"))
+    mapped_range = ipaddress.IPv6Network("::ffff:10.0.0.0/104")
+    assert pack_target(mapped_range) == pack_target(parse_target("10.0.0.0/8"))
+
+
+def test_unpack_refuses_other_lengths() -> None:
+    for bad in (b"", b"abc", b"x" * 6, b"x" * 18):
+        with pytest.raises(ValueError):
+            unpack_target(bad)
+        with pytest.raises(ValueError):
+            target_text(bad)
+
+
+_nets = st.one_of(
+    st.builds(lambda i, p: ipaddress.IPv4Network((i, p), strict=False),
+              st.integers(0, 2**32 - 1), st.integers(0, 32)),
+    st.builds(lambda i, p: ipaddress.IPv6Network((i, p), strict=False),
+              st.integers(0, 2**128 - 1), st.integers(0, 128)),
+    st.builds(lambda i, p: ipaddress.IPv6Network(((0xFFFF << 32) | i, p), strict=False),
+              st.integers(0, 2**32 - 1), st.integers(96, 128)),
+)
+
+
+@given(_nets)
+def test_pack_is_a_canonical_key(net: IPNet) -> None:
+    key = pack_target(net)
+    assert unpack_target(key) == normalise_network(net)
+    assert target_text(key) == format_target(normalise_network(net))
+    assert pack_target(unpack_target(key)) == key
+
+
+# --- round trips --------------------------------------------------------------------------------------
+
+
+def test_new_database_layout(store: Store, problems: list[StoreProblem]) -> None:
+    assert problems == []
+    assert store.persistent
+    with contextlib.closing(raw(store.path)) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert c.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
+
+
+def test_save_and_load(store: Store) -> None:
+    bans = [ban("192.0.2.1"), ban("10.0.0.0/8", None, origin="cli", reason="manual", jail=""),
+            ban("2001:db8::/64", NOW + 10, blocklist="v6"), ban("::ffff:198.51.100.7"),
+            ban("198.51.100.9", NOW - 1)]  # already over
+    store.save_bans(bans, created=NOW)
+    assert store.count_bans() == 5
+    rows = store.load_active_rows(NOW)
+    assert sorted((b, target_text(t), u, o, r, j) for b, t, u, o, r, j in rows) == [
+        ("default", "10.0.0.0/8", None, "cli", "manual", ""),
+        ("default", "192.0.2.1", NOW + 3600, "jail", "5 failures in 10m", "sshd"),
+        ("default", "198.51.100.7", NOW + 3600, "jail", "5 failures in 10m", "sshd"),
+        ("v6", "2001:db8::/64", NOW + 10, "jail", "5 failures in 10m", "sshd"),
+    ]
+    assert set(store.load_active_bans(NOW)) == {b for b in bans if b.until is None or b.until > NOW} - {
+        bans[3]} | {ban("198.51.100.7")}
+    # label strings are shared, not copied per row
+    jail_rows = [r for r in rows if r[3] == "jail"]
+    assert jail_rows[0][4] is jail_rows[1][4]
+
+
+def test_upsert_last_wins_and_created_is_kept(store: Store) -> None:
+    store.save_bans([ban("192.0.2.1", NOW + 10)], created=NOW)
+    store.save_bans([ban("192.0.2.1", NOW + 20, reason="again"), ban("192.0.2.1", NOW + 30, reason="third")],
+                    created=NOW + 5)
+    assert store.load_active_bans(NOW) == [ban("192.0.2.1", NOW + 30, reason="third")]
+    with contextlib.closing(raw(store.path)) as c:
+        assert c.execute("SELECT count(*), min(created) FROM bans").fetchone() == (1, NOW)
+
+
+def test_same_target_in_two_blocklists(store: Store) -> None:
+    store.save_bans([ban("192.0.2.1"), ban("192.0.2.1", blocklist="other")])
+    assert sorted(r[0] for r in store.load_active_rows(NOW)) == ["default", "other"]
+
+
+def test_delete(store: Store) -> None:
+    store.save_bans([v4(i) for i in range(1, 1201)] + [v4(5, blocklist="other")])
+    store.delete_bans([("default", ipaddress.IPv4Network(i)) for i in range(1, 1101)]  # > one DELETE chunk
+                      + [("default", parse_target("203.0.113.9")), ("nosuch", parse_target("1.2.3.4"))])
+    rows = store.load_active_rows(NOW)
+    assert len(rows) == 101
+    assert ("other", ipaddress.IPv4Address(5).packed) in {(r[0], r[1]) for r in rows}
+
+
+def test_apply_deletes_before_saving(store: Store) -> None:
+    store.save_bans([ban("192.0.2.1")])
+    store.apply(delete=[("default", parse_target("192.0.2.1"))], save=[ban("192.0.2.1", None)])
+    assert store.load_active_bans(NOW) == [ban("192.0.2.1", None)]
+
+
+def test_apply_with_nothing_is_a_no_op(store: Store) -> None:
+    store.apply()
+    store.save_bans(iter(()))
+    assert store.count_bans() == 0
+
+
+def test_history(store: Store) -> None:
+    store.record_history([("sshd", "192.0.2.1", NOW - 100), ("sshd", "192.0.2.1", NOW - 50, NOW + 50),
+                          ("nginx", "2001:db8::/64", NOW - 75, None)])
+    store.record_history([("sshd", "192.0.2.1", NOW - 100)])  # the same record again: kept once
+    assert store.load_history(NOW - 1000) == [("sshd", "192.0.2.1", NOW - 100, None),
+                                              ("nginx", "2001:db8::/64", NOW - 75, None),
+                                              ("sshd", "192.0.2.1", NOW - 50, NOW + 50)]
+    assert store.load_history(NOW - 60) == [("sshd", "192.0.2.1", NOW - 50, NOW + 50)]
+
+
+def test_positions(store: Store) -> None:
+    assert store.get_position("file:/x") is None
+    store.set_positions({"file:/x": '{"ino": 1, "offset": 10}', "journal": "s=abc;i=1"})
+    store.set_positions({"file:/x": '{"ino": 1, "offset": 20}'})
+    assert store.get_position("file:/x") == '{"ino": 1, "offset": 20}'
+    assert store.all_positions() == {"file:/x": '{"ino": 1, "offset": 20}', "journal": "s=abc;i=1"}
+    store.delete_positions(["journal"])
+    assert store.get_position("journal") is None
+
+
+def test_positions_view_is_a_position_store(store: Store) -> None:
+    view: PositionStore = store.positions()
+    view.set("k", "v")
+    assert view.get("k") == "v" == store.get_position("k")
+
+
+def test_feed_meta(store: Store) -> None:
+    assert store.get_feed_meta("drop") is None
+    store.set_feed_meta("drop", {"etag": '"abc"', "last_modified": "Tue, 01 Dec 2026", "count": 812})
+    assert store.get_feed_meta("drop") == {"etag": '"abc"', "last_modified": "Tue, 01 Dec 2026", "count": 812}
+    with contextlib.closing(raw(store.path)) as c, c:
+        c.execute("INSERT INTO feeds(name, meta) VALUES('broken', '{not json'), ('list', '[1]')")
+    assert store.get_feed_meta("broken") is None
+    assert store.get_feed_meta("list") is None
+    store.delete_feed_meta("drop")
+    assert store.get_feed_meta("drop") is None
+
+
+def test_reopen_keeps_everything(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    active = fill(path, 1000)
+    assert 500 < active < 1000
+    with Store.open(path, on_problem=no_problem) as s:
+        assert s.count_bans() == 1000
+        assert len(s.load_active_rows(NOW)) == active
+        assert len(s.load_history(0)) == 500
+        assert s.get_position("file:/var/log/auth.log") == '{"offset": 42}'
+        assert s.get_feed_meta("drop") == {"etag": "x"}
+
+
+def test_memory_store() -> None:
+    with Store.memory() as s:
+        assert not s.persistent
+        s.save_bans([ban("192.0.2.1")])
+        assert len(s.load_active_rows(NOW)) == 1
+        assert s.file_size() == 0
+
+
+def test_closed_store_says_so(store: Store) -> None:
+    store.close()
+    store.close()
+    with pytest.raises(StoreError) as e:
+        store.save_bans([ban("192.0.2.1")])
+    assert e.value.kind == "closed" and str(store.path) in str(e.value)
+
+
+def test_threads_share_one_store(store: Store) -> None:
+    def worker(base: int) -> None:
+        for j in range(40):
+            store.save_bans([v4(base + j * 100 + k) for k in range(1, 101)])
+            store.set_positions({f"t{base}": str(j)})
+
+    threads = [threading.Thread(target=worker, args=(n * 1_000_000,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.count_bans() == 4 * 40 * 100
+    assert store.all_positions() == {f"t{n * 1_000_000}": "39" for n in range(4)}
+
+
+def test_compact_load(store: Store) -> None:
+    store.save_bans([ban("192.0.2.1"), ban("192.0.2.2", None), ban("192.0.2.3", NOW - 1),
+                     ban("2001:db8::1", blocklist="v6", origin="cli", reason="manual", jail="")])
+    compact = store.load_active_compact(NOW)
+    assert sorted((compact.labels[lid], target_text(t), u) for lid, t, u in compact.rows) == [
+        (("default", "jail", "5 failures in 10m", "sshd"), "192.0.2.1", NOW + 3600),
+        (("default", "jail", "5 failures in 10m", "sshd"), "192.0.2.2", None),
+        (("v6", "cli", "manual", ""), "2001:db8::1", NOW + 3600),
+    ]
+
+
+def test_load_survives_a_missing_label(store: Store) -> None:
+    store.save_bans([ban("192.0.2.1")])
+    with contextlib.closing(raw(store.path)) as c, c:
+        c.execute("DELETE FROM labels")
+    assert store.load_active_rows(NOW) == [("default", pack_target(parse_target("192.0.2.1")), NOW + 3600,
+                                            "store", "", "")]
+    store.save_bans([ban("192.0.2.2")])  # the label comes back
+    assert len(store.load_active_rows(NOW)) == 2
+
+
+# --- one transaction per call ------------------------------------------------------------------------
+
+
+def test_a_failed_call_stores_nothing(store: Store) -> None:
+    """Disk full in the middle of a big call: StoreError, and neither its bans nor its position are kept."""
+    store.apply(save=[v4(i) for i in range(1, 101)], positions={"pos": "before"})
+    conn = store._conn
+    assert conn is not None
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages + 5}")
+    with pytest.raises(StoreError) as e:
+        store.apply(save=[v4(i) for i in range(1000, 60_000)], positions={"pos": "after"},
+                    history=[("sshd", "192.0.2.1", NOW)])
+    assert e.value.kind == "full"
+    assert str(store.path) in str(e.value) and "nothing of this call was stored" in str(e.value)
+    assert store.count_bans() == 100
+    assert store.get_position("pos") == "before"
+    assert store.load_history(0) == []
+    conn.execute("PRAGMA max_page_count = 1073741823")
+    store.apply(save=[v4(i) for i in range(1000, 60_000)], positions={"pos": "after"})
+    assert store.count_bans() == 100 + 59_000
+
+
+def test_a_failed_call_with_new_labels_leaves_no_stale_label_ids(store: Store) -> None:
+    conn = store._conn
+    assert conn is not None
+    conn.execute(f"PRAGMA max_page_count = {conn.execute('PRAGMA page_count').fetchone()[0]}")
+    with pytest.raises(StoreError):
+        store.save_bans([v4(i, reason=f"r{i}") for i in range(1, 2000)])
+    conn.execute("PRAGMA max_page_count = 1073741823")
+    store.save_bans([v4(1, reason="r1")])
+    assert store.load_active_rows(NOW)[0][4] == "r1"
+
+
+# --- growth -------------------------------------------------------------------------------------------
+
+
+def test_prune_deletes_expired_old_history_and_gives_space_back(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    with Store.open(path) as s:
+        s.save_bans([v4(i, NOW + (10 if i % 10 else 10_000), reason=f"r{i % 7}") for i in range(1, 60_001)])
+        s.save_bans([ban("192.0.2.1", None, reason="manual")])
+        s.record_history([("sshd", str(i), NOW - i) for i in range(1000)])
+        s.record_history([("nginx", str(i), NOW - i) for i in range(1000)])
+        big = s.file_size()
+        stats = s.prune(NOW + 100, {"sshd": 500.0})
+        assert stats.bans == 54_000
+        assert stats.history == (1000 - 401) + (1000 - 401)  # nginx: not named, gets the longest horizon
+        assert stats.labels == 0
+        assert stats.freed_pages > 0
+        assert s.count_bans() == 6001
+        assert len(s.load_active_rows(NOW + 100)) == 6001
+        s.prune(NOW + 20_000, 1e9)
+        assert s.load_active_bans(NOW + 20_000) == [ban("192.0.2.1", None, reason="manual")]
+        assert s.integrity_check() == ["ok"]
+        assert s.file_size() < big / 4
+        with contextlib.closing(raw(path)) as c:
+            assert c.execute("SELECT count(*) FROM labels").fetchone()[0] == 1
+
+
+def test_prune_below_the_threshold_keeps_the_file(store: Store) -> None:
+    store.save_bans([v4(i, NOW + 1) for i in range(1, 50)])
+    assert store.prune(NOW + 2, 86400) == PruneStats(49, 0, 1, 0)
+    store.save_bans([v4(1)])
+    assert store.compact() >= 0
+
+
+# --- schema versions ----------------------------------------------------------------------------------
+
+
+def test_forward_migration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "state.db"
+    fill(path, 10)
+
+    def to_v2(conn: sqlite3.Connection) -> None:
+        conn.execute("ALTER TABLE bans ADD COLUMN note TEXT NOT NULL DEFAULT ''")
+
+    monkeypatch.setattr(store_mod, "_MIGRATIONS", [*store_mod._MIGRATIONS, to_v2])
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    with Store.open(path, on_problem=no_problem) as s:
+        assert s.count_bans() == 10
+    with contextlib.closing(raw(path)) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert "note" in [r[1] for r in c.execute("PRAGMA table_info(bans)")]
+
+
+def test_a_failed_migration_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            problems: list[StoreProblem]) -> None:
+    path = tmp_path / "state.db"
+    fill(path, 10)
+
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE extra(x)")
+        conn.execute("SELECT no_such_function()")
+
+    monkeypatch.setattr(store_mod, "_MIGRATIONS", [*store_mod._MIGRATIONS, broken])
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    with pytest.raises(StoreError, match="this is a bug in nftblockd"):
+        Store.open(path, on_problem=problems.append)  # a broken migration is our bug, not the file's
+    with contextlib.closing(raw(path)) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert "extra" not in {r[0] for r in c.execute("SELECT name FROM sqlite_master")}
+
+
+def test_database_from_a_newer_version_is_left_alone(tmp_path: Path, problems: list[StoreProblem]) -> None:
+    path = tmp_path / "state.db"
+    fill(path, 10)
+    with contextlib.closing(raw(path)) as c:
+        c.execute("PRAGMA user_version = 99")
+    before = path.read_bytes()
+    with Store.open(path, on_problem=problems.append) as s:
+        assert not s.persistent
+        s.save_bans([ban("192.0.2.1")])
+        assert s.count_bans() == 1
+    assert path.read_bytes() == before
+    (p,) = problems
+    assert p.kind == "too_new" and p.in_memory
+    assert str(path) in p.message and "newer nftblockd" in p.message and "schema version 99" in p.message
+
+
+def test_someone_elses_database_is_left_alone(tmp_path: Path, problems: list[StoreProblem]) -> None:
+    path = tmp_path / "fail2ban.sqlite3"
+    with contextlib.closing(raw(path)) as c:
+        c.execute("CREATE TABLE bips(ip TEXT, jail TEXT)")
+        c.commit()
+    before = path.read_bytes()
+    with Store.open(path, on_problem=problems.append) as s:
+        assert not s.persistent
+    assert path.read_bytes() == before
+    assert not Path(f"{path}-wal").exists()
+    assert problems[0].kind == "foreign" and "not an nftblockd state database" in problems[0].message
+
+
+# --- damage -------------------------------------------------------------------------------------------
+
+
+def moved_files(path: Path) -> list[Path]:
+    return sorted(p for p in path.parent.glob(f"{path.name}.corrupt-*") if not p.name.endswith("-wal"))
+
+
+def test_garbage_file_is_moved_aside(tmp_path: Path, problems: list[StoreProblem]) -> None:
+    path = tmp_path / "state.db"
+    junk = random.Random(1).randbytes(50_000)
+    path.write_bytes(junk)
+    with Store.open(path, on_problem=problems.append) as s:
+        assert s.persistent
+        s.save_bans([ban("192.0.2.1")])
+        assert s.count_bans() == 1
+    (p,) = problems
+    (moved,) = moved_files(path)
+    assert moved.read_bytes() == junk
+    assert p.kind == "corrupt" and p.lost_state and not p.in_memory and p.moved_to == str(moved)
+    assert p.message.startswith(f"state database {path} is corrupt (file is not a database); moved it to "
+                                f"{moved.name} and started a new one")
+
+
+def test_truncated_database_is_found_at_open(tmp_path: Path, problems: list[StoreProblem]) -> None:
+    path = tmp_path / "state.db"
+    fill(path, 20_000)
+    size = path.stat().st_size
+    os.truncate(path, size // 2)
+    with Store.open(path, on_problem=problems.append) as s:
+        assert s.persistent and s.count_bans() == 0
+        assert s.integrity_check() == ["ok"]
+    (p,) = problems
+    assert p.kind == "corrupt" and "malformed" in p.message
+    (moved,) = moved_files(path)
+    assert moved.stat().st_size == size // 2
+
+
+def damage_middle(path: Path, pages: int = 2) -> None:
+    size = path.stat().st_size
+    with path.open("r+b") as f:
+        f.seek((size // 2) // 4096 * 4096)
+        f.write(random.Random(7).randbytes(4096 * pages))
+
+
+def test_damaged_database_keeps_what_can_be_read(tmp_path: Path, problems: list[StoreProblem]) -> None:
+    path = tmp_path / "state.db"
+    fill(path, 20_000)
+    damage_middle(path)
+    with Store.open(path, on_problem=problems.append) as s:
+        rows = s.load_active_rows(0)
+        assert 10_000 < len(rows) < 20_000  # rows on both sides of the damage
+        assert {int.from_bytes(r[1], "big") for r in rows} <= set(range(1, 20_001))
+        assert s.get_position("file:/var/log/auth.log") == '{"offset": 42}'
+        assert s.get_feed_meta("drop") == {"etag": "x"}
+        assert len(s.load_history(0)) == 500
+    (p,) = problems
+    assert p.kind == "corrupt" and p.recovered_bans == len(rows)
+    assert f"recovered {len(rows)} bans from it" in p.message
+
+
+def test_damage_found_mid_run_replaces_the_database(tmp_path: Path, problems: list[StoreProblem]) -> None:
+    path = tmp_path / "state.db"
+    fill(path, 20_000)
+    damage_middle(path)
+    with Store.open(path, on_problem=problems.append, verify=False) as s:
+        assert problems == []  # not seen yet
+        rows = s.load_active_rows(0)  # reads every page: meets it, replaces the file, answers from salvage
+        assert 10_000 < len(rows) < 20_000
+        assert problems[0].kind == "corrupt" and problems[0].lost_state
+        s.save_bans([ban("192.0.2.1")])
+    with Store.open(path, on_problem=no_problem) as s:
+        assert s.count_bans() == len(rows) + 1
+    assert len(moved_files(path)) == 1
+
+
+def test_verify_later(tmp_path: Path, problems: list[StoreProblem]) -> None:
+    """The restart path: open without the check, load, then verify in the background."""
+    path = tmp_path / "state.db"
+    fill(path, 20_000)
+    with Store.open(path, on_problem=problems.append, verify=False) as s:
+        assert s.verify()
+    damage_middle(path)
+    with Store.open(path, on_problem=problems.append, verify=False) as s:
+        assert problems == []
+        assert not s.verify()
+        assert problems[0].kind == "corrupt" and problems[0].recovered_bans > 10_000
+        assert s.verify()
+        assert s.count_bans() == problems[0].recovered_bans
+
+
+# --- unusable places ----------------------------------------------------------------------------------
+
+
+def test_path_is_a_directory(tmp_path: Path, problems: list[StoreProblem]) -> None:
+    path = tmp_path / "state.db"
+    path.mkdir()
+    with Store.open(path, on_problem=problems.append) as s:
+        assert not s.persistent
+        s.save_bans([ban("192.0.2.1")])
+        assert s.count_bans() == 1
+    (p,) = problems
+    assert p.kind == "unwritable" and p.in_memory
+    assert p.message.startswith(f"state database {path} cannot be written (it is not a regular file)")
+    assert "will not survive a restart" in p.message
+
+
+def test_directory_cannot_be_created(tmp_path: Path, problems: list[StoreProblem]) -> None:
+    (tmp_path / "file").write_text("")
+    with Store.open(tmp_path / "file" / "state.db", on_problem=problems.append) as s:
+        assert not s.persistent
+    assert problems[0].kind == "unwritable" and "cannot create" in problems[0].message
+
+
+def test_problems_are_logged_without_a_callback(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "state.db").mkdir()
+    with caplog.at_level(logging.ERROR, "nftblockd.store"), Store.open(tmp_path / "state.db") as s:
+        assert s.problems and s.problems[0].kind == "unwritable"
+    assert "keeping state in memory only" in caplog.text
+
+
+def chattr_works(tmp_path: Path) -> bool:
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        return False
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    ok = subprocess.run(["chattr", "+i", str(probe)], capture_output=True).returncode == 0
+    subprocess.run(["chattr", "-i", str(probe)], capture_output=True)
+    return ok
+
+
+@contextlib.contextmanager
+def immutable(path: Path) -> Iterator[None]:
+    """`chattr +i`: not even root may write, create or delete in it."""
+    subprocess.run(["chattr", "+i", str(path)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@pytest.mark.parametrize("what", ["directory", "file"])
+def test_immutable_database_runs_in_memory_with_its_bans(tmp_path: Path, what: str,
+                                                        problems: list[StoreProblem]) -> None:
+    if not chattr_works(tmp_path):
+        pytest.skip("needs root and a filesystem with chattr +i")
+    path = tmp_path / "state" / "state.db"
+    active = fill(path, 100)
+    before = path.read_bytes()
+    with immutable(path.parent if what == "directory" else path):
+        with Store.open(path, on_problem=problems.append) as s:
+            assert not s.persistent
+            assert len(s.load_active_rows(NOW)) == active
+            s.save_bans([ban("192.0.2.1")])  # works, in memory
+            assert s.count_bans() == 101
+        assert path.read_bytes() == before
+    (p,) = problems
+    assert p.kind == "unwritable" and p.in_memory and not p.lost_state and p.recovered_bans == 100
+    assert str(path) in p.message and "loaded the 100 bans saved in it, read-only" in p.message
+
+
+# --- crash safety -------------------------------------------------------------------------------------
+
+CHILD = r"""
+import ipaddress, random, sys
+from nftblockd.events import Ban
+from nftblockd.store import Store
+
+path, sync, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rnd = random.Random(seed)
+store = Store.open(path, synchronous=sync, on_problem=lambda p: sys.exit(p.message))
+batch = int(store.get_position("batch") or -1) + 1
+next_id = store.count_bans()  # ids 1..next_id are saved: every batch adds the next ones
+for _ in range(100_000):
+    size = rnd.randint(1, 3000)
+    until = 1e12 + batch
+    bans = [Ban(ipaddress.IPv4Network(next_id + k + 1), "default", until, "jail", f"b{batch % 5}", "j")
+            for k in range(size)]
+    bans += [Ban(ipaddress.IPv4Network(rnd.randint(1, next_id)), "default", until, "jail", "again", "j")
+             for _ in range(rnd.randint(0, 50) if next_id else 0)]  # upserts of earlier bans
+    print("begin", batch, flush=True)
+    store.apply(save=bans, positions={"batch": str(batch)}, history=[("j", str(batch), float(batch))])
+    next_id += size
+    print("ack", batch, next_id, flush=True)  # the acknowledgement: only after the commit returned
+    batch += 1
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", ["full", "normal"])
+def test_sigkill_loses_no_acknowledged_ban_and_duplicates_none(tmp_path: Path, sync: str) -> None:
+    path = tmp_path / "state.db"
+    rnd = random.Random(f"sigkill-{sync}")
+    acked_batch, acked_ids = -1, 0
+    for round_ in range(8):
+        proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path), sync, str(rnd.getrandbits(32))],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stderr is not None
+        lines: list[str] = []
+        acks = rnd.randint(1, 20)
+        while line := proc.stdout.readline():  # wait for some acks, then for the next call to begin
+            lines.append(line)
+            acks -= line.startswith("ack")
+            if acks < 0 and line.startswith("begin"):
+                break
+        for _ in range(rnd.randrange(1_000_000)):  # then kill it somewhere inside that call, or just after
+            pass
+        proc.kill()
+        proc.wait()
+        lines += proc.stdout.read().splitlines(keepends=True)  # acknowledged before it died: count those too
+        err = proc.stderr.read()
+        proc.stdout.close()
+        proc.stderr.close()
+        assert any(x.startswith("ack") for x in lines), f"round {round_}: nothing acknowledged: {err}"
+        for line in lines:
+            if line.startswith("ack") and line.endswith("\n"):
+                b, n = map(int, line.split()[1:])
+                assert b == acked_batch + 1, (round_, b, acked_batch)
+                acked_batch, acked_ids = b, n
+
+        with contextlib.closing(sqlite3.connect(path)) as c:
+            assert c.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+            count, distinct = c.execute("SELECT count(*), count(DISTINCT blocklist || hex(target)) FROM bans"
+                                        ).fetchone()
+            assert count == distinct
+            ids = sorted(int.from_bytes(t, "big") for (t,) in c.execute("SELECT target FROM bans"))
+            position = int(c.execute("SELECT value FROM positions WHERE key = 'batch'").fetchone()[0])
+            history = c.execute("SELECT count(*) FROM history").fetchone()[0]
+        # every acknowledged ban is there, once; a batch committed but not acknowledged is there whole
+        assert ids == list(range(1, count + 1))
+        assert position in (acked_batch, acked_batch + 1)
+        assert (count == acked_ids) == (position == acked_batch), (count, acked_ids, position, acked_batch)
+        assert history == position + 1
+        acked_batch, acked_ids = position, count  # the next child goes on from what is really there
