@@ -82,7 +82,7 @@ def fail2ban(n: int) -> float | None:
     log = tmp / "auth.log"
     log.write_text("")
     (conf / "fail2ban.conf").write_text(f"""[Definition]
-loglevel = WARNING
+loglevel = INFO
 logtarget = {tmp / "f2b.log"}
 socket = {tmp / "f2b.sock"}
 pidfile = {tmp / "f2b.pid"}
@@ -90,8 +90,8 @@ dbfile = {tmp / "f2b.sqlite3"}
 """)
     (conf / "jail.conf").write_text(f"""[DEFAULT]
 backend = polling
-banaction = nftables-allports
 [sshd]
+action = nftables-allports[name=sshd]
 enabled = true
 filter = sshd
 logpath = {log}
