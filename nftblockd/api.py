@@ -40,7 +40,7 @@ class ControlAPI:
     def __init__(self, enforcer: Enforcer, *, default_blocklist: str,
                  status_extra: Extra | None = None,
                  feeds: Callable[[], list[dict[str, Any]]] | None = None,
-                 feeds_refresh: Callable[[str], Awaitable[dict[str, Any]]] | None = None) -> None:
+                 feeds_refresh: Callable[[str, bool], Awaitable[dict[str, Any]]] | None = None) -> None:
         self.enforcer = enforcer
         self.default_blocklist = default_blocklist
         self.started = time.time()
@@ -69,15 +69,15 @@ class ControlAPI:
             return await self.status()
         if cmd == "feeds":
             return {"feeds": self._feeds() if self._feeds else []}
-        if cmd == "feeds_refresh":
+        if cmd in ("feeds_refresh", "feeds_accept"):
             assert isinstance(parsed, FeedsRefreshArgs)
             if self._feeds_refresh is None:
                 raise ControlError("not_found", f"no feed named {parsed.name!r} (no feeds configured)")
-            return await self._feeds_refresh(parsed.name)
+            return await self._feeds_refresh(parsed.name, cmd == "feeds_accept")
         raise ControlError("bad_request", f"unknown command {cmd!r}")
 
     def set_feeds(self, status: Callable[[], list[dict[str, Any]]],
-                  refresh: Callable[[str], Awaitable[dict[str, Any]]], owned: set[str]) -> None:
+                  refresh: Callable[[str, bool], Awaitable[dict[str, Any]]], owned: set[str]) -> None:
         self._feeds = status
         self._feeds_refresh = refresh
         self._feed_owned = owned

@@ -187,10 +187,16 @@ class BanState:
         self.sets: dict[str, SetEntries] = {
             s.name: SetEntries(s) for s in ruleset.sets if s.blocklist is not None
         }
+        # earliest end among entries (ms): `expire` does nothing before it instead of scanning every entry
+        self.next_due: float = float("inf")
         self._meta: list[tuple[str, str, str, str]] = [("", "", "", "")]
         self._meta_ids: dict[tuple[str, str, str, str], int] = {("", "", "", ""): 0}
 
     # -- helpers --------------------------------------------------------------------------------------
+
+    def _due(self, until_ms: int | None) -> None:
+        if until_ms is not None and until_ms < self.next_due:
+            self.next_due = until_ms
 
     def _intern(self, meta: tuple[str, str, str, str]) -> int:
         i = self._meta_ids.get(meta)
@@ -225,6 +231,7 @@ class BanState:
         if until_ms is not None and until_ms <= int(now * 1000):
             return Change(Outcome.EXPIRED, message="the ban had already ended")
         meta = self._intern((ban.origin, ban.reason, ban.jail, comment))
+        self._due(until_ms)
         key = self.key_for(entries, ban.target)
         old = entries.entries.get(key)
         if old is not None:
@@ -282,6 +289,7 @@ class BanState:
         if until_ms is not None and until_ms <= int(now * 1000):
             return BulkChange(name, [], [], list(keys), spec_new, spec_ext)
         packed = _pack(until_ms, self._intern((origin, reason, jail, comment)))  # one int shared by all
+        self._due(until_ms)
         d = entries.entries
         clash = d.keys() & keys if d else set()
         if not clash:
@@ -323,6 +331,7 @@ class BanState:
                 continue
             hit = specs.get(u_ms)
             if hit is None:
+                self._due(u_ms)
                 hit = specs[u_ms] = (_pack(u_ms, meta), OpSpec(True, u_ms, ""))
             d[k] = hit[0]
             out_keys.append(k)
@@ -344,6 +353,7 @@ class BanState:
         removed = [k for k in d if k not in want]
         kept = [k for k in want if k in d]
         packed = _pack(to_ms(until), self._intern((origin, reason, "", "")))
+        self._due(to_ms(until))
         for k in removed:
             del d[k]
         d.update(dict.fromkeys(added, packed))
@@ -392,15 +402,26 @@ class BanState:
     def expire(self, now: float) -> int:
         """Forget entries whose end has passed; the kernel removed them on its own."""
         limit = int(now * 1000)
+        if limit < self.next_due:
+            return 0
         dropped = 0
+        due = float("inf")
         for entries in self.sets.values():
-            dead = [k for k, v in entries.entries.items() if (v >> META_BITS) != PERMANENT
-                    and (v >> META_BITS) <= limit]
+            dead = []
+            for k, v in entries.entries.items():
+                u = v >> META_BITS
+                if u == PERMANENT:
+                    continue
+                if u <= limit:
+                    dead.append(k)
+                elif u < due:
+                    due = u
             for k in dead:
                 del entries.entries[k]
                 if entries.spec.interval:
                     entries.index_remove(k)
             dropped += len(dead)
+        self.next_due = due
         return dropped
 
     # -- queries ---------------------------------------------------------------------------------------

@@ -188,6 +188,9 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
     rp = feed_cmds.add_parser("refresh", help="refresh a feed now and wait for the result")
     rp.add_argument("name", metavar="NAME")
     rp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    ap = feed_cmds.add_parser("accept", help="accept a copy the shrink guard held back (it becomes the list)")
+    ap.add_argument("name", metavar="NAME")
+    ap.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     sp = add("test-filter", _cmd_test_filter, "run a filter over a log file (no daemon needed)")
     sp.add_argument("filter", metavar="FILTER")
@@ -405,8 +408,8 @@ _FEED_HEADER = ["FEED", "ENTRIES", "LAST SUCCESS", "NEXT REFRESH", "ERROR"]
 
 
 def _cmd_feeds(ctx: _Context, ns: argparse.Namespace) -> int:
-    if getattr(ns, "feeds_action", None) == "refresh":
-        result = ctx.call("feeds_refresh", {"name": ns.name})
+    if getattr(ns, "feeds_action", None) in ("refresh", "accept"):
+        result = ctx.call(f"feeds_{ns.feeds_action}", {"name": ns.name})
         if ctx.json:
             ctx.print_json(result)
             return EXIT_OK
@@ -414,7 +417,8 @@ def _cmd_feeds(ctx: _Context, ns: argparse.Namespace) -> int:
         if feed.get("error"):
             ctx.warn(f"feed {ns.name}: {feed['error']}")
             return EXIT_FAILED
-        ctx.print(f"refreshed feed {ns.name}: {feed.get('entries', '?')} entries")
+        done = "accepted" if ns.feeds_action == "accept" else "refreshed"
+        ctx.print(f"{done} feed {ns.name}: {feed.get('entries', '?')} entries")
         return EXIT_OK
     result = ctx.call("feeds", {})
     if ctx.json:

@@ -117,6 +117,8 @@ class Daemon:
         self.metrics_server: MetricsServer | None = None
         self.filters = build_filters(cfg)
         self.store: Store | None = None
+        self._persist_queue: list[tuple[tuple[Any, ...], asyncio.Future[None]]] = []
+        self._persist_task: asyncio.Task[None] | None = None
         self._store_exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nftblockd-store")
         self.enforcer = Enforcer(cfg, self.plan, self.allow,
                                  lambda: KernelWriter(self.plan, protect=cfg.protect_table), metrics=self.metrics,
@@ -161,13 +163,39 @@ class Daemon:
     async def persist(self, saves: list[Ban], deletes: list[tuple[str, IPNet]],
                       history: list[tuple[str, str, float, float | None]], packed: list[PackedBans],
                       packed_deletes: list[tuple[str, list[bytes]]]) -> None:
+        """Write a change before its request is acknowledged. Group commit: changes that arrive while a write
+        is in progress share the next transaction (one fsync for many requests under load)."""
         if self.store is None:
             return
-        try:
-            await self.store_call(self.store.apply, save=saves, delete=deletes, history=history,
-                                  save_packed=packed, delete_packed=packed_deletes)
-        except StoreError as exc:  # the kernel has the ban; say loudly that it will not survive a restart
-            log.error("could not save %d bans / %d unbans: %s", len(saves), len(deletes), exc)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._persist_queue.append(((saves, deletes, history, packed, packed_deletes), fut))
+        if self._persist_task is None or self._persist_task.done():
+            self._persist_task = asyncio.create_task(self._persist_drain())
+        await fut
+
+    async def _persist_drain(self) -> None:
+        assert self.store is not None
+        while self._persist_queue:
+            # A change that deletes must not be merged after saves of the same key (the store runs a call's
+            # deletions first): it starts a new transaction.
+            n = 1
+            while n < len(self._persist_queue) and not (self._persist_queue[n][0][1] or self._persist_queue[n][0][4]):
+                n += 1
+            batch, self._persist_queue = self._persist_queue[:n], self._persist_queue[n:]
+            parts = [b[0] for b in batch]
+            try:
+                await self.store_call(self.store.apply, save=[x for p in parts for x in p[0]],
+                                      delete=[x for p in parts for x in p[1]],
+                                      history=[x for p in parts for x in p[2]],
+                                      save_packed=[x for p in parts for x in p[3]],
+                                      delete_packed=[x for p in parts for x in p[4]])
+            except StoreError as exc:  # the kernel has the bans; say loudly that they will not survive a restart
+                log.error("could not save %d changes: %s", len(batch), exc)
+            except Exception:
+                log.exception("saving %d changes failed", len(batch))
+            for _p, f in batch:
+                if not f.done():
+                    f.set_result(None)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -223,6 +251,8 @@ class Daemon:
                 if self.metrics_server is not None:
                     await self.metrics_server.close()
         finally:
+            if self._persist_task is not None:
+                await self._persist_task
             await self.enforcer.close()
             if self.store is not None:
                 await self.store_call(self.store.close)

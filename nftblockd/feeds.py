@@ -122,11 +122,14 @@ class FeedManager:
                     self.metrics.feed_age.labels(name).set(now - st.last_success)
         return out
 
-    async def refresh(self, name: str) -> dict[str, Any]:
+    async def refresh(self, name: str, accept: bool = False) -> dict[str, Any]:
+        """Fetch a feed now (`feeds refresh`), or first accept a copy the shrink guard held (`feeds accept`)."""
+        from .control.protocol import ControlError
         f = self.fetchers.get(name)
         if f is None:
-            from .control.protocol import ControlError
             raise ControlError("not_found", f"no feed named {name!r} (feeds: {', '.join(self.fetchers) or 'none'})")
+        if accept and not f.accept():
+            raise ControlError("not_found", f"feed {name!r} has no held copy to accept")
         try:
             upd = await f.fetch()
             if self.metrics is not None:

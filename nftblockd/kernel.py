@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from . import nfmsg as m
 from . import ruleset as rs
-from .bans import OpSpec, SetOp, key_net
+from .bans import OpSpec, SetOp
 from .batcher import Group
 from .events import IPNet
 from .netlink import KernelError, KernelSetInfo, NftSocket, kernel_release
@@ -381,13 +381,22 @@ class KernelWriter:
                 return m.encode_hash_elements([keys[i].to_bytes(klen, "big") for i in ids], tmos, refresh)
             return [m.encode_element(m.Element(keys[i].to_bytes(klen, "big"), tmo(specs[i]), refresh,
                                                specs[i].comment)) for i in ids]
+        # ranges: straight from the integer key, one tail per distinct op (ipaddress objects cost ~25x more)
+        bits = klen * 8
+        top = 1 << bits
+        tails: dict[int, bytes] = {}
         out = []
         for i in ids:
             k = keys[i]
-            net = key_net(k, v)
-            out.append(m.encode_element(_interval_element(net, tmo(specs[i]),
-                                                          specs[i].comment if now_ms is not None else "",
-                                                          refresh and now_ms is not None)))
+            s = specs[i]
+            tail = tails.get(id(s))
+            if tail is None:
+                tail = tails[id(s)] = m.element_tail(tmo(s), refresh and now_ms is not None,
+                                                     s.comment if now_ms is not None else "")
+            start = k >> 8
+            end = start + (1 << (bits - (k & 0xFF)))
+            out.append(m.encode_range(start.to_bytes(klen, "big"), end.to_bytes(klen, "big") if end < top else None,
+                                      tail))
         return out
 
     # -- verification ---------------------------------------------------------------------------------

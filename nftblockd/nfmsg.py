@@ -245,6 +245,28 @@ def _timeout_attrs(remaining_ms: int, refresh: bool) -> bytes:
     return out
 
 
+_INTERVAL_END_FLAGS = be32(NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END)
+
+
+def element_tail(timeout_ms: int | None, refresh: bool, comment: str = "") -> bytes:
+    """The attributes after an element's key: timeout (+ expiration) and comment."""
+    tail = b"" if timeout_ms is None else _timeout_attrs(timeout_ms, refresh)
+    if comment:
+        tail += attr(NFTA_SET_ELEM_USERDATA, comment_udata(NFTNL_UDATA_SET_ELEM_COMMENT, comment))
+    return tail
+
+
+def encode_range(start: bytes, end: bytes | None, tail: bytes) -> bytes:
+    """An interval-set range from raw keys: start element (+ tail) and INTERVAL_END element at `end` (the
+    first address after the range; None when the range reaches the top of the address space)."""
+    klen = len(start)
+    key = _NLA.pack(8 + klen, NFTA_SET_ELEM_KEY | NLA_F_NESTED) + _NLA.pack(4 + klen, NFTA_DATA_VALUE)
+    out = _NLA.pack(4 + len(key) + klen + len(tail), NFTA_LIST_ELEM | NLA_F_NESTED) + key + start + tail
+    if end is not None:
+        out += _NLA.pack(4 + len(key) + klen + 8, NFTA_LIST_ELEM | NLA_F_NESTED) + key + end + _INTERVAL_END_FLAGS
+    return out
+
+
 def encode_hash_elements(keys: Sequence[bytes], timeouts_ms: Sequence[int | None], refresh: bool) -> list[bytes]:
     """Fast path for hash sets without comments: one template per (key length, timeout)."""
     out = []

@@ -486,6 +486,11 @@ def _parse_check(args: dict[str, Any]) -> CheckArgs:
     return CheckArgs(_req_str("check", args, "target"))
 
 
+def _parse_feeds_accept(args: dict[str, Any]) -> FeedsRefreshArgs:
+    _check_keys("feeds_accept", args, ("name",))
+    return FeedsRefreshArgs(_req_str("feeds_accept", args, "name"))
+
+
 def _parse_feeds_refresh(args: dict[str, Any]) -> FeedsRefreshArgs:
     _check_keys("feeds_refresh", args, ("name",))
     return FeedsRefreshArgs(_req_str("feeds_refresh", args, "name"))
@@ -508,6 +513,7 @@ _PARSERS: Final = {
     "check": _parse_check,
     "feeds": _no_args("feeds"),
     "feeds_refresh": _parse_feeds_refresh,
+    "feeds_accept": _parse_feeds_accept,
 }
 COMMANDS: Final = frozenset(_PARSERS)
 

@@ -1,0 +1,374 @@
+"""Threat feeds into the kernel: initial load, a 1 % churn refresh, and peak memory of a 1M-entry feed.
+
+What a feed costs nftblockd end to end, on a realistic FireHOL-style feed from bench/feedgen.py (50,000 IPv4 +
+20,000 IPv6 entries: single addresses, /24s, nesting, adjacency, duplicates, some special space):
+
+- parse → sanitise → aggregate → `feeds._desired`, each stage timed on its own;
+- the LOAD: `Enforcer.sync_sets` of that aggregate into a fresh table in a fresh network namespace (state,
+  encoding and the one kernel transaction), against `nft -f` of the same elements into identical sets
+  (interval+timeout sets like `feeds_net4/net6`, hash+timeout sets for single addresses) in another fresh
+  namespace, interleaved in the same run;
+- a REFRESH with 1 % churn (1 % of the feed's entries dropped, as many new ones added, re-parsed and
+  re-aggregated), applied by `sync_sets` to the loaded table, as a share of the full load;
+- both of the above without element timeouts (the feed default, `ban_timeout` unset) and with them
+  (`ban_timeout: 1d`), where every kept entry is re-sent to refresh its timeout;
+- peak RSS growth while parsing and aggregating a 1,000,000-entry feed, in a subprocess (clean high-water mark).
+
+After every load and refresh, the kernel's sets are checked against the expected aggregate: element counts from
+NFTA_SET_COUNT and the full content from `nft -j list set` (the reference sets' content too), so no figure
+comes from a load that did not happen. Everything runs inside private network namespaces made here.
+
+    python bench/bench_feeds_kernel.py          # NFTBLOCK_BENCH_ROUNDS=3 by default
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import ipaddress
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import record
+from bench.feedgen import make_entries
+from nftblockd.aggregate import Aggregate, aggregate, sanitise
+from nftblockd.feedparse import parse_feed
+from nftblockd.feeds import _desired
+
+ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_ROUNDS", "3"))
+N4, N6 = 50_000, 20_000
+BIG = int(os.environ.get("NFTBLOCK_BENCH_FEED_BIG", "1000000"))
+CHURN = 0.01
+BLOCKLIST = "feeds"
+SIZE = 1_048_576
+BAN_TIMEOUT = 86_400.0  # the "with timeouts" variant: ban_timeout: 1d
+CONFIG = (f"blocklists: {{{BLOCKLIST}: {{timeout: 1h, size: {SIZE}}}}}\n"
+          "allowlist_self: false\nreconcile: {interval: 1h}\n")
+HEADER = ("#\n# bench_feed\n#\n# ipv4 hash:net ipset\n#\n"
+          "# Synthetic feed from bench/feedgen.py for bench_feeds_kernel.py\n#\n")
+
+
+# -- feeds --------------------------------------------------------------------------------------------------
+
+def feeds() -> tuple[str, str, int]:
+    """(base feed text, the same feed after 1 % churn, entries changed each way)."""
+    base = make_entries(N4, N6, seed=1)
+    rng = random.Random(7)
+    churn = int(len(base) * CHURN)
+    drop = set(rng.sample(range(len(base)), churn))
+    fresh = make_entries(int(N4 * CHURN), int(N6 * CHURN), seed=1001)  # new entries, same mix
+    kept = [e for i, e in enumerate(base) if i not in drop]
+    changed = kept + fresh
+    rng.shuffle(changed)
+    return HEADER + "\n".join(base) + "\n", HEADER + "\n".join(changed) + "\n", churn
+
+
+def stages(body: str) -> tuple[dict[str, float], Aggregate, dict[str, list[int]]]:
+    t0 = time.perf_counter()
+    parsed = parse_feed(body)
+    t1 = time.perf_counter()
+    s = sanitise(parsed.v4, parsed.v6)
+    t2 = time.perf_counter()
+    agg = aggregate([s])
+    t3 = time.perf_counter()
+    desired = _desired(agg, BLOCKLIST)
+    t4 = time.perf_counter()
+    return ({"parse": t1 - t0, "sanitise": t2 - t1, "aggregate": t3 - t2, "desired": t4 - t3, "total": t4 - t0},
+            agg, desired)
+
+
+# -- what the kernel should hold -------------------------------------------------------------------------------
+
+def expected_text(desired: dict[str, list[int]]) -> dict[str, set[str]]:
+    """Set name -> elements as `nft -j` spells them ("1.2.3.4", "10.0.0.0/8", "2001:db8::/32")."""
+    out: dict[str, set[str]] = {}
+    for name, keys in desired.items():
+        v6 = name.endswith("6")
+        cls: Callable[[int], Any] = ipaddress.IPv6Address if v6 else ipaddress.IPv4Address
+        if "_net" in name:
+            out[name] = {f"{cls(k >> 8)}/{k & 0xFF}" for k in keys}
+        else:
+            out[name] = {str(cls(k)) for k in keys}
+    return out
+
+
+def verify_content(ns: Any, table: str, want: dict[str, set[str]], what: str) -> None:
+    for name, elems in want.items():
+        have = set(ns.set_elements(table, name))
+        if have != elems:
+            missing, extra = sorted(elems - have)[:3], sorted(have - elems)[:3]
+            raise AssertionError(f"{what}: set {name} holds {len(have)} elements, expected {len(elems)} "
+                                 f"(missing e.g. {missing}, unexpected e.g. {extra})")
+
+
+# -- ours: Enforcer.sync_sets in a fresh namespace -----------------------------------------------------------
+
+class Timed:
+    """Wraps a bound method on one instance and adds up the wall time of its calls."""
+
+    def __init__(self, obj: Any, attr: str) -> None:
+        self.total = 0.0
+        self.calls = 0
+        orig = getattr(obj, attr)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return orig(*a, **k)
+            finally:
+                self.total += time.perf_counter() - t0
+                self.calls += 1
+
+        setattr(obj, attr, wrapper)
+
+
+async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | None,
+               check_content: bool) -> dict[str, Any]:
+    """Load `desired` into a fresh table with sync_sets, then refresh it from the churned feed `body2`."""
+    from nftblockd.allowlist import Allowlist
+    from nftblockd.config import parse_config
+    from nftblockd.enforcer import Enforcer
+    from nftblockd.kernel import KernelWriter
+    from nftblockd.netlink import NftSocket
+    from nftblockd.ruleset import plan_ruleset
+    from tests.helpers.netns import NetNS, inside
+
+    ns = NetNS("nbk")
+    cfg = parse_config(CONFIG)
+    plan = plan_ruleset(cfg)
+    enf = None
+    try:
+        with inside(ns):
+            sock = NftSocket()
+        enf = Enforcer(cfg, plan, Allowlist(), lambda: KernelWriter(plan, sock))
+        await enf.start()
+        assert enf.writer is not None
+        apply_t = Timed(enf.writer, "apply")
+        tx_t = Timed(enf.writer.sock, "transact")
+        out: dict[str, Any] = {}
+
+        async def sync(want: dict[str, list[int]], what: str) -> None:
+            until = None if ban_timeout is None else time.time() + ban_timeout
+            apply_t.total = tx_t.total = 0.0
+            t0 = time.perf_counter()
+            res = await enf.sync_sets(want, until, reason="bench")
+            secs = time.perf_counter() - t0
+            assert not res.failed, f"{what}: the kernel refused {res.failed} elements"
+            counts = await enf.kernel_counts()
+            for name, keys in want.items():
+                assert counts[name] == len(keys), f"{what}: {name} count {counts[name]} != {len(keys)}"
+            if check_content:
+                verify_content(ns, plan.table, expected_text(want), what)
+            out[what] = {"s": secs, "apply": apply_t.total, "kernel": tx_t.total, "added": res.added,
+                         "removed": res.removed, "elements": sum(len(k) for k in want.values())}
+
+        await sync(desired, "load")
+        gc.collect()
+        st2, _agg2, desired2 = stages(body2)
+        await sync(desired2, "refresh")
+        out["refresh_pipeline"] = st2["total"]
+        return out
+    finally:
+        if enf is not None:
+            await enf.close()
+        ns.delete()
+
+
+# -- reference: nft -f of the same elements into identical sets ----------------------------------------------
+
+def nft_reference(desired: dict[str, list[int]], ban_timeout: float | None) -> float:
+    from tests.helpers.netns import NetNS
+
+    want = expected_text(desired)
+    ns = NetNS("nbk")
+    try:
+        decl = []
+        for name in desired:
+            typ = "ipv6_addr" if name.endswith("6") else "ipv4_addr"
+            flags = "interval,timeout" if "_net" in name else "timeout"
+            decl.append(f"  set {name} {{ type {typ}; size {SIZE}; flags {flags}; }}\n")
+        ns.run("nft", "-f", "-", input="table inet ref {\n" + "".join(decl) + "}\n")
+        tail = "" if ban_timeout is None else f" timeout {int(ban_timeout)}s"
+        lines = [f"add element inet ref {name} {{ " + ", ".join(e + tail for e in sorted(elems)) + " }\n"
+                 for name, elems in want.items() if elems]
+        with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
+            f.write("".join(lines))
+            path = f.name
+        try:
+            t0 = time.perf_counter()
+            res = ns.run("nft", "-f", path, check=False)
+            secs = time.perf_counter() - t0
+        finally:
+            os.unlink(path)
+        assert res.returncode == 0, res.stderr[:500]
+        verify_content(ns, "ref", want, "nft -f reference")
+        return secs
+    finally:
+        ns.delete()
+
+
+# -- peak memory of a 1M-entry feed, in a child process --------------------------------------------------------
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def memory_child(path: str) -> None:
+    """Run in a fresh interpreter: RSS high-water growth and tracemalloc peak of parse+sanitise+aggregate."""
+    import tracemalloc
+
+    body = Path(path).read_text()
+    gc.collect()
+    rss_before = _status_kib("VmRSS")
+    maxrss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    hwm_reset = True
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    except OSError:
+        hwm_reset = False
+    t0 = time.perf_counter()
+    parsed = parse_feed(body)
+    agg = aggregate([sanitise(parsed.v4, parsed.v6)])
+    secs = time.perf_counter() - t0
+    hwm = _status_kib("VmHWM")
+    maxrss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_after = _status_kib("VmRSS")
+    entries, cidrs = parsed.entries, len(agg)
+    del parsed, agg
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    parsed = parse_feed(body)
+    agg = aggregate([sanitise(parsed.v4, parsed.v6)])
+    held, peak = tracemalloc.get_traced_memory()  # `held`: what the result (parsed, agg) keeps alive
+    tracemalloc.stop()
+    del parsed, agg
+    print(json.dumps({
+        "body_mb": len(body) / 1e6, "entries": entries, "cidrs": cidrs, "seconds": secs,
+        "rss_before_kib": rss_before, "peak_growth_kib": (hwm - rss_before) if hwm_reset else None,
+        "maxrss_delta_kib": maxrss_after - maxrss_before, "rss_after_kib": rss_after,  # see memory_1m's note
+        "tracemalloc_peak_b": peak - base, "tracemalloc_held_b": held - base,
+    }))
+
+
+def memory_1m() -> dict[str, Any]:
+    from bench.feedgen import make_feed
+
+    with tempfile.NamedTemporaryFile("w", suffix=".netset", delete=False) as f:
+        f.write(make_feed(BIG, 0, seed=2))
+        path = f.name
+    try:
+        out = subprocess.run([sys.executable, __file__, "--memory-child", path], check=True, capture_output=True,
+                             text=True, timeout=600)
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    finally:
+        os.unlink(path)
+
+
+# -- main -----------------------------------------------------------------------------------------------------
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def main() -> None:
+    body, body2, churn = feeds()
+    stage_runs = []
+    runs: dict[str, list[dict[str, Any]]] = {"none": [], "ttl": []}
+    refs: dict[str, list[float]] = {"none": [], "ttl": []}
+    for r in range(ROUNDS):
+        st, agg, desired = stages(body)
+        stage_runs.append(st)
+        gc.collect()
+        for variant, tmo in (("none", None), ("ttl", BAN_TIMEOUT)):
+            # alternate who goes first, so neither side always meets a warm (or a disturbed) machine
+            if r % 2 == 0:
+                runs[variant].append(asyncio.run(ours(desired, body2, tmo, check_content=True)))
+                refs[variant].append(nft_reference(desired, tmo))
+            else:
+                refs[variant].append(nft_reference(desired, tmo))
+                runs[variant].append(asyncio.run(ours(desired, body2, tmo, check_content=True)))
+            gc.collect()
+        o = runs["none"][-1]
+        print(f"round {r + 1}/{ROUNDS}: load {o['load']['s']:.3f}s (nft -f {refs['none'][-1]:.3f}s), refresh "
+              f"{o['refresh']['s']:.4f}s; with timeouts: load {runs['ttl'][-1]['load']['s']:.3f}s (nft -f "
+              f"{refs['ttl'][-1]:.3f}s), refresh {runs['ttl'][-1]['refresh']['s']:.3f}s", flush=True)
+
+    counts = {k: len(v) for k, v in desired.items()}
+    shape = ", ".join(f"{k} {v}" for k, v in counts.items())
+    st = {k: med([s[k] for s in stage_runs]) for k in stage_runs[0]}
+    record("feeds_kernel.70k.parse_s", st["parse"], "s", note=f"{N4} IPv4 + {N6} IPv6 FireHOL-style lines")
+    record("feeds_kernel.70k.sanitise_s", st["sanitise"], "s")
+    record("feeds_kernel.70k.aggregate_s", st["aggregate"], "s", note=f"{len(agg)} CIDRs: {shape}")
+    record("feeds_kernel.70k.desired_s", st["desired"], "s", note="feeds._desired: aggregate -> set keys")
+    record("feeds_kernel.70k.pipeline_s", st["total"], "s", note="parse + sanitise + aggregate + _desired")
+
+    for variant, label in (("none", ""), ("ttl", "_ttl")):
+        rs = runs[variant]
+        load = med([x["load"]["s"] for x in rs])
+        ref = med(refs[variant])
+        kern = med([x["load"]["kernel"] for x in rs])
+        enc = med([x["load"]["apply"] - x["load"]["kernel"] for x in rs])
+        state = med([x["load"]["s"] - x["load"]["apply"] for x in rs])
+        tmo_note = "no element timeouts (feed default)" if variant == "none" else \
+            f"element timeouts (ban_timeout {int(BAN_TIMEOUT)}s)"
+        record(f"feeds_kernel.70k.load{label}_s", load, "s", reference="nft -f", reference_value=ref,
+               target="ratio <= 1.0",
+               note=f"Enforcer.sync_sets of {len(agg)} elements into a fresh table, {tmo_note}; time split: "
+                    f"state {state:.3f}s, encoding {enc:.3f}s, kernel transaction {kern:.3f}s; same sets by nft "
+                    f"-f in another namespace; content verified with nft -j")
+        record(f"feeds_kernel.70k.load{label}_kernel_s", kern, "s", reference="nft -f", reference_value=ref,
+               note="the netlink transaction alone (send + commit + ack), part of the load above")
+        record(f"feeds_kernel.70k.load{label}_e2e_s", st["total"] + load, "s",
+               note="parse + sanitise + aggregate + _desired + sync_sets (nft -f has no such step: its input "
+                    "is already aggregated)")
+        refresh = med([x["refresh"]["s"] for x in rs])
+        added = rs[-1]["refresh"]["added"]
+        removed = rs[-1]["refresh"]["removed"]
+        r_kern = med([x["refresh"]["kernel"] for x in rs])
+        r_enc = med([x["refresh"]["apply"] - x["refresh"]["kernel"] for x in rs])
+        r_state = med([x["refresh"]["s"] - x["refresh"]["apply"] for x in rs])
+        resent = "" if variant == "none" else \
+            f"; every kept entry is re-sent to refresh its timeout ({rs[-1]['refresh']['elements']} elements)"
+        record(f"feeds_kernel.70k.refresh_1pct{label}_s", refresh, "s", reference="full load (sync_sets)",
+               reference_value=load, target="ratio <= 0.05" if variant == "none" else None,
+               note=f"{churn} of {N4 + N6} entries dropped and {churn} added -> +{added} -{removed} CIDRs"
+                    f"{resent}; split: state {r_state:.4f}s, encoding {r_enc:.4f}s, kernel {r_kern:.4f}s")
+        record(f"feeds_kernel.70k.refresh_1pct{label}_e2e_s",
+               med([x["refresh_pipeline"] + x["refresh"]["s"] for x in rs]), "s",
+               reference="full load (sync_sets)", reference_value=load,
+               note="parse + sanitise + aggregate + _desired + sync_sets of the churned feed")
+
+    mem = memory_1m()
+    if mem["peak_growth_kib"] is not None:
+        record("feeds_kernel.1m.peak_rss_growth_mb", mem["peak_growth_kib"] * 1024 / 1e6, "MB",
+               note=f"high-water RSS growth while parsing+sanitising+aggregating {mem['entries']} entries "
+                    f"({mem['body_mb']:.1f} MB body already in memory, {mem['rss_before_kib'] / 1024:.0f} MiB RSS "
+                    f"before) -> {mem['cidrs']} CIDRs in {mem['seconds']:.2f}s; fresh subprocess, VmHWM reset "
+                    "through /proc/self/clear_refs (ru_maxrss cannot be used: across fork+exec it keeps the "
+                    "parent's high-water mark)")
+    record("feeds_kernel.1m.tracemalloc_peak_mb", mem["tracemalloc_peak_b"] / 1e6, "MB",
+           note=f"Python allocations at the peak; {mem['tracemalloc_held_b'] / 1e6:.1f} MB still held by the "
+                "parse result and aggregate")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--memory-child":
+        memory_child(sys.argv[2])
+    else:
+        main()
