@@ -93,6 +93,8 @@ class JailConfig:
     ignoreip: tuple[IPNet, ...] = ()
     ipv6_prefix: int = 128
     enabled: bool = True
+    recidive: bool = False  # counts bans of other jails (`watch`, or all) instead of log lines
+    watch: tuple[str, ...] = ()
     line: int = 0
     filter_line: int = 0
 
@@ -271,6 +273,11 @@ class _Builder:
             log_level=self.log_level(top),
             lines=self.doc.lines,
         )
+        names = {j.name for j in cfg.jails}
+        for j in cfg.jails:
+            for w in j.watch:
+                if w not in names or w == j.name:
+                    self.fail(("jails", j.name, "watch"), f"{w!r} is not another jail of this config")
         owned = {f.blocklist for f in cfg.feeds}
         for j in cfg.jails:
             if j.blocklist in owned:
@@ -399,8 +406,15 @@ class _Builder:
                 continue
             j = self.mapping(body, path, {
                 "files", "journal", "filter", "maxretry", "findtime", "bantime", "escalation", "blocklist",
-                "ignoreip", "ipv6_prefix", "enabled",
+                "ignoreip", "ipv6_prefix", "enabled", "recidive", "watch",
             })
+            recidive = self.get(j, "recidive", path, bool, False)
+            watch = j.get("watch") or []
+            if not isinstance(watch, list) or not all(isinstance(w, str) for w in watch):
+                self.fail((*path, "watch"), "watch must be a list of jail names")
+                watch = []
+            if watch and not recidive:
+                self.fail((*path, "watch"), "watch is only for recidive jails (recidive: true)")
             files = j.get("files") or []
             if isinstance(files, str):
                 files = [files]
@@ -427,10 +441,10 @@ class _Builder:
                             continue
                         pairs += [(str(k), str(x)) for x in values]
                     matches = tuple(pairs)
-            if not files and not matches and j.get("enabled", True):
-                self.fail(path, "a jail needs files: or journal: to read from")
+            if not files and not matches and j.get("enabled", True) and not recidive:
+                self.fail(path, "a jail needs files: or journal: to read from (or recidive: true)")
             flt = self.get(j, "filter", path, str, "")
-            if not flt:
+            if not flt and not recidive:
                 self.fail(path, "a jail needs a filter (a built-in name, a YAML file or a fail2ban .conf)")
             blocklist = self.get(j, "blocklist", path, str, "default")
             if blocklist not in blocklists:
@@ -458,6 +472,8 @@ class _Builder:
                 ignoreip=self.addresses(j.get("ignoreip"), (*path, "ignoreip")),
                 ipv6_prefix=v6,
                 enabled=self.get(j, "enabled", path, bool, True),
+                recidive=recidive,
+                watch=tuple(watch),
                 line=self.doc.line(path),
                 filter_line=self.doc.line((*path, "filter")),
             ))

@@ -36,7 +36,7 @@ from .ruleset import plan_ruleset
 from .sdnotify import Notifier, watchdog_loop
 from .sources.base import MemoryPositionStore
 from .store import CompactBans, PackedBans, Store, StoreError, StoreProblem, unpack_target
-from .tracker import BanRecord, Tracker
+from .tracker import BanRecord, JailPolicy, Tracker
 
 log = logging.getLogger("nftblockd")
 T = TypeVar("T")
@@ -90,7 +90,7 @@ def build_filters(cfg: Config) -> dict[str, Filter]:
     out: dict[str, Filter] = {}
     problems = []
     for j in cfg.jails:
-        if not j.enabled:
+        if not j.enabled or j.recidive:
             continue
         try:
             out[j.name] = load_filter(j.filter, search_dirs=(Path(cfg.file).parent / "filter.d",
@@ -123,7 +123,7 @@ class Daemon:
         self.enforcer = Enforcer(cfg, self.plan, self.allow,
                                  lambda: KernelWriter(self.plan, protect=cfg.protect_table), metrics=self.metrics,
                                  persist=self.persist, on_change=self._changed)
-        self.tracker = Tracker.from_config(cfg, self._own)
+        self.tracker = self._tracker(cfg)
         self.jails: list[JailRunner] = []
         self.feeds: FeedManager | None = None
         if cfg.feeds:  # imported only when used: the HTTP client is a dependency of feeds alone
@@ -142,6 +142,10 @@ class Daemon:
     def _default_blocklist(cfg: Config) -> str:
         names = [b.name for b in cfg.blocklists]
         return "default" if "default" in names else names[0]
+
+    def _tracker(self, cfg: Config) -> Tracker:
+        policies = [JailPolicy.from_config(j, recidive=j.recidive, watch=j.watch) for j in cfg.jails if j.enabled]
+        return Tracker(policies, self.allow)
 
     def _allowlist(self, cfg: Config) -> Allowlist:
         self._own = own_addresses() if cfg.allowlist_self else []
@@ -309,7 +313,7 @@ class Daemon:
             self.tracker.load_history(history, now)
         positions = self.store.positions() if self.store is not None else MemoryPositionStore()
         for j in self.cfg.jails:
-            if j.enabled:
+            if j.enabled and not j.recidive:
                 self.jails.append(JailRunner(j, self.filters[j.name], self.tracker, self._jail_bans, positions,
                                              self.metrics))
         log.info("restored %d saved bans", n)
@@ -373,16 +377,23 @@ class Daemon:
             await self._jail_bans(more, more_records, arrival)
 
     async def _housekeeping(self) -> None:
-        """Once a minute: forget ended bans and old history; export source and tracker figures."""
+        """Once a minute: forget ended bans, export tracker figures; every 15 minutes prune the database (a
+        scan of every saved ban: with a million of them, doing it each minute cost ~1 % CPU while idle)."""
+        rounds = 0
+        evicted = 0
         while not self.stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), 60)
             if self.stop.is_set():
                 return
             now = time.time()
+            rounds += 1
             self.tracker.sweep(now)
             self.enforcer.state.expire(now)
-            if self.store is not None:
+            if self.tracker.evictions > evicted:
+                self.metrics.tracker_evictions.inc(self.tracker.evictions - evicted)
+                evicted = self.tracker.evictions
+            if self.store is not None and rounds % 15 == 0:
                 try:
                     await self.store_call(self.store.prune, now, 30 * 86400)
                 except StoreError as exc:

@@ -184,3 +184,25 @@ jails:
     finally:
         d.close()
         jd.stop()
+
+
+def test_recidive_jail_counts_bans_across_jails(netns: NetNS, tmp_path: Path) -> None:
+    log = tmp_path / "auth.log"
+    log.write_text("")
+    d = DaemonProc(netns, tmp_path / "d", f"""
+reconcile: {{interval: 1h}}
+blocklists: {{default: {{}}, long: {{}}}}
+jails:
+  sshd: {{files: ["{log}"], filter: sshd, maxretry: 1, findtime: 10m, bantime: 1m}}
+  recidive: {{recidive: true, maxretry: 2, findtime: 1d, bantime: 1w, blocklist: long}}
+""").start()
+    try:
+        append(log, failures("198.51.100.70", 1))
+        wait_for(lambda: "198.51.100.70" in banned(netns), what="first sshd ban")
+        d.cli("unban", "198.51.100.70")
+        append(log, failures("198.51.100.70", 1, port=41000))
+        wait_for(lambda: "198.51.100.70" in netns.set_elements("nftblock", "long_ip4"), what="recidive ban")
+        ban = {(b["target"], b["jail"]): b for b in d.cli_json("list")["bans"]}[("198.51.100.70", "recidive")]
+        assert ban["blocklist"] == "long" and ban["expires_in"] > 6 * 86400
+    finally:
+        d.close()
