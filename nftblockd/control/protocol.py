@@ -24,7 +24,7 @@ import enum
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 from ..durations import parse_timeout
 from ..events import BanInfo, format_target
@@ -356,8 +356,10 @@ Timeout: TypeAlias = float | Literal[_BlocklistDefault.TOKEN] | None
 ORIGINS: Final = ("cli", "fail2ban")  # what a control client may claim a ban comes from
 
 
-@dataclass(frozen=True, slots=True)
-class BanItem:
+class BanItem(NamedTuple):
+    """One target of a `ban` (a NamedTuple: a bulk request builds a million of them, and a frozen
+    dataclass's __init__ costs ~10x more)."""
+
     target: str  # as sent; the daemon parses it with events.parse_target and refuses it if invalid
     timeout: Timeout = BLOCKLIST_DEFAULT
     reason: str = ""
