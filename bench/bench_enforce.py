@@ -7,6 +7,7 @@ the same run (nft -f of the same elements into an identical set), median of seve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import os
@@ -15,6 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -67,7 +69,9 @@ def nft_reference(addrs: list[str], delete: list[str] | None = None) -> tuple[fl
         ns.delete()
 
 
-async def ours_bulk(addrs: list[str], delete: list[str]) -> tuple[float, float]:
+@contextlib.asynccontextmanager
+async def running_enforcer() -> AsyncIterator[Enforcer]:
+    """An Enforcer with its batcher running, on a fresh table in a fresh namespace."""
     ns = NetNS("nbb")
     cfg = parse_config(CONFIG)
     plan = plan_ruleset(cfg)
@@ -78,6 +82,16 @@ async def ours_bulk(addrs: list[str], delete: list[str]) -> tuple[float, float]:
     try:
         await enf.start()
         runner = asyncio.create_task(enf.batcher.run(stop))
+        yield enf
+        stop.set()
+        await runner
+    finally:
+        await enf.close()
+        ns.delete()
+
+
+async def ours_bulk(addrs: list[str], delete: list[str]) -> tuple[float, float]:
+    async with running_enforcer() as enf:
         # what a bulk caller hands over: addresses as ints (the CLI benchmark below includes parsing text)
         until = time.time() + 3600
         keys = [int(ipaddress.IPv4Address(a)) for a in addrs]
@@ -93,26 +107,12 @@ async def ours_bulk(addrs: list[str], delete: list[str]) -> tuple[float, float]:
         del_s = time.perf_counter() - t0
         counts = await enf.kernel_counts()
         assert counts["default_ip4"] == len(addrs) - len(delete), counts
-        stop.set()
-        await runner
         return add_s, del_s
-    finally:
-        await enf.close()
-        ns.delete()
 
 
 async def throughput(n: int, chunk: int) -> float:
     """Elements/s from the in-process API into the kernel, many concurrent callers, no waiting between."""
-    ns = NetNS("nbb")
-    cfg = parse_config(CONFIG)
-    plan = plan_ruleset(cfg)
-    with inside(ns):
-        sock = NftSocket()
-    enf = Enforcer(cfg, plan, Allowlist(), lambda: KernelWriter(plan, sock))
-    stop = asyncio.Event()
-    try:
-        await enf.start()
-        runner = asyncio.create_task(enf.batcher.run(stop))
+    async with running_enforcer() as enf:
         until = time.time() + 3600
         addrs = [int(ipaddress.IPv4Address(a)) for a in addresses(n, seed=7)]
         t0 = time.perf_counter()
@@ -121,12 +121,7 @@ async def throughput(n: int, chunk: int) -> float:
         await asyncio.gather(*tasks)
         secs = time.perf_counter() - t0
         assert (await enf.kernel_counts())["default_ip4"] == n
-        stop.set()
-        await runner
         return n / secs
-    finally:
-        await enf.close()
-        ns.delete()
 
 
 def daemon_benches() -> None:
