@@ -30,6 +30,7 @@ from .batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
 from .config import Config
 from .events import Ban, Decision, IPNet, Unban, format_target, parse_target
 from .kernel import KernelWriter
+from .logsetup import quote
 from .metrics import Metrics
 from .ruleset import Ruleset
 from .store import PackedBans
@@ -443,14 +444,14 @@ class Enforcer:
             if kind == "ban":
                 assert isinstance(d, Ban)
                 dur = "permanent" if d.until is None else f"{max(0, round(d.until - time.time()))}s"
-                audit_log.info('ban jail=%s address=%s set=%s duration=%s reason="%s"', fields["jail"],
-                               fields["address"], r.set_name, dur, d.reason or d.origin, extra=fields)
+                audit_log.info("ban jail=%s address=%s set=%s duration=%s reason=%s", quote(fields["jail"]),
+                               fields["address"], r.set_name, dur, quote(d.reason or d.origin), extra=fields)
             elif kind == "unban":
-                audit_log.info('unban jail=%s address=%s set=%s reason="%s"', fields["jail"], fields["address"],
-                               r.set_name, d.reason or d.origin, extra=fields)
+                audit_log.info("unban jail=%s address=%s set=%s reason=%s", quote(fields["jail"]),
+                               fields["address"], r.set_name, quote(d.reason or d.origin), extra=fields)
             else:
                 audit_log.info("refused %s %s: %s", "ban" if isinstance(d, Ban) else "unban",
-                               fields["address"], r.message, extra=fields)
+                               fields["address"], quote(r.message), extra=fields)
         if shown >= AUDIT_LINES_PER_REQUEST:
             audit_log.info("bulk request: %s (first %d shown)",
                            ", ".join(f"{n} {k}" for k, n in sorted(summary.items())), shown)
