@@ -474,12 +474,6 @@ class BanState:
     def counts(self) -> dict[str, int]:
         return {name: len(e.entries) for name, e in self.sets.items()}
 
-    def all_ops(self, set_names: Iterable[str] | None = None) -> Iterator[SetOp]:
-        """Add ops for every active entry: used to rebuild a set the kernel lost."""
-        for name, keys, spec in self.all_groups(set_names):
-            for k in keys:
-                yield SetOp(name, k, True, spec.until_ms, spec.comment, True)
-
     def all_groups(self, set_names: Iterable[str] | None = None,
                    only: set[int] | None = None) -> Iterator[tuple[str, list[int], OpSpec]]:
         """(set, keys, shared add spec) for every active entry, grouped by end and comment (bulk re-adds)."""

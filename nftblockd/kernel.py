@@ -64,10 +64,6 @@ class ApplyResult:
 _Where = tuple[m.SetMessage, list[int], bool]  # message, op ids of its group, is a delete
 
 
-def _key_bytes(key: int, version: int) -> bytes:
-    return key.to_bytes(4 if version == 4 else 16, "big")
-
-
 class KernelWriter:
     def __init__(self, plan: rs.Ruleset, sock: NftSocket | None = None, *, protect: bool = True) -> None:
         self.plan = plan

@@ -232,11 +232,6 @@ class NftSocket:
             out[info.name] = info
         return out
 
-    def set_info(self, table: str, name: str) -> KernelSetInfo | None:
-        r = self.get(m.NFT_MSG_GETSET, m.NFPROTO_INET,
-                     m.strz(m.NFTA_SET_TABLE, table) + m.strz(m.NFTA_SET_NAME, name))
-        return None if r is None else parse_set_info(r)
-
     def list_chains(self, table: str) -> list[str]:
         try:
             parts = self.dump(m.NFT_MSG_GETCHAIN, m.NFPROTO_INET, m.strz(m.NFTA_CHAIN_TABLE, table))

@@ -9,7 +9,7 @@ Host-order fields (nlmsghdr, nlattr headers) use native byte order; keys, timeou
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 # --- netlink / nfnetlink -------------------------------------------------------------------------------
@@ -468,8 +468,3 @@ def parse_elements(payload: bytes) -> Iterator[DumpedElement]:
 def res_id(r: Reply) -> int:
     """The nfgenmsg res_id: for nf_tables dumps, the low 16 bits of the ruleset generation."""
     return int(struct.unpack_from(">H", r.payload, 2)[0])
-
-
-def chunked(items: Sequence[bytes], n: int) -> Iterable[Sequence[bytes]]:
-    for i in range(0, len(items), n):
-        yield items[i: i + n]
