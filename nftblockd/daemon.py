@@ -84,6 +84,17 @@ def own_addresses() -> list[IPAddr]:
     return out
 
 
+def _unpack_keys(blob: bytes, size: int) -> list[int]:
+    """Concatenated packed addresses -> ints. IPv4: one C-level byte swap instead of int.from_bytes each."""
+    if size == 4:
+        arr = array.array("I")
+        arr.frombytes(blob)
+        if sys.byteorder == "little":
+            arr.byteswap()
+        return arr.tolist()
+    return [int.from_bytes(blob[i:i + size], "big") for i in range(0, len(blob), size)]
+
+
 def _origin(text: str) -> Origin:
     return text if text in ("cli", "jail", "feed", "fail2ban", "store", "remote") else "store"  # type: ignore
 
@@ -363,16 +374,18 @@ class Daemon:
             blocklist, origin, reason, jail = saved.labels[label]
             if blocklist not in blocklists:
                 continue
-            if size == 4:  # a million IPv4 keys: one join and a C-level byte swap instead of int.from_bytes each
-                arr = array.array("I")
-                arr.frombytes(b"".join([r[1] for r in rows]))
-                if sys.byteorder == "little":
-                    arr.byteswap()
-                hosts[(label, size)] = (arr.tolist(), [r[2] for r in rows])
-            elif size == 16:
-                hosts[(label, size)] = ([int.from_bytes(r[1], "big") for r in rows], [r[2] for r in rows])
+            if size in (4, 16):
+                hosts[(label, size)] = (_unpack_keys(b"".join([r[1] for r in rows]), size), [r[2] for r in rows])
             else:
                 others += [Ban(unpack_target(r[1]), blocklist, r[2], _origin(origin), reason, jail) for r in rows]
+        for label, until, size, blob in saved.bulk:  # after single rows: a later individual re-ban wins
+            blocklist, origin, reason, jail = saved.labels[label]
+            if blocklist not in blocklists:
+                continue
+            keys, untils = hosts.setdefault((label, size), ([], []))
+            new_keys = _unpack_keys(blob, size)
+            keys += new_keys
+            untils += [until] * len(new_keys)
         n = 0
         for (label, size), (keys, untils) in hosts.items():
             blocklist, origin, reason, jail = saved.labels[label]

@@ -59,7 +59,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar
 
@@ -74,7 +74,8 @@ __all__ = [
 log = logging.getLogger("nftblockd.store")
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+BULK_ROWS = 1000  # a bulk save of at least this many single addresses is stored as one `bulk` row
 _CHUNK = 200  # rows per multi-row INSERT (200 x 5 = 1000 parameters, far below SQLite's 32766)
 _DELETE_CHUNK = 500  # targets per "DELETE ... target IN (...)"
 CACHE_KIB = 16384  # page cache; random-key upserts into a million rows crawl with the 2 MiB default
@@ -194,6 +195,8 @@ class CompactBans:
 
     labels: dict[int, tuple[str, str, str, str]]  # label id -> (blocklist, origin, reason, jail)
     rows: list[tuple[int, bytes, float | None]]  # (label id, packed target, until or None)
+    # (label id, until or None, key length 4|16, concatenated packed addresses): bulk saves, tombstones applied
+    bulk: list[tuple[int, float | None, int, bytes]] = field(default_factory=list)
 
 
 class _Unusable(Exception):
@@ -245,9 +248,19 @@ def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
         conn.execute(stmt)
 
 
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    # A bulk ban (`nftblock ban -` of 100k addresses, a fail2ban import) is one row holding every packed
+    # address: writing 100k rows cost ~0.7 s, one row a few ms. An unban of an address in a bulk row leaves a
+    # tombstone in `bulk_dead`; a tombstone newer than a bulk row hides that address from the row.
+    conn.execute("CREATE TABLE bulk(id INTEGER PRIMARY KEY, label INTEGER NOT NULL, until REAL,"
+                 " created REAL NOT NULL, keylen INTEGER NOT NULL, keys BLOB NOT NULL)")
+    conn.execute("CREATE TABLE bulk_dead(blocklist TEXT NOT NULL, target BLOB NOT NULL, at REAL NOT NULL,"
+                 " PRIMARY KEY(blocklist, target)) WITHOUT ROWID")
+
+
 # _MIGRATIONS[n] upgrades a database at version n to n + 1, inside one transaction with the version bump.
 # Append, never edit: a released step is what existing databases went through.
-_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1]
+_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1, _migrate_1_to_2]
 
 
 def _connect(target: str, *, uri: bool = False) -> sqlite3.Connection:
@@ -648,7 +661,15 @@ class Store:
         """
         stamp = time.time() if created is None else created
         bans = save if isinstance(save, list | tuple) else list(save)
-        packed = list(save_packed)
+        packed: list[PackedBans] = []
+        bulk: list[PackedBans] = []
+        for entry in save_packed:
+            targets = entry[1]
+            size = len(targets[0]) if targets else 0
+            if len(targets) >= BULK_ROWS and size in (4, 16) and all(len(t) == size for t in targets):
+                bulk.append(entry)
+            else:
+                packed.append(entry)
         deletes: dict[str, list[bytes]] = {}
         for blocklist, target in delete:
             deletes.setdefault(blocklist, []).append(pack_target(target))
@@ -658,7 +679,7 @@ class Store:
         for e in history:
             hist += (e[2], e[0], e[1], e[3] if len(e) > 3 else None)
         pos = list(positions.items()) if positions else []
-        if not (bans or packed or deletes or hist or pos):
+        if not (bans or packed or bulk or deletes or hist or pos):
             return
 
         def run(conn: sqlite3.Connection) -> None:
@@ -679,15 +700,22 @@ class Store:
                             marks = ",".join("?" * len(part))
                             conn.execute(f"DELETE FROM bans WHERE blocklist = ? AND target IN ({marks})",
                                          (blocklist, *part))
+                    if deletes and conn.execute("SELECT EXISTS(SELECT 1 FROM bulk)").fetchone()[0]:
+                        conn.executemany("INSERT OR REPLACE INTO bulk_dead(blocklist, target, at) VALUES(?, ?, ?)",
+                                         [(b, t, stamp) for b, keys in deletes.items() for t in keys])
                     if flat:
                         _insert_many(conn, _UPSERT_HEAD, _UPSERT_TAIL, 5, flat)
+                    for blocklist, targets, until, origin, reason, jail in bulk:
+                        lid = _label_id(conn, (blocklist, origin, reason, jail))
+                        conn.execute("INSERT INTO bulk(label, until, created, keylen, keys) VALUES(?, ?, ?, ?, ?)",
+                                     (lid, until, stamp, len(targets[0]), b"".join(targets)))
                     if hist:
                         _insert_many(conn, _HISTORY_HEAD, "", 4, hist)
                     if pos:
                         conn.executemany("INSERT OR REPLACE INTO positions(key, value) VALUES(?, ?)", pos)
             self._labels.update(real)
 
-        self._run("save bans" if bans or packed else "save state", run)
+        self._run("save bans" if bans or packed or bulk else "save state", run)
 
     def _ban_params(self, bans: Iterable[Ban], created: float, packed: Iterable[PackedBans] = ()
                     ) -> tuple[list[Any], dict[tuple[str, str, str, str], int]]:
@@ -780,9 +808,28 @@ class Store:
                 sql = f"SELECT DISTINCT label, blocklist FROM bans WHERE label IN ({marks})"
                 for lid, blocklist in conn.execute(sql, tuple(missing)):
                     labels.setdefault(lid, (blocklist, "store", "", ""))
-            return CompactBans(labels, rows)
+            return CompactBans(labels, rows, self._load_bulk(conn, now, labels))
 
         return self._run("load bans", run)
+
+    @staticmethod
+    def _load_bulk(conn: sqlite3.Connection, now: float, labels: dict[int, tuple[str, str, str, str]]
+                   ) -> list[tuple[int, float | None, int, bytes]]:
+        out = []
+        dead: dict[str, dict[bytes, float]] = {}
+        for blocklist, target, at in conn.execute("SELECT blocklist, target, at FROM bulk_dead"):
+            dead.setdefault(blocklist, {})[target] = at
+        for lid, until, created, keylen, keys in conn.execute(
+                "SELECT label, until, created, keylen, keys FROM bulk WHERE until IS NULL OR until > ? ORDER BY id",
+                (now,)):
+            if lid not in labels:
+                continue
+            gone = {t for t, at in dead.get(labels[lid][0], {}).items() if at > created}
+            if gone:  # rare: an address of this bulk save was unbanned later
+                parts = [keys[i:i + keylen] for i in range(0, len(keys), keylen)]
+                keys = b"".join(t for t in parts if t not in gone)
+            out.append((lid, until, keylen, keys))
+        return out
 
     def load_active_rows(self, now: float) -> list[BanRow]:
         """Every ban with no end or ending after `now`, as plain tuples (no ipaddress objects).
@@ -798,6 +845,10 @@ class Store:
             for lid, target, until in compact.rows:
                 b, o, r, j = labels[lid]
                 append((b, target, until, o, r, j))
+            for lid, until, keylen, keys in compact.bulk:
+                b, o, r, j = labels[lid]
+                for i in range(0, len(keys), keylen):
+                    append((b, keys[i:i + keylen], until, o, r, j))
         return out
 
     def load_active_bans(self, now: float) -> list[Ban]:
@@ -806,7 +857,9 @@ class Store:
                 for b, t, u, o, r, j in self.load_active_rows(now)]
 
     def count_bans(self) -> int:
-        return self._run("count bans", lambda c: int(c.execute("SELECT count(*) FROM bans").fetchone()[0]))
+        return self._run("count bans", lambda c: int(c.execute(
+            "SELECT (SELECT count(*) FROM bans) + (SELECT coalesce(sum(length(keys) / keylen), 0) FROM bulk)"
+        ).fetchone()[0]))
 
     def load_history(self, since: float) -> list[HistoryRow]:
         """History rows that started at or after `since`, oldest first."""
@@ -850,6 +903,9 @@ class Store:
             with _transaction(conn):
                 bans = conn.execute("DELETE FROM bans WHERE until IS NOT NULL AND until <= ?",
                                     (now,)).rowcount
+                conn.execute("DELETE FROM bulk WHERE until IS NOT NULL AND until <= ?", (now,))
+                # a tombstone older than every bulk row can no longer hide anything
+                conn.execute("DELETE FROM bulk_dead WHERE at < coalesce((SELECT min(created) FROM bulk), ?)", (now,))
                 if isinstance(history_horizon, Mapping):
                     hist = 0
                     longest = max(history_horizon.values(), default=0.0)
@@ -862,8 +918,8 @@ class Store:
                         (now - longest, *names)).rowcount
                 else:
                     hist = conn.execute("DELETE FROM history WHERE at < ?", (now - history_horizon,)).rowcount
-                labels = conn.execute("DELETE FROM labels WHERE id NOT IN (SELECT DISTINCT label FROM bans)"
-                                      ).rowcount
+                labels = conn.execute("DELETE FROM labels WHERE id NOT IN (SELECT DISTINCT label FROM bans"
+                                      " UNION SELECT label FROM bulk)").rowcount
             self._labels = self._read_labels(conn)
             return PruneStats(bans, hist, labels, self._compact(conn, force=False))
 

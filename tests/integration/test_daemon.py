@@ -210,3 +210,16 @@ def _gauge(ns: NetNS, set_name: str) -> float | None:
             if smp.name == "nftblock_set_elements" and smp.labels.get("set") == set_name:
                 return smp.value
     return None
+
+
+def test_bulk_bans_survive_a_restart_and_unbans_stay_unbanned(netns: NetNS, daemon: DaemonProc) -> None:
+    lines = [f"10.9.{i // 256}.{i % 256}" for i in range(3000)]
+    assert daemon.cli("ban", "--timeout", "2h", "-", input="\n".join(lines) + "\n").returncode == 0
+    assert daemon.cli("unban", "10.9.0.1", "10.9.0.2").returncode == 0
+    assert daemon.stop() == 0
+    netns.nft("delete", "table", "inet", "nftblock")  # a reboot: the kernel sets are empty
+    daemon.start()
+    have = set(elems(netns, "default_ip4"))
+    assert len(have) == 2998 and "10.9.0.1" not in have and "10.9.11.183" in have
+    ban = {b["target"]: b for b in daemon.cli_json("list")["bans"]}["10.9.0.3"]
+    assert 7000 < ban["expires_in"] <= 7200

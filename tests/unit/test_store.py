@@ -376,12 +376,13 @@ def test_forward_migration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     def to_v2(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE bans ADD COLUMN note TEXT NOT NULL DEFAULT ''")
 
+    nxt = store_mod.SCHEMA_VERSION + 1
     monkeypatch.setattr(store_mod, "_MIGRATIONS", [*store_mod._MIGRATIONS, to_v2])
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", nxt)
     with Store.open(path, on_problem=no_problem) as s:
         assert s.count_bans() == 10
     with contextlib.closing(raw(path)) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert c.execute("PRAGMA user_version").fetchone()[0] == nxt
         assert "note" in [r[1] for r in c.execute("PRAGMA table_info(bans)")]
 
 
@@ -394,12 +395,13 @@ def test_a_failed_migration_changes_nothing(tmp_path: Path, monkeypatch: pytest.
         conn.execute("CREATE TABLE extra(x)")
         conn.execute("SELECT no_such_function()")
 
+    current = store_mod.SCHEMA_VERSION
     monkeypatch.setattr(store_mod, "_MIGRATIONS", [*store_mod._MIGRATIONS, broken])
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", current + 1)
     with pytest.raises(StoreError, match="this is a bug in nftblockd"):
         Store.open(path, on_problem=problems.append)  # a broken migration is our bug, not the file's
     with contextlib.closing(raw(path)) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert c.execute("PRAGMA user_version").fetchone()[0] == current
         assert "extra" not in {r[0] for r in c.execute("SELECT name FROM sqlite_master")}
 
 
@@ -665,3 +667,33 @@ def test_sigkill_loses_no_acknowledged_ban_and_duplicates_none(tmp_path: Path, s
         assert (count == acked_ids) == (position == acked_batch), (count, acked_ids, position, acked_batch)
         assert history == position + 1
         acked_batch, acked_ids = position, count  # the next child goes on from what is really there
+
+
+def test_bulk_saves_are_one_row_and_unbans_leave_tombstones(tmp_path: Path) -> None:
+    from nftblockd.store import BULK_ROWS
+    now = 1_800_000_000.0
+    keys = [(0x0B000000 + i).to_bytes(4, "big") for i in range(BULK_ROWS * 2)]
+    with Store.open(tmp_path / "s.db", on_problem=no_problem) as s:
+        s.apply(save_packed=[("default", keys, now + 3600, "cli", "bulk", "")], created=now)
+        assert s.count_bans() == len(keys)
+        with contextlib.closing(raw(tmp_path / "s.db")) as c:
+            assert c.execute("SELECT count(*) FROM bans").fetchone()[0] == 0
+            assert c.execute("SELECT count(*) FROM bulk").fetchone()[0] == 1
+        s.apply(delete_packed=[("default", keys[:3])], created=now + 1)
+        active = {r[1] for r in s.load_active_rows(now + 2)}
+        assert keys[0] not in active and keys[3] in active and len(active) == len(keys) - 3
+        # banned again later, individually and in a new bulk save: both count again
+        s.apply(save_packed=[("default", [keys[0]], now + 7200, "cli", "", "")], created=now + 3)
+        s.apply(save_packed=[("default", keys[1:2] + [(0x0C000000 + i).to_bytes(4, "big") for i in range(BULK_ROWS)],
+                              now + 7200, "cli", "", "")], created=now + 4)
+        active = {r[1] for r in s.load_active_rows(now + 5)}
+        assert keys[0] in active and keys[1] in active and keys[2] not in active
+        compact = s.load_active_compact(now + 5)
+        assert len(compact.bulk) == 2 and compact.labels[compact.bulk[0][0]][0] == "default"
+        # once the first bulk row has ended, its tombstones go too
+        s.prune(now + 3601, 86400)
+        with contextlib.closing(raw(tmp_path / "s.db")) as c:
+            assert c.execute("SELECT count(*) FROM bulk").fetchone()[0] == 1
+            assert c.execute("SELECT count(*) FROM bulk_dead").fetchone()[0] == 0
+    with Store.open(tmp_path / "s.db", on_problem=no_problem) as s:
+        assert len({r[1] for r in s.load_active_rows(now + 3602)}) == BULK_ROWS + 2
