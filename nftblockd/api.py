@@ -7,6 +7,7 @@ state of its own apart from what `status` reports.
 from __future__ import annotations
 
 import ipaddress
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -95,8 +96,7 @@ class ControlAPI:
 
     async def ban(self, a: BanArgs) -> dict[str, Any]:
         blocklist = self._blocklist(a.blocklist, writing=True)
-        if len(a.items) >= BULK_THRESHOLD and len({(i.timeout, i.reason, i.jail) for i in a.items[:1000]}) == 1 \
-                and len({(i.timeout, i.reason, i.jail) for i in a.items}) == 1:
+        if len(a.items) >= BULK_THRESHOLD and (a.uniform or len({(i.timeout, i.reason, i.jail) for i in a.items}) == 1):
             return await self.ban_bulk(a, blocklist)
         default_timeout = self.enforcer.cfg.blocklist(blocklist).timeout
         now = time.time()
@@ -139,13 +139,25 @@ class ControlAPI:
         keys: dict[int, list[int]] = {4: [], 6: []}
         texts: dict[int, dict[int, str]] = {4: {}, 6: {}}  # answer with the caller's own spelling
         rest = []
+        keys4, texts4 = keys[4], texts[4]
+        pton, af4, from_bytes = socket.inet_pton, socket.AF_INET, int.from_bytes
         for item in a.items:
-            parsed = parse_host_int(item.target)
+            target = item.target
+            if ":" not in target:  # IPv4 inline: this loop runs once per address of a bulk request
+                try:
+                    k = from_bytes(pton(af4, target), "big")
+                except OSError:
+                    rest.append(item)
+                    continue
+                keys4.append(k)
+                texts4[k] = target
+                continue
+            parsed = parse_host_int(target)
             if parsed is None:
                 rest.append(item)
             else:
                 keys[parsed[0]].append(parsed[1])
-                texts[parsed[0]][parsed[1]] = item.target
+                texts[parsed[0]][parsed[1]] = target
         origin = "fail2ban" if a.origin == "fail2ban" else "cli"
         res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=first.reason,
                                             jail=first.jail, comment=first.reason[:200], now=now)

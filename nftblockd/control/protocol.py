@@ -371,6 +371,8 @@ class BanArgs:
     items: tuple[BanItem, ...]
     blocklist: str | None  # None: the default blocklist
     origin: str = "cli"
+    # every target was a plain string, so one timeout and reason for all (the bulk path); a hint, not content
+    uniform: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,8 +453,12 @@ def _parse_ban(args: dict[str, Any]) -> BanArgs:
     origin = args.get("origin") or "cli"
     if origin not in ORIGINS:
         raise ProtocolError(f"ban: 'origin' must be one of {', '.join(ORIGINS)}")
+    targets = _targets("ban", args)
+    if all(type(t) is str for t in targets):  # the bulk case: no per-target objects to check
+        shared = (timeout, comment, "")
+        return BanArgs(tuple(BanItem(t, *shared) for t in targets), _opt_str("ban", args, "set"), origin, True)
     items: list[BanItem] = []
-    for i, t in enumerate(_targets("ban", args)):
+    for i, t in enumerate(targets):
         if isinstance(t, str):
             items.append(BanItem(t, timeout, comment))
         elif isinstance(t, dict):
