@@ -410,9 +410,11 @@ class _Salvage:
     history: list[tuple[float, str, str, float | None]]
     positions: list[tuple[str, str]]
     feeds: list[tuple[str, str]]
+    bulk: list[tuple[int, float | None, float, int, bytes]] = field(default_factory=list)
+    bulk_dead: list[tuple[str, bytes, float]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.bans) + len(self.history) + len(self.positions) + len(self.feeds)
+        return len(self.bans) + len(self.history) + len(self.positions) + len(self.feeds) + len(self.bulk)
 
 
 def _read_until_error(conn: sqlite3.Connection, sql: str, out: list[Any]) -> None:
@@ -445,6 +447,8 @@ def _salvage(path: Path) -> _Salvage:
         _read_until_error(conn, "SELECT at, jail, target, until FROM history", s.history)
         _read_until_error(conn, "SELECT key, value FROM positions", s.positions)
         _read_until_error(conn, "SELECT name, meta FROM feeds", s.feeds)
+        _read_until_error(conn, "SELECT label, until, created, keylen, keys FROM bulk", s.bulk)  # v2 tables
+        _read_until_error(conn, "SELECT blocklist, target, at FROM bulk_dead", s.bulk_dead)
     finally:
         conn.close()
     return s
@@ -467,7 +471,17 @@ def _restore_salvage(conn: sqlite3.Connection, s: _Salvage) -> int:
         conn.executemany(_HISTORY_HEAD + "(?, ?, ?, ?)", s.history)
         conn.executemany("INSERT OR REPLACE INTO positions(key, value) VALUES(?, ?)", s.positions)
         conn.executemany("INSERT OR REPLACE INTO feeds(name, meta) VALUES(?, ?)", s.feeds)
-    return len(rows)
+        bulk = []
+        for label, until, created, keylen, keys in s.bulk:
+            if keylen not in (4, 16) or not isinstance(keys, bytes) or len(keys) % keylen:
+                continue
+            new = ids.get(label)
+            if new is None:
+                new = _label_id(conn, ("default", "store", "recovered from a corrupt state database", ""))
+            bulk.append((new, until, created, keylen, keys))
+        conn.executemany("INSERT INTO bulk(label, until, created, keylen, keys) VALUES(?, ?, ?, ?, ?)", bulk)
+        conn.executemany("INSERT OR REPLACE INTO bulk_dead(blocklist, target, at) VALUES(?, ?, ?)", s.bulk_dead)
+    return len(rows) + sum(len(b[4]) // b[3] for b in bulk)
 
 
 def _move_aside(path: Path) -> Path:

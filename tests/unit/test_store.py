@@ -697,3 +697,17 @@ def test_bulk_saves_are_one_row_and_unbans_leave_tombstones(tmp_path: Path) -> N
             assert c.execute("SELECT count(*) FROM bulk_dead").fetchone()[0] == 0
     with Store.open(tmp_path / "s.db", on_problem=no_problem) as s:
         assert len({r[1] for r in s.load_active_rows(now + 3602)}) == BULK_ROWS + 2
+
+
+def test_damaged_database_keeps_its_bulk_bans(tmp_path: Path, problems: list[StoreProblem]) -> None:
+    from nftblockd.store import BULK_ROWS
+    path = tmp_path / "state.db"
+    fill(path, 20_000)
+    keys = [(0x0D000000 + i).to_bytes(4, "big") for i in range(BULK_ROWS)]
+    with Store.open(path, on_problem=no_problem) as s:
+        s.apply(save_packed=[("default", keys, NOW + 3600, "cli", "bulk", "")])
+    damage_middle(path)
+    with Store.open(path, on_problem=problems.append) as s:
+        active = {r[1] for r in s.load_active_rows(0)}
+    assert set(keys) <= active
+    assert problems[0].kind == "corrupt"
