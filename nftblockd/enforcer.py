@@ -184,7 +184,10 @@ class Enforcer:
         async with self._lock:
             for i, d in enumerate(decisions):
                 if isinstance(d, Ban):
-                    hit = self.allow.contains(d.target)
+                    t = d.target  # already normalised; ipaddress's broadcast_address is slow on this path
+                    first = int(t.network_address)
+                    hit = self.allow.contains_range(t.version, first,
+                                                    first | ((1 << (t.max_prefixlen - t.prefixlen)) - 1))
                     if hit is not None:
                         self.counters.allowlisted += 1
                         results[i] = Result(d.target, Outcome.CONFLICT, "allowlisted",
