@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from . import __version__
@@ -31,6 +31,36 @@ from .events import AddressError, Ban, Decision, IPNet, Unban, format_target, pa
 
 Extra = Callable[[], dict[str, Any]]
 BULK_THRESHOLD = 64  # from this many targets on, single addresses take the bulk path
+
+
+def split_hosts(targets: Sequence[str]) -> tuple[dict[int, list[int]], dict[int, dict[int, str]], list[int]]:
+    """Plain addresses of a bulk request as ints per family, with the caller's own spelling of each (answers
+    echo it), and the indexes of everything else (CIDRs, garbage) for the one-by-one path.
+
+    Runs once per address of a bulk request, so IPv4 is handled inline (inet_pton, no function call).
+    """
+    keys: dict[int, list[int]] = {4: [], 6: []}
+    texts: dict[int, dict[int, str]] = {4: {}, 6: {}}
+    rest: list[int] = []
+    keys4, texts4 = keys[4], texts[4]
+    pton, af4, from_bytes = socket.inet_pton, socket.AF_INET, int.from_bytes
+    for i, target in enumerate(targets):
+        if ":" not in target:
+            try:
+                k = from_bytes(pton(af4, target), "big")
+            except OSError:
+                rest.append(i)
+                continue
+            keys4.append(k)
+            texts4[k] = target
+            continue
+        parsed = parse_host_int(target)
+        if parsed is None:
+            rest.append(i)
+        else:
+            keys[parsed[0]].append(parsed[1])
+            texts[parsed[0]][parsed[1]] = target
+    return keys, texts, rest
 
 
 def _fmt(version: int, key: int) -> str:
@@ -136,28 +166,8 @@ class ControlAPI:
         timeout = default_timeout if first.timeout is BLOCKLIST_DEFAULT else first.timeout
         now = time.time()
         until = None if timeout is None else now + float(timeout)
-        keys: dict[int, list[int]] = {4: [], 6: []}
-        texts: dict[int, dict[int, str]] = {4: {}, 6: {}}  # answer with the caller's own spelling
-        rest = []
-        keys4, texts4 = keys[4], texts[4]
-        pton, af4, from_bytes = socket.inet_pton, socket.AF_INET, int.from_bytes
-        for item in a.items:
-            target = item.target
-            if ":" not in target:  # IPv4 inline: this loop runs once per address of a bulk request
-                try:
-                    k = from_bytes(pton(af4, target), "big")
-                except OSError:
-                    rest.append(item)
-                    continue
-                keys4.append(k)
-                texts4[k] = target
-                continue
-            parsed = parse_host_int(target)
-            if parsed is None:
-                rest.append(item)
-            else:
-                keys[parsed[0]].append(parsed[1])
-                texts[parsed[0]][parsed[1]] = target
+        keys, texts, rest_at = split_hosts([item.target for item in a.items])
+        rest = [a.items[i] for i in rest_at]
         origin = "fail2ban" if a.origin == "fail2ban" else "cli"
         res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=first.reason,
                                             jail=first.jail, comment=first.reason[:200], now=now)
@@ -228,16 +238,8 @@ class ControlAPI:
         return out
 
     async def unban_bulk(self, a: UnbanArgs, blocklists: list[str]) -> dict[str, Any]:
-        keys: dict[int, list[int]] = {4: [], 6: []}
-        texts: dict[int, dict[int, str]] = {4: {}, 6: {}}
-        rest: list[str] = []
-        for t in a.targets:
-            parsed = parse_host_int(t)
-            if parsed is None:
-                rest.append(t)
-            else:
-                keys[parsed[0]].append(parsed[1])
-                texts[parsed[0]][parsed[1]] = t
+        keys, texts, rest_at = split_hosts(a.targets)
+        rest = [a.targets[i] for i in rest_at]
         removed: dict[str, None] = {}
         for bl in blocklists:
             for set_name, gone, _missing in await self.enforcer.unban_hosts(bl, keys):

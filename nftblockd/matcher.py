@@ -1133,16 +1133,10 @@ class Filter:
             fields = dict(state.fields)  # a copy: the connection's own dict keeps changing
         elif nofail or gained or (ip4 is None and ip6 is None and dns is None and fid is None):
             return None
-        # _result, inlined
         raw = ip4 or ip6 or dns or fid
         if not raw:
             return Rejected("", "no-address", when, False, rule.index)
-        host = self._hosts.get(raw)
-        if host is None:
-            host = parse_host(raw)
-            if len(self._hosts) >= _HOST_MEMO:
-                self._hosts.clear()
-            self._hosts[raw] = host
+        host = self._host(raw)
         if isinstance(host, str):
             return Rejected(raw, host, when, False, rule.index)
         return Match(host, when, False, fields, rule.index)
@@ -1201,16 +1195,21 @@ class Filter:
                 return True
         return False
 
-    def _result(self, rule: _Rule, state: _Conn, when: float | None, ignored: bool) -> Result:
-        raw = state.ip4 or state.ip6 or state.dns or state.fid
-        if not raw:
-            return Rejected("", "no-address", when, ignored, rule.index)
+    def _host(self, raw: str) -> IPAddr | RejectReason:
+        """`parse_host` through a bounded memo (scanners repeat their address line after line)."""
         host = self._hosts.get(raw)
         if host is None:
             host = parse_host(raw)
             if len(self._hosts) >= _HOST_MEMO:
                 self._hosts.clear()
             self._hosts[raw] = host
+        return host
+
+    def _result(self, rule: _Rule, state: _Conn, when: float | None, ignored: bool) -> Result:
+        raw = state.ip4 or state.ip6 or state.dns or state.fid
+        if not raw:
+            return Rejected("", "no-address", when, ignored, rule.index)
+        host = self._host(raw)
         if isinstance(host, str):
             return Rejected(raw, host, when, ignored, rule.index)
         return Match(host, when, ignored, dict(state.fields), rule.index)

@@ -115,21 +115,11 @@ class NftSocket:
     # -- requests ---------------------------------------------------------------------------------------
 
     def get_generation(self) -> int:
-        seq = self.next_seq()
-        self.sock.send(m.message(m.NFT_MSG_GETGEN, m.NLM_F_REQUEST, seq, 0, b""))
-        while True:
-            for r in self._recv():
-                if r.seq != seq:
-                    continue
-                if r.msg_type == m.NLMSG_ERROR:
-                    e = m.parse_error(r)
-                    if e.errno:
-                        raise KernelError(e.errno, "GETGEN", e.text)
-                    continue
-                if r.nft_type == m.NFT_MSG_NEWGEN:
-                    a = m.attrs_dict(r.payload[4:])
-                    self.generation = m.read_be32(a[m.NFTA_GEN_ID])
-                    return self.generation
+        r = self.get(m.NFT_MSG_GETGEN, 0, b"")
+        if r is None:
+            raise KernelError(errno_mod.ENOENT, "GETGEN")
+        self.generation = _generation(r)
+        return self.generation
 
     def transact(self, messages: Sequence[bytes], *, genid: int | None = None) -> TxOutcome:
         """Send BATCH_BEGIN + messages + BATCH_END in one send(), then a GETGEN barrier.
@@ -160,8 +150,7 @@ class NftSocket:
                         if e.errno:
                             errors.append(e)
                     elif r.seq == barrier and r.nft_type == m.NFT_MSG_NEWGEN:
-                        a = m.attrs_dict(r.payload[4:])
-                        self.generation = m.read_be32(a[m.NFTA_GEN_ID])
+                        self.generation = _generation(r)
                         done = True
             except RepliesLost:
                 lost = True
@@ -279,6 +268,11 @@ class NftSocket:
         for e in m.parse_elements(r.payload):
             return e
         return None
+
+
+def _generation(r: m.Reply) -> int:
+    """The ruleset generation in a NEWGEN reply."""
+    return m.read_be32(m.attrs_dict(r.payload[4:])[m.NFTA_GEN_ID])
 
 
 def parse_set_info(r: m.Reply) -> KernelSetInfo:
