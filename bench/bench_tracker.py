@@ -26,9 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import record
 from nftblockd.allowlist import Allowlist, build_allowlist
-from nftblockd.config import is_allowlisted
 from nftblockd.events import Hit, IPAddr, IPNet
 from nftblockd.tracker import JailPolicy, Kind, Tracker
+
+
+def is_allowlisted(allow: tuple[IPNet, ...], net: IPNet) -> bool:
+    """The linear scan an allowlist is compared with: does any entry overlap `net`?"""
+    return any(a.version == net.version and a.overlaps(net) for a in allow)  # type: ignore[arg-type]
 
 ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_ROUNDS", "3"))
 HITS = 1_000_000
@@ -189,7 +193,7 @@ def bench_allowlist(rnd: random.Random) -> None:
         is_allowlisted(as_tuple, n)
     linear = (time.perf_counter() - t0) / len(sample)
     record("allowlist.contains, 5000 CIDRs", 1 / ours, "lookups/s",
-           reference="linear scan (config.is_allowlisted)", reference_value=1 / linear)
+           reference="linear scan", reference_value=1 / linear)
 
 
 def main() -> None:

@@ -94,22 +94,6 @@ class Pending:
                     d[k] = merged
         self._len += len(d) - before
 
-    def add_specs(self, set_name: str, keys: Sequence[int], specs: Sequence[OpSpec]) -> None:
-        """Like add_many, with one op per key (restores: every saved ban has its own end)."""
-        d = self.sets.setdefault(set_name, {})
-        before = len(d)
-        if not d or d.keys().isdisjoint(keys):
-            d.update(zip(keys, specs, strict=True))
-        else:
-            for k, spec in zip(keys, specs, strict=True):
-                old = d.get(k)
-                merged = spec if old is None else merge(old, spec)
-                if merged is None:
-                    del d[k]
-                else:
-                    d[k] = merged
-        self._len += len(d) - before
-
     def take(self, limit: int) -> list[Group]:
         out: list[Group] = []
         left = limit
@@ -239,14 +223,6 @@ class Batcher:
             if keys:
                 self._pending.add_many(name, keys, spec)
         return self._ticket([(name, keys) for name, keys, _spec in batches])
-
-    async def submit_groups(self, groups: Sequence[Group]) -> asyncio.Future[list[OpFailure]]:
-        """Queue groups with one op per key."""
-        await self._room()
-        for g in groups:
-            if g.keys:
-                self._pending.add_specs(g.set_name, g.keys, g.specs)
-        return self._ticket([(g.set_name, g.keys) for g in groups])
 
     async def run(self, stop: asyncio.Event) -> None:
         """Flush loop; returns after `stop` is set and everything pending was flushed."""

@@ -530,13 +530,8 @@ class _Builder:
         return tuple(out)
 
 
-def is_allowlisted(allow: tuple[IPNet, ...], net: IPNet) -> bool:
-    """True if `net` overlaps any allowlisted network (a ban touching an allowed range is refused)."""
-    return any(a.version == net.version and a.overlaps(net) for a in allow)
-
-
 __all__ = [
     "BatchConfig", "BlocklistConfig", "ChainConfig", "Config", "ConfigError", "ControlConfig", "Escalation",
-    "FeedConfig", "JailConfig", "Problem", "is_allowlisted", "load_config", "parse_config",
+    "FeedConfig", "JailConfig", "Problem", "load_config", "parse_config",
 ]
 
