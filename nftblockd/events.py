@@ -97,9 +97,11 @@ class LogLine(NamedTuple):
     time: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Hit:
-    """A filter matched: `host` failed at `time` (the line's timestamp if it had one, else arrival)."""
+class Hit(NamedTuple):
+    """A filter matched: `host` failed at `time` (the line's timestamp if it had one, else arrival).
+
+    A NamedTuple like LogLine: one is built per failure on the jails' hot path.
+    """
 
     jail: str
     host: IPAddr

@@ -31,6 +31,10 @@ from .tracker import BanRecord, Kind, Outcome, Tracker
 
 log = logging.getLogger("nftblockd.jails")
 
+# Enum members as module constants: `Kind.COUNTED` is a class attribute lookup per failure
+_COUNTED, _BANNED, _ALREADY = Kind.COUNTED, Kind.BANNED, Kind.ALREADY_BANNED
+_ALLOWLISTED, _STALE = Kind.ALLOWLISTED, Kind.STALE
+
 QUEUE_BATCHES = 64  # per source: 64 chunks of at most 256 KiB; the sources stop reading when it is full
 
 
@@ -130,36 +134,41 @@ class JailRunner:
         bans: list[Ban] = []
         records: list[BanRecord] = []
         st.lines += len(batch)
-        for line in batch:
-            r = flt.match(line.text, now, ctx)
-            if r is None:
-                continue
-            if isinstance(r, Rejected):
+        texts = [line.text for line in batch]
+        observe = self.tracker.observe
+        jail = self.jail.name
+        for i, r in flt.scan(texts, now, ctx):
+            if type(r) is Rejected:
                 st.rejected += 1
                 st.by_reason[str(r.reason)] = st.by_reason.get(str(r.reason), 0) + 1
                 continue
-            assert isinstance(r, Match)
+            assert type(r) is Match
             st.matched += 1
             if r.ignored:
                 st.ignored += 1
                 continue
-            t = r.time if r.time is not None else (line.time if line.time is not None else now)
-            out = self.tracker.observe(Hit(self.jail.name, r.host, t, line.text), now, live=live)
+            t = r.time
+            if t is None:
+                t = batch[i].time
+                if t is None:
+                    t = now
+            out = observe(Hit(jail, r.host, t, texts[i]), now, live=live)
             outcomes.append(out)
-            if out.kind is Kind.COUNTED:
+            kind = out.kind
+            if kind is _COUNTED:
                 st.failures += 1
-            elif out.kind is Kind.BANNED:
+            elif kind is _BANNED:
                 st.failures += 1
                 st.bans += 1
                 assert out.ban is not None
                 bans.append(out.ban)
                 if out.record is not None:
                     records.append(out.record)
-            elif out.kind is Kind.ALREADY_BANNED:
+            elif kind is _ALREADY:
                 st.already_banned += 1
-            elif out.kind is Kind.ALLOWLISTED:
+            elif kind is _ALLOWLISTED:
                 st.allowlisted += 1
-            elif out.kind is Kind.STALE:
+            elif kind is _STALE:
                 st.stale += 1
         mx = self.metrics
         if mx is not None:

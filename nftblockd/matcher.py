@@ -45,14 +45,17 @@ import contextlib
 import importlib
 import ipaddress
 import re
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import tzinfo
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 from .events import IPAddr, normalise_address
+from .rxopt import cheap_optionals
 from .timestamps import DateParser, DatePatternError
 
 __all__ = [
@@ -90,23 +93,26 @@ class FilterError(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
-class Match:
+_NO_FIELDS: Mapping[str, str] = MappingProxyType({})
+
+
+class Match(NamedTuple):
     """A failregex matched and named a usable address.
 
     `time` is the line's own timestamp (None if it had none: use the arrival time). `ignored` means an
     ignoreregex matched too: count it, do not ban. `fields` holds the `<F-...>` captures (user, ...).
+    A NamedTuple, not a frozen dataclass: one is built per matched line, and a frozen dataclass's __init__
+    costs five times as much.
     """
 
     host: IPAddr
     time: float | None
     ignored: bool = False
-    fields: Mapping[str, str] = field(default_factory=dict)
+    fields: Mapping[str, str] = _NO_FIELDS
     regex: int = -1
 
 
-@dataclass(frozen=True, slots=True)
-class Rejected:
+class Rejected(NamedTuple):
     """A failregex matched but the host is unusable (a DNS name, `192.030.0.6`, no address): skip, count."""
 
     text: str
@@ -153,7 +159,8 @@ class FilterDef:
 
 
 _H16 = "[0-9a-fA-F]{1,4}"
-IP4_RE = r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}"
+# written out: `(?:\.[0-9]{1,3}){3}` is a REPEAT, measurably slower on `re` than three copies
+IP4_RE = r"[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}"
 # Ends in a hex group or in "::", never in a lone ":" (so "from 2001:db8::1: 11: Bye" stops before ": 11")
 IP6_RE = rf"(?:(?:{_H16}::?|::){{1,7}}{_H16}|(?:{_H16}:){{1,7}}:|::)"
 # A name has a letter (TLDs do): "46038" after a greedy user name is a port, not a host to reject.
@@ -591,7 +598,7 @@ class _Compiled:
 
 def _compile_one(pattern: str, where: str, engine: Engine) -> _Compiled:
     try:
-        rx = re.compile(pattern)
+        rx = re.compile(cheap_optionals(pattern))
     except re.error as exc:
         rx2 = _re2_finder(pattern) if engine != "re" else None
         if rx2 is None:
@@ -618,6 +625,10 @@ def parse_host(text: str) -> IPAddr | RejectReason:
     if s.startswith("[") and s.endswith("]"):
         s = s[1:-1]
     if ":" not in s:
+        try:  # the common case in C: inet_pton is as strict as the rules below (no leading zeros)
+            return ipaddress.IPv4Address(int.from_bytes(socket.inet_pton(socket.AF_INET, s), "big"))
+        except (OSError, ValueError):
+            pass  # below: say why it is not an address
         parts = s.split(".")
         if len(parts) != 4:
             return "dns-name" if any(c.isalpha() for c in s) else "bad-address"
@@ -763,16 +774,6 @@ class _Rule:
         return tuple(self.heads) if self.heads else None
 
 
-@dataclass(frozen=True, slots=True)
-class _Segment:
-    """Consecutive rules on `re`, joined into one alternation tried at the message start: the engine
-    tries alternatives in order, so the first alternative that matches is the first rule that matches."""
-
-    rx: re.Pattern[str] | None
-    rules: dict[str, tuple[_Rule, _Plan]]  # marker group -> rule and where its groups are
-    single: _Rule | None = None  # a rule that cannot join (RE2, not anchored): tried on its own
-
-
 _FLAGS = ("ip4", "ip6", "dns", "fid", "nofail", "mlfgained", "mlfforget")
 
 
@@ -791,9 +792,11 @@ def _state_from_groups(rule: _Rule, groups: dict[str, Any], now: float) -> _Conn
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """Where a fast-lane rule's groups are. `idx` goes to Match.group(*idx) of the rule's regex; the values,
-    followed by the prefix's groups and a None, are then read with two itemgetters (one C call each)."""
+    """Where a fast-lane rule's groups sit in the combined regex. `Match.group(*idx)` gives the rule's own
+    groups, the prefix's groups, `_pre` and the two timestamp groups; with a None appended, two
+    itemgetters (one C call each) read the flags and the fields from that tuple."""
 
+    rule: _Rule
     idx: tuple[int, ...]
     core: Callable[[tuple[Any, ...]], tuple[Any, ...]]  # ip4, ip6, dns, fid, nofail, mlfgained, mlfforget, mlfid
     field_names: tuple[str, ...]
@@ -801,22 +804,31 @@ class _Plan:
     alts: tuple[tuple[str, int], ...]
 
 
-def _plan(rule: _Rule, local: dict[str, int], marker: int, pre_names: tuple[str, ...]) -> _Plan:
-    """Plan for a rule whose own groups sit at `local` group indices of a joined regex; the prefix's groups
-    (`pre_names`, e.g. mlfid) come from the head match. A rule's own group wins over the prefix's, even
-    when it did not take part (fail2ban: the prefix's groups updated by the rule's)."""
+def _plan(rule: _Rule, local: dict[str, int], pre: dict[str, int], tail: tuple[int, int, int]) -> _Plan:
+    """Plan for a rule whose own groups sit at `local` group indices of the combined regex and whose
+    prefix groups (e.g. mlfid) sit at `pre`; `tail` is (_pre, _ds, _di). A rule's own group wins over the
+    prefix's, even when it did not take part (fail2ban: the prefix's groups updated by the rule's)."""
     names = list(local)
-    idx = [local[n] for n in names] + [marker, marker]  # >= 2 indices: Match.group returns a tuple
+    idx = [local[n] for n in names]
     where = {n: i for i, n in enumerate(names)}
-    for i, n in enumerate(pre_names):
-        where.setdefault(n, len(idx) + i)
-    none = len(idx) + len(pre_names) + 3  # the prefix tuple carries _pre, _ds, _di, then the None we add
+    for n, j in pre.items():
+        if n not in where:
+            where[n] = len(idx)
+            idx.append(j)
+    idx += tail  # >= 3 indices: Match.group returns a tuple
+    none = len(idx)  # the None the caller appends
     core = itemgetter(*(where.get(k, none) for k in (*_FLAGS, "mlfid")))
-    field_names = tuple(dict.fromkeys(n for n in (*rule.fields, *pre_names)
+    field_names = tuple(dict.fromkeys(n for n in (*rule.fields, *pre)
                                       if n in where and n not in _INTERNAL and not n.startswith(("cond_", "alt_"))))
     values = itemgetter(*(where[n] for n in field_names), none) if field_names else None
     alts = tuple((base, where[k]) for k, base in rule.alts if k in where)
-    return _Plan(tuple(idx), core, field_names, values, alts)
+    return _Plan(rule, tuple(idx), core, field_names, values, alts)
+
+
+def _joinable(rule: _Rule) -> bool:
+    """Can the rule be one alternative of the combined regex (on `re`, anchored at the message start)?"""
+    p = rule.pattern
+    return rule.engine == "re" and p.startswith("^") and not re.match(r"\^(?:\\[bB]|\(\?<)", p)
 
 
 class Filter:
@@ -824,9 +836,9 @@ class Filter:
     (which only saves work and never changes a result), so one Filter may serve many jails.
     """
 
-    __slots__ = ("_dates", "_fast_by_key", "_fast_head", "_fast_other", "_fast_pre", "_gate", "_heads",
-                 "_heads_len", "_hosts", "_ignore", "_ignore_whole", "_pref", "_rules", "_unheaded",
-                 "definition", "engines", "name", "notes", "uses_context")
+    __slots__ = ("_dates", "_fast", "_fast_plans", "_gate", "_heads", "_heads_len", "_hosts", "_ignore",
+                 "_ignore_whole", "_pref", "_rules", "_unheaded", "definition", "engines", "name", "notes",
+                 "uses_context")
 
     def __init__(self, definition: FilterDef, *, tz: tzinfo | None = None, engine: Engine = "auto",
                  fast: bool = True) -> None:
@@ -895,10 +907,8 @@ class Filter:
         self.uses_context = any(
             "<F-MLFID>" in src.text
             for src in (definition.prefregex, definition.prefix, *definition.failregex) if src is not None)
-        self._fast_head: re.Pattern[str] | None = None
-        self._fast_by_key: dict[str, tuple[_Segment, ...]] = {}
-        self._fast_other: tuple[_Segment, ...] = ()
-        self._fast_pre: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())
+        self._fast: re.Pattern[str] | None = None
+        self._fast_plans: dict[str | None, _Plan | None] = {}
         if fast:
             self._build_fast_lane()
 
@@ -920,7 +930,7 @@ class Filter:
         # the prefix stays lintable and cheap).
         try:
             pattern = expand_tags(src.text)
-            rx = re.compile(pattern)
+            rx = re.compile(cheap_optionals(pattern))
         except (UnsupportedRegex, re.error) as exc:
             raise FilterError(src.where, f"invalid prefix: {exc}") from None
         risk = lint_regex("^" + pattern) if engine == "auto" else None
@@ -945,11 +955,16 @@ class Filter:
         return find
 
     def _build_fast_lane(self) -> None:
-        """Timestamp and prefix in one regex call; then, chosen by the message's first characters, the few
-        rules that can match, joined into one alternation. The engine tries alternatives in order, so the
-        first alternative that matches is the first rule that matches; the prefix is an atomic group, so it
-        is the very match the prefix regex alone gives. Only for YAML prefixes with the default timestamp
-        forms, and only where it gives exactly what the general path gives (the tests compare both).
+        """One regex for timestamp, prefix and rules: the line's whole decision in one call to `re`.
+
+        `TS (?: (?>PREFIX) (?: (?=HEAD1) RULES1 | (?=HEAD2) RULES2 | ... ) | (?P<_none>) )`: the message's
+        first characters choose the rules that can start that way (as the general path's dispatch does),
+        and within them the engine tries alternatives in order, so the first alternative that matches is
+        the first rule that matches. The prefix is an atomic group, so it is the very match the prefix
+        regex alone gives. A head whose rules cannot all join (RE2, unanchored) is a `(?P<_slowN>)` branch
+        that sends its lines to the general path. No match at all means the line does not start with a
+        timestamp of the usual forms: the general path reads it. Only for YAML prefixes with the default
+        timestamp forms; the tests run both paths over every sample line and require identical results.
         """
         d = self.definition
         if d.prefix is None or self._dates.fast_shapes is None:
@@ -959,53 +974,46 @@ class Filter:
             if lint_regex("^" + prefix):
                 return
             syslog, iso = self._dates.fast_shapes
-            head = re.compile(f"(?:(?P<_ds>{syslog})|(?P<_di>{iso}))(?P<_pre>(?>{prefix}))?")
+            re.compile(prefix)
         except (re.error, UnsupportedRegex):
             return
-        pre_names = tuple(n for n in head.groupindex if not n.startswith("_"))
-        cache: dict[tuple[int, ...], tuple[_Segment, ...]] = {}
+        branches: list[str] = []
+        marks: dict[str, tuple[_Rule, str]] = {}  # marker group -> rule, prefix of its renamed groups
 
-        def segments_for(rules: tuple[_Rule, ...]) -> tuple[_Segment, ...]:
-            key = tuple(r.index for r in rules)
-            if key in cache:
-                return cache[key]
-            out: list[_Segment] = []
-            group: list[_Rule] = []
-
-            def flush() -> None:
-                if not group:
-                    return
-                alts = []
-                for r in group:
-                    alts.append(f"(?:{_rename_groups(r.pattern[1:], f'_{r.index}_')})(?P<_r{r.index}>)")
-                rx = re.compile("(?:" + "|".join(alts) + ")")
-                table = {}
-                for r in group:
-                    own = f"_{r.index}_"
-                    local = {n[len(own):]: j for n, j in rx.groupindex.items() if n.startswith(own)}
-                    table[f"_r{r.index}"] = (r, _plan(r, local, rx.groupindex[f"_r{r.index}"], pre_names))
-                out.append(_Segment(rx, table))
-                group.clear()
-
+        def alternation(rules: tuple[_Rule, ...], tag: str) -> str:
+            alts = []
             for r in rules:
-                if r.engine == "re" and r.pattern.startswith("^") and not re.match(r"\^(?:\\[bB]|\(\?<)",
-                                                                                   r.pattern):
-                    group.append(r)
-                else:
-                    flush()
-                    out.append(_Segment(None, {}, r))
-            flush()
-            cache[key] = tuple(out)
-            return cache[key]
+                own = f"_{r.index}_{tag}_"
+                marks[f"_r{r.index}_{tag}"] = (r, own)
+                alts.append(f"(?:{_rename_groups(r.pattern[1:], own)})(?P<_r{r.index}_{tag}>)")
+            return "(?:" + "|".join(alts) + ")"
 
+        keys = sorted(self._heads)
+        for n, k in enumerate(keys):
+            rules = self._heads[k]
+            body = alternation(rules, str(n)) if all(_joinable(r) for r in rules) else f"(?P<_slow{n}>)"
+            branches.append(f"(?={re.escape(k)}){body}")
+        if self._unheaded:
+            body = (alternation(self._unheaded, "o") if all(_joinable(r) for r in self._unheaded)
+                    else "(?P<_slowo>)")
+            guard = f"(?!{'|'.join(re.escape(k) for k in keys)})" if keys else ""
+            branches.append(guard + body)
+        pattern = (f"(?:(?P<_ds>{syslog})|(?P<_di>{iso}))"
+                   f"(?:(?P<_pre>(?>{prefix}))(?:{'|'.join(branches)})|(?P<_none>))")
         try:
-            self._fast_by_key = {k: segments_for(v) for k, v in self._heads.items()}
-            self._fast_other = segments_for(self._unheaded)
+            rx = re.compile(cheap_optionals(pattern))
         except re.error:
             return
-        gi = head.groupindex
-        self._fast_pre = (pre_names, (*(gi[n] for n in pre_names), gi["_pre"], gi["_ds"], gi["_di"]))
-        self._fast_head = head
+        gi = rx.groupindex
+        pre_only = re.compile(prefix).groupindex
+        pre = {n: gi[n] for n in pre_only}
+        tail = (gi["_pre"], gi["_ds"], gi["_di"])
+        plans: dict[str | None, _Plan | None] = {}
+        for mark, (r, own) in marks.items():
+            local = {n[len(own):]: j for n, j in gi.items() if n.startswith(own)}
+            plans[mark] = _plan(r, local, pre, tail)
+        self._fast_plans = plans
+        self._fast = rx
 
     # -- matching ----------------------------------------------------------------------------------------
 
@@ -1016,130 +1024,141 @@ class Filter:
         a usable address) or None. Pass a MatchContext to get multi-line (connection id) semantics; without
         one every line stands alone. Never raises on input.
         """
-        if len(line) > MAX_LINE:
-            line = line[:MAX_LINE]
-        if "\n" in line or "\r" in line:
-            # One record, one line: an embedded newline must not let a forged line start mid-record.
-            line = line.replace("\r", " ").replace("\n", " ")
+        found = self.scan((line,), now, ctx)
+        return found[0][1] if found else None
+
+    def scan(self, lines: Sequence[str], now: float, ctx: MatchContext | None = None
+             ) -> list[tuple[int, Match | Rejected]]:
+        """Match many lines in order (what `match` does for each): the (index, result) of every line that
+        gave a result. The daemon's hot path: everything a line needs is looked up once per batch.
+        """
+        out: list[tuple[int, Match | Rejected]] = []
         gate = self._gate
-        if gate is not None:
-            if len(gate) == 1:
-                if gate[0] not in line:
-                    return None
-            else:
-                for s in gate:
-                    if s in line:
+        gate1 = gate[0] if gate is not None and len(gate) == 1 else None
+        fast = self._fast
+        fmatch = fast.match if fast is not None else None
+        plans = self._fast_plans
+        stamp = self._dates.stamp
+        general = self._general
+        ignore = self._ignore
+        hosts = self._hosts
+        conns = ctx._conns if ctx is not None else None
+        for i, line in enumerate(lines):
+            if len(line) > MAX_LINE:
+                line = line[:MAX_LINE]
+            if "\n" in line or "\r" in line:
+                # One record, one line: an embedded newline must not let a forged line start mid-record.
+                line = line.replace("\r", " ").replace("\n", " ")
+            if gate1 is not None:
+                if gate1 not in line:
+                    continue
+            elif gate is not None:
+                for g in gate:
+                    if g in line:
                         break
                 else:
-                    return None
-        head = self._fast_head
-        if head is not None:
-            m0 = head.match(line)
-            if m0 is not None:
-                return self._fast(line, m0, now, ctx)
-        return self._general(line, now, ctx)
-
-    def _fast(self, line: str, m0: re.Match[str], now: float, ctx: MatchContext | None) -> Result:
-        # The general path's steps (_state_from_groups, _merge_connection, _decide, _result), inlined on
-        # positional groups: this runs for nearly every line a busy jail matches.
-        pre_names, pre_idx = self._fast_pre
-        pre = m0.group(*pre_idx)
-        if pre[-3] is None:
-            return None  # the timestamp was read, the prefix does not match: nothing can
-        pos = m0.end(pre_idx[-3])
-        for seg in self._fast_by_key.get(line[pos:pos + self._heads_len], self._fast_other):
-            rx = seg.rx
-            if rx is not None:
-                m = rx.match(line, pos)
-                if m is None:
                     continue
-                rule, plan = seg.rules[m.lastgroup or ""]
-                vals = m.group(*plan.idx)
-                break
-            rule = seg.single  # type: ignore[assignment]
-            found = rule.find(line[pos:])
-            if found is not None:
-                groups = dict(zip(pre_names, pre[:-3], strict=True))
-                groups.update(found)
-                date_end = m0.end(pre_idx[-2]) if pre[-2] is not None else m0.end(pre_idx[-1])
-                return self._general_tail(rule, groups, self._dates.stamp(pre[-2], pre[-1], now), now,
-                                          ctx, line[pos:], line[date_end:])
-        else:
-            return None
-        when = self._dates.stamp(pre[-2], pre[-1], now)
-        allv = vals + pre + (None,)
-        ip4, ip6, dns, fid, nofail, gained, forget, mlfid = plan.core(allv)
-        fields: dict[str, str] = {}
-        if plan.field_values is not None:
-            fields = {n: v for n, v in zip(plan.field_names, plan.field_values(allv), strict=False) if v is not None}
-        for base, i in plan.alts:
-            x = allv[i]
-            if x and not fields.get(base):
-                fields[base] = x
-        if self._ignore:
-            date_end = m0.end(pre_idx[-2]) if pre[-2] is not None else m0.end(pre_idx[-1])
-            if self._ignored(line[pos:], line[date_end:]):
-                return self._result(rule, _Conn(ip4, ip6, dns, fid, nofail, gained, False, fields, None, now),
-                                    when, True)
-        forget = bool(forget)
-        if gained and not nofail:
-            nofail = gained
-        if mlfid is not None and ctx is not None:
-            # _merge_connection, inlined
-            user = fields.get("user")
-            conns = ctx._conns
-            conn = conns.get(mlfid)
-            if conn is not None and conn.seen < now - ctx.max_age:
-                del conns[mlfid]
-                conn = None
-            if conn is not None:
-                users = conn.users
-                if user and users is not None:
-                    users.add(user)
-                conn.nofail = nofail
-                conn.gained = gained
-                if gained:
-                    conn.pending = False
-                if ip4 is not None:
-                    conn.ip4 = ip4
-                if ip6 is not None:
-                    conn.ip6 = ip6
-                if dns is not None:
-                    conn.dns = dns
-                if fid is not None:
-                    conn.fid = fid
-                if fields:
-                    conn.fields.update(fields)
-                conn.seen = now
-                if forget:
-                    del conns[mlfid]
-                state = conn
+            if fmatch is None or (m := fmatch(line)) is None:
+                r = general(line, now, ctx)
+                if r is not None:
+                    out.append((i, r))
+                continue
+            plan = plans.get(m.lastgroup)
+            if plan is None:
+                if m.lastgroup != "_none":  # a head whose rules run on their own
+                    r = general(line, now, ctx)
+                    if r is not None:
+                        out.append((i, r))
+                continue  # the timestamp was read; the prefix or every rule failed: nothing can match
+            # The general path's steps (_state_from_groups, _merge_connection, _decide, _result), inlined
+            # on positional groups: this runs for nearly every line a busy jail matches.
+            rule = plan.rule
+            allv = (*m.group(*plan.idx), None)
+            when = stamp(allv[-3], allv[-2], now)
+            ip4, ip6, dns, fid, nofail, gained, forget, mlfid = plan.core(allv)
+            fields: dict[str, str]
+            if plan.field_values is None:
+                fields = {}
             else:
-                state = _Conn(ip4, ip6, dns, fid, nofail, gained, False, fields, None, now)
-                if not forget:
-                    state.users = {user} if user else set()
-                    conns[mlfid] = state
-                    if len(conns) > ctx.max_entries:
-                        del conns[next(iter(conns))]
-            if state.pending or (state.users is not None and len(state.users) > 1):
-                state.pending = False
-                state.nofail = state.gained = None
-            if state.nofail or state.gained:
-                return None
-            ip4, ip6, dns, fid = state.ip4, state.ip6, state.dns, state.fid
-            if ip4 is None and ip6 is None and dns is None and fid is None:
-                state.pending = True  # remembered: a later line of this connection decides
-                return None
-            fields = dict(state.fields)  # a copy: the connection's own dict keeps changing
-        elif nofail or gained or (ip4 is None and ip6 is None and dns is None and fid is None):
-            return None
-        raw = ip4 or ip6 or dns or fid
-        if not raw:
-            return Rejected("", "no-address", when, False, rule.index)
-        host = self._host(raw)
-        if isinstance(host, str):
-            return Rejected(raw, host, when, False, rule.index)
-        return Match(host, when, False, fields, rule.index)
+                fields = dict(zip(plan.field_names, plan.field_values(allv), strict=False))
+                if None in fields.values():
+                    fields = {n: v for n, v in fields.items() if v is not None}
+            for base, j in plan.alts:
+                x = allv[j]
+                if x and not fields.get(base):
+                    fields[base] = x
+            if ignore:
+                content = line[m.end("_pre"):]
+                date_end = m.end("_ds") if allv[-3] is not None else m.end("_di")
+                if self._ignored(content, line[date_end:]):
+                    r = self._result(rule, _Conn(ip4, ip6, dns, fid, nofail, gained, False, fields, None, now),
+                                     when, True)
+                    if r is not None:
+                        out.append((i, r))
+                    continue
+            if gained and not nofail:
+                nofail = gained
+            if mlfid is not None and conns is not None:
+                assert ctx is not None
+                # _merge_connection, inlined
+                user = fields.get("user")
+                conn = conns.get(mlfid)
+                if conn is not None and conn.seen < now - ctx.max_age:
+                    del conns[mlfid]
+                    conn = None
+                if conn is not None:
+                    users = conn.users
+                    if user and users is not None:
+                        users.add(user)
+                    conn.nofail = nofail
+                    conn.gained = gained
+                    if gained:
+                        conn.pending = False
+                    if ip4 is not None:
+                        conn.ip4 = ip4
+                    if ip6 is not None:
+                        conn.ip6 = ip6
+                    if dns is not None:
+                        conn.dns = dns
+                    if fid is not None:
+                        conn.fid = fid
+                    if fields:
+                        conn.fields.update(fields)
+                    conn.seen = now
+                    if forget:
+                        del conns[mlfid]
+                    state = conn
+                else:
+                    state = _Conn(ip4, ip6, dns, fid, nofail, gained, False, fields, None, now)
+                    if not forget:
+                        state.users = {user} if user else set()
+                        conns[mlfid] = state
+                        if len(conns) > ctx.max_entries:
+                            del conns[next(iter(conns))]
+                if state.pending or (state.users is not None and len(state.users) > 1):
+                    state.pending = False
+                    state.nofail = state.gained = None
+                if state.nofail or state.gained:
+                    continue
+                ip4, ip6, dns, fid = state.ip4, state.ip6, state.dns, state.fid
+                if ip4 is None and ip6 is None and dns is None and fid is None:
+                    state.pending = True  # remembered: a later line of this connection decides
+                    continue
+                fields = dict(state.fields)  # a copy: the connection's own dict keeps changing
+            elif nofail or gained or (ip4 is None and ip6 is None and dns is None and fid is None):
+                continue
+            raw = ip4 or ip6 or dns or fid
+            if not raw:
+                out.append((i, Rejected("", "no-address", when, False, rule.index)))
+                continue
+            host = hosts.get(raw)
+            if host is None:
+                host = self._host(raw)
+            if isinstance(host, str):
+                out.append((i, Rejected(raw, host, when, False, rule.index)))
+            else:
+                out.append((i, Match(host, when, False, fields, rule.index)))
+        return out
 
     def _general(self, line: str, now: float, ctx: MatchContext | None) -> Result:
         found = self._dates.find_span(line, now)
