@@ -93,12 +93,22 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
 from .allowlist import EMPTY, Allowlist, build_allowlist
 from .config import Config, Escalation, JailConfig
 from .durations import format_duration
-from .events import Ban, Hit, IPAddr, IPNet, format_target, normalise_network, parse_target
+from .events import (
+    Ban,
+    Hit,
+    IPAddr,
+    IPNet,
+    format_target,
+    host_network4,
+    host_network6,
+    normalise_network,
+    parse_target,
+)
 
 HistoryRow: TypeAlias = tuple[str, str, float, float | None]
 """(jail, target as text, ban start, ban end or None): what the store persists for one ban."""
@@ -121,8 +131,7 @@ class Kind(enum.Enum):
     STALE = "stale"
 
 
-@dataclass(frozen=True, slots=True)
-class BanRecord:
+class BanRecord(NamedTuple):
     """One ban in a jail's history: who, when it started (`at`) and when it ends (None: never)."""
 
     jail: str
@@ -147,9 +156,12 @@ class BanRecord:
                    None if until is None else float(until))
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What one hit (or one observed ban) did. Metrics count `kind`; the daemon acts on BANNED only."""
+class Outcome(NamedTuple):
+    """What one hit (or one observed ban) did. Metrics count `kind`; the daemon acts on BANNED only.
+
+    BanRecord and Outcome are NamedTuples: a burst of bans builds several per ban, and a frozen
+    dataclass's __init__ costs several times a tuple's.
+    """
 
     kind: Kind
     ban: Ban | None = None  # BANNED: the new ban to apply; ALREADY_BANNED: the ban in force
@@ -252,7 +264,8 @@ _Past: TypeAlias = tuple[tuple[float, float | None], ...]  # (at, until) of earl
 class _Jail:
     __slots__ = ("a4_ends", "a4_nets", "a4_starts", "a6_ends", "a6_nets", "a6_starts", "allow", "banned",
                  "cur", "findtime", "gen_hi", "gen_lo", "gen_start", "history", "horizon", "live_window",
-                 "max_skew", "maxretry", "name", "old", "policy", "recidive", "v6_low", "v6_shift", "v6_tag")
+                 "max_skew", "maxretry", "name", "old", "policy", "reasons", "recidive", "v6_low", "v6_shift",
+                 "v6_tag")
 
     def __init__(self, policy: JailPolicy, allow: Allowlist, horizon: float, max_skew: float) -> None:
         self.policy = policy
@@ -272,6 +285,7 @@ class _Jail:
         self.anchor(-math.inf)  # the first counted failure anchors the generations
         self.banned: dict[int, _Banned] = {}
         self.history: dict[int, _Past] = {}
+        self.reasons: dict[int, str] = {}  # ban reason by failure count: the same text for most bans
 
     def anchor(self, now: float) -> None:
         """Start the current generation at `now`; [gen_lo, gen_hi) is when no rotation is due."""
@@ -300,12 +314,15 @@ def _key_of_net(net: IPNet, group_prefix: int) -> int:
 
 def _net_of_key(key: int) -> IPNet:
     if key < _V4_NET:
-        return ipaddress.IPv4Network((key, 32))
+        return host_network4(key)
     if key < _V6_NET:
         return ipaddress.IPv4Network(((key >> 8) & _ALL32, key & 0xFF))
+    if key & 0xFF == 128:
+        return host_network6((key >> 8) & _ALL128)
     return ipaddress.IPv6Network(((key >> 8) & _ALL128, key & 0xFF))
 
 
+_BANNED = Kind.BANNED
 _COUNTED = Outcome(Kind.COUNTED)
 _STALE = Outcome(Kind.STALE)
 
@@ -473,23 +490,31 @@ class Tracker:
 
     def _ban(self, j: _Jail, key: int, failures: int, now: float) -> Outcome:
         p = j.policy
-        lo = now - j.horizon
-        past = tuple(r for r in j.history.get(key, ()) if r[0] >= lo)
-        duration = p.duration(len(past))
-        until = None if duration is None else now + duration
-        if until is not None:
-            # Never end before an earlier ban of the same offender (only possible after a clock step back).
-            until = max([until] + [u for _, u in past if u is not None])
+        earlier = j.history.get(key)
+        if earlier is None:  # a first offence, as nearly every ban of a burst is
+            past: _Past = ()
+            until = None if p.bantime is None else now + p.bantime
+        else:
+            lo = now - j.horizon
+            past = tuple(r for r in earlier if r[0] >= lo)
+            duration = p.duration(len(past))
+            until = None if duration is None else now + duration
+            if until is not None:
+                # Never end before an earlier ban of the same offender (only possible after a clock step back).
+                until = max([until] + [u for _, u in past if u is not None])
         target = _net_of_key(key)
-        what = "bans" if p.recidive else "failures"
-        reason = f"{failures} {what} in {format_duration(p.findtime)} ({p.name})"
-        if past and duration is not None and duration != p.bantime:
-            reason += f"; ban #{len(past) + 1} escalated to {format_duration(duration)}"
-        ban = Ban(target=target, blocklist=p.blocklist, until=until, origin="jail", reason=reason,
-                  jail=p.name)
+        reason = j.reasons.get(failures)
+        if reason is None:
+            what = "bans" if p.recidive else "failures"
+            reason = j.reasons[failures] = f"{failures} {what} in {format_duration(p.findtime)} ({p.name})"
+        if past:
+            duration = p.duration(len(past))
+            if duration is not None and duration != p.bantime:
+                reason += f"; ban #{len(past) + 1} escalated to {format_duration(duration)}"
+        ban = Ban(target, p.blocklist, until, "jail", reason, p.name)
         j.history[key] = (*past, (now, until))
         j.banned[key] = _Banned(ban, now)
-        return Outcome(Kind.BANNED, ban=ban, record=BanRecord(p.name, target, now, until))
+        return Outcome(_BANNED, ban, None, BanRecord(p.name, target, now, until))
 
     # -- bans from elsewhere, unbans, the allowlist -------------------------------------------------------
 
