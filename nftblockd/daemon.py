@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from .feeds import FeedManager
 
 SHUTDOWN_GRACE = 10.0
+JAIL_BULK_MIN = 32  # a jail batch with this many like bans (a burst) takes the bulk path
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,16 +410,63 @@ class Daemon:
         return n
 
     async def _jail_bans(self, bans: list[Ban], records: list[BanRecord], arrival: float) -> None:
-        """Bans a jail decided: apply, persist with their history rows, and feed recidive jails."""
+        """Bans a jail decided: apply, persist with their history rows, and feed recidive jails.
+
+        A burst (many single addresses with the same end and reason, as a batch of first offences is) goes
+        the bulk way: one set operation for the state, one packed row in the database instead of a row
+        per ban. The rest go one by one.
+        """
         now = time.time()
-        results = await self.enforcer.apply(bans, now=now, started=arrival,
-                                            history=[r.as_row() for r in records])
+        history = [r.as_row() for r in records]
+        groups: dict[tuple[str, float | None, str, str], dict[int, list[int]]] = {}
+        single: list[Ban] = []
+        if len(bans) >= JAIL_BULK_MIN:
+            for b in bans:
+                t = b.target
+                if t.prefixlen == t.max_prefixlen and b.origin == "jail":
+                    groups.setdefault((b.blocklist, b.until, b.reason, b.jail), {}).setdefault(
+                        t.version, []).append(int(t.network_address))
+                else:
+                    single.append(b)
+            small = [k for k, g in groups.items() if sum(map(len, g.values())) < JAIL_BULK_MIN]
+            for k in small:
+                del groups[k]
+            if small:
+                keep = set(small)
+                single += [b for b in bans if (b.blocklist, b.until, b.reason, b.jail) in keep
+                           and b.target.prefixlen == b.target.max_prefixlen and b.origin == "jail"]
+        else:
+            single = bans
+        refused: set[tuple[int, int]] = set()  # (version, address) the bulk path could not ban
+        for (blocklist, until, reason, jail), keys in groups.items():
+            res = await self.enforcer.ban_hosts(blocklist, keys, until, origin="jail", reason=reason, jail=jail,
+                                                now=now, started=arrival, history=history)
+            history = []  # saved with the first group
+            for set_name, key in res.failed:
+                refused.add((4 if set_name.endswith("4") else 6, key))
+            for version, keys_allowed in res.allowlisted.items():
+                refused.update((version, k) for k in keys_allowed)
+        applied: list[Ban] = []
+        if single or history:
+            results = await self.enforcer.apply(single, now=now, started=arrival, history=history)
+            for b, r in zip(single, results, strict=False):
+                if r.code is None:
+                    applied.append(b)
+                else:
+                    self.tracker.forget_ban(b.target, jail=b.jail)
+        if groups:
+            for b in bans:
+                t = b.target
+                if (b.origin != "jail" or t.prefixlen != t.max_prefixlen
+                        or (b.blocklist, b.until, b.reason, b.jail) not in groups):
+                    continue
+                if (t.version, int(t.network_address)) in refused:
+                    self.tracker.forget_ban(t, jail=b.jail)
+                else:
+                    applied.append(b)
         more: list[Ban] = []
         more_records: list[BanRecord] = []
-        for b, r in zip(bans, results, strict=False):
-            if r.code is not None:
-                self.tracker.forget_ban(b.target, jail=b.jail)
-                continue
+        for b in applied:
             for out in self.tracker.observe_ban(b, now):
                 if out.ban is not None and out.kind.name == "BANNED":
                     more.append(out.ban)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import errno as E
+import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -231,8 +232,11 @@ class Enforcer:
 
     async def ban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]], until: float | None, *,
                         origin: str = "cli", reason: str = "", jail: str = "", comment: str = "",
-                        now: float | None = None, persist: bool = True) -> BulkResult:
-        """Ban many single addresses at once (CLI stdin, fail2ban restores, saved bans): see BanState.ban_hosts."""
+                        now: float | None = None, persist: bool = True, started: float | None = None,
+                        history: Sequence[tuple[str, str, float, float | None]] = ()) -> BulkResult:
+        """Ban many single addresses at once (CLI stdin, fail2ban restores, saved bans, a jail's burst): see
+        BanState.ban_hosts. `history` rows are saved in the same commit; `started` (monotonic) is when the
+        cause was seen, for the latency metric."""
         now = time.time() if now is None else now
         out = BulkResult()
         changes: list[BulkChange] = []
@@ -267,14 +271,31 @@ class Enforcer:
         if self.metrics is not None:
             self.metrics.bans.labels(jail, origin).inc(applied)
             self.metrics.allowlist_hits.inc(sum(len(v) for v in out.allowlisted.values()))
+            if started is not None and applied:
+                self.metrics.ban_latency.labels(origin).observe(time.monotonic() - started)
         self.counters.refused += len(out.failed) + sum(len(v) for v in out.allowlisted.values())
-        if persist and self.persist is not None and applied:
+        if persist and self.persist is not None and (applied or history):
             packed: list[PackedBans] = []
             for c in changes:
                 size = 4 if c.set_name.endswith("4") else 16
                 packed.append((blocklist, [k.to_bytes(size, "big") for part in (c.new, c.extended) for k in part
                                            if (c.set_name, k) not in out.failed], until, origin, reason, jail))
-            await self.persist([], [], [], packed, [])
+            await self.persist([], [], list(history), packed, [])
+        if jail:
+            # a jail's bans read like one-by-one ones in the audit log, up to the same per-request cap
+            shown = 0
+            dur = "permanent" if until is None else f"{max(0, round(until - now))}s"
+            for c in changes:
+                for k in c.new + c.extended:
+                    if shown >= AUDIT_LINES_PER_REQUEST or (c.set_name, k) in out.failed:
+                        continue
+                    shown += 1
+                    addr = str(ipaddress.ip_address(k) if c.set_name.endswith("4") else ipaddress.IPv6Address(k))
+                    audit_log.info("ban jail=%s address=%s set=%s duration=%s reason=%s", quote(jail), addr,
+                                   c.set_name, dur, quote(reason or origin),
+                                   extra={"jail": jail, "address": addr, "set": c.set_name, "origin": origin})
+            if applied <= shown:
+                return out
         audit_log.info("bulk ban: %d addresses into blocklist %s (%s), %d unchanged, %d refused", applied,
                        blocklist, "permanent" if until is None else f"{max(0, round(until - now))}s",
                        sum(len(c.unchanged) for c in changes), len(out.failed),

@@ -206,3 +206,24 @@ jails:
         assert ban["blocklist"] == "long" and ban["expires_in"] > 6 * 86400
     finally:
         d.close()
+
+
+def test_a_burst_takes_the_bulk_path_and_keeps_history(netns: NetNS, setup: tuple[DaemonProc, Path]) -> None:
+    d, log = setup
+    attackers = [f"198.51.100.{i}" for i in range(100, 160)]  # more than JAIL_BULK_MIN in one batch
+    append(log, "".join(failures(a, 3) for a in attackers))
+    wait_for(lambda: set(attackers) <= banned(netns), what="every attacker of the burst")
+    bans = {b["target"]: b for b in d.cli_json("list")["bans"]}
+    first = bans[attackers[0]]
+    assert first["jail"] == "sshd" and first["origin"] == "jail" and "3 failures" in first["reason"]
+    assert "ban jail=sshd address=198.51.100.100 " in d.log()  # audited address by address
+    assert d.stop() == 0
+    netns.nft("flush", "set", "inet", "nftblock", "default_ip4", check=False)
+    d.start()
+    assert set(attackers) <= banned(netns)  # saved (as one packed row) and restored
+    # the escalation history was saved too: a second offence is banned for twice as long
+    d.cli("unban", attackers[5])
+    append(log, failures(attackers[5], 3, port=42000))
+    wait_for(lambda: attackers[5] in banned(netns), what="second ban")
+    assert {b["target"]: b for b in d.cli_json("list")["bans"]}[attackers[5]]["expires_in"] > 7000
+    assert attackers[6] in banned(netns)  # unbanning one address of a packed row leaves the others
