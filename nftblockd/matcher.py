@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import ipaddress
+import itertools
 import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -123,6 +124,8 @@ class Rejected(NamedTuple):
 
 
 Result: TypeAlias = Match | Rejected | None
+# tuple.__new__(Match, values) builds a Match in half the time of the generated __new__ (the hot path)
+_new_match: Callable[[type[Match], tuple[Any, ...]], Match] = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -667,7 +670,8 @@ class _Conn:
     gained: Any  # the last line was a successful login
     pending: bool  # a failure without an address waits for a line that names one
     fields: dict[str, str]  # user and other captures, merged
-    users: set[str] | None  # user names tried (None: not tracked, a line standing alone)
+    user: str  # the first user name the connection tried ("": none yet, or a line standing alone)
+    multi: bool  # it tried more than one user name
     seen: float
 
 
@@ -689,6 +693,14 @@ class MatchContext:
 
     def __len__(self) -> int:
         return len(self._conns)
+
+
+def _evict(ctx: MatchContext) -> None:
+    """Forget the connections first seen longest ago, an eighth of the cap at a time: deleting one key at a
+    time from a dict's front makes every next `iter()` step over the growing run of deleted slots."""
+    conns = ctx._conns
+    for k in list(itertools.islice(conns, len(conns) - ctx.max_entries + ctx.max_entries // 8)):
+        del conns[k]
 
 
 def _merge_connection(ctx: MatchContext | None, mlfid: str | None, line: _Conn, now: float) -> _Conn:
@@ -713,9 +725,11 @@ def _merge_connection(ctx: MatchContext | None, mlfid: str | None, line: _Conn, 
         del conns[mlfid]
         conn = None
     if conn is not None:
-        users = conn.users
-        if user and users is not None:
-            users.add(user)
+        if user and user != conn.user:
+            if conn.user:
+                conn.multi = True
+            else:
+                conn.user = user
         conn.nofail = line.nofail
         conn.gained = line.gained
         if line.gained:
@@ -735,15 +749,15 @@ def _merge_connection(ctx: MatchContext | None, mlfid: str | None, line: _Conn, 
             del conns[mlfid]
         state = conn
     elif not forget:
-        line.users = {user} if user else set()
+        line.user = user or ""
         line.seen = now
         conns[mlfid] = line
         if len(conns) > ctx.max_entries:
-            del conns[next(iter(conns))]  # the connection first seen longest ago
+            _evict(ctx)
         state = line
     else:
         state = line
-    if state.pending or (state.users is not None and len(state.users) > 1):
+    if state.pending or state.multi:
         state.pending = False
         state.nofail = state.gained = None
     return state
@@ -787,7 +801,7 @@ def _state_from_groups(rule: _Rule, groups: dict[str, Any], now: float) -> _Conn
         if v and not get(base):
             fields[base] = v
     return _Conn(get("ip4"), get("ip6"), get("dns"), get("fid"), get("nofail"), get("mlfgained"),
-                 bool(get("mlfforget")), fields, None, now)
+                 bool(get("mlfforget")), fields, "", False, now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -802,6 +816,7 @@ class _Plan:
     field_names: tuple[str, ...]
     field_values: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None
     alts: tuple[tuple[str, int], ...]
+    field1: tuple[str, int] | None  # the only field (a user name, as a rule usually has): built directly
 
 
 def _plan(rule: _Rule, local: dict[str, int], pre: dict[str, int], tail: tuple[int, int, int]) -> _Plan:
@@ -820,9 +835,10 @@ def _plan(rule: _Rule, local: dict[str, int], pre: dict[str, int], tail: tuple[i
     core = itemgetter(*(where.get(k, none) for k in (*_FLAGS, "mlfid")))
     field_names = tuple(dict.fromkeys(n for n in (*rule.fields, *pre)
                                       if n in where and n not in _INTERNAL and not n.startswith(("cond_", "alt_"))))
-    values = itemgetter(*(where[n] for n in field_names), none) if field_names else None
+    values = itemgetter(*(where[n] for n in field_names), none) if len(field_names) > 1 else None
+    field1 = (field_names[0], where[field_names[0]]) if len(field_names) == 1 else None
     alts = tuple((base, where[k]) for k, base in rule.alts if k in where)
-    return _Plan(rule, tuple(idx), core, field_names, values, alts)
+    return _Plan(rule, tuple(idx), core, field_names, values, alts, field1)
 
 
 def _joinable(rule: _Rule) -> bool:
@@ -1043,6 +1059,9 @@ class Filter:
         ignore = self._ignore
         hosts = self._hosts
         conns = ctx._conns if ctx is not None else None
+        last_ds: str | None = None
+        last_di: str | None = None
+        last_when: float | None = None  # `now` is fixed for the call, so a timestamp text has one time
         for i, line in enumerate(lines):
             if len(line) > MAX_LINE:
                 line = line[:MAX_LINE]
@@ -1074,25 +1093,33 @@ class Filter:
             # on positional groups: this runs for nearly every line a busy jail matches.
             rule = plan.rule
             allv = (*m.group(*plan.idx), None)
-            when = stamp(allv[-3], allv[-2], now)
+            ds, di = allv[-3], allv[-2]
+            if ds != last_ds or di != last_di:  # a busy log has many lines a second: same text, same time
+                last_ds, last_di, last_when = ds, di, stamp(ds, di, now)
+            when = last_when
             ip4, ip6, dns, fid, nofail, gained, forget, mlfid = plan.core(allv)
             fields: dict[str, str]
-            if plan.field_values is None:
+            one = plan.field1
+            if one is not None:  # dict(zip(...)) costs eight times a literal
+                v = allv[one[1]]
+                fields = {} if v is None else {one[0]: v}
+            elif plan.field_values is None:
                 fields = {}
             else:
                 fields = dict(zip(plan.field_names, plan.field_values(allv), strict=False))
                 if None in fields.values():
                     fields = {n: v for n, v in fields.items() if v is not None}
-            for base, j in plan.alts:
-                x = allv[j]
-                if x and not fields.get(base):
-                    fields[base] = x
+            if plan.alts:
+                for base, j in plan.alts:
+                    x = allv[j]
+                    if x and not fields.get(base):
+                        fields[base] = x
             if ignore:
                 content = line[m.end("_pre"):]
                 date_end = m.end("_ds") if allv[-3] is not None else m.end("_di")
                 if self._ignored(content, line[date_end:]):
-                    r = self._result(rule, _Conn(ip4, ip6, dns, fid, nofail, gained, False, fields, None, now),
-                                     when, True)
+                    r = self._result(rule, _Conn(ip4, ip6, dns, fid, nofail, gained, False, fields, "", False,
+                                                 now), when, True)
                     if r is not None:
                         out.append((i, r))
                     continue
@@ -1107,9 +1134,11 @@ class Filter:
                     del conns[mlfid]
                     conn = None
                 if conn is not None:
-                    users = conn.users
-                    if user and users is not None:
-                        users.add(user)
+                    if user and user != conn.user:
+                        if conn.user:
+                            conn.multi = True
+                        else:
+                            conn.user = user
                     conn.nofail = nofail
                     conn.gained = gained
                     if gained:
@@ -1129,13 +1158,12 @@ class Filter:
                         del conns[mlfid]
                     state = conn
                 else:
-                    state = _Conn(ip4, ip6, dns, fid, nofail, gained, False, fields, None, now)
+                    state = _Conn(ip4, ip6, dns, fid, nofail, gained, False, fields, user or "", False, now)
                     if not forget:
-                        state.users = {user} if user else set()
                         conns[mlfid] = state
                         if len(conns) > ctx.max_entries:
-                            del conns[next(iter(conns))]
-                if state.pending or (state.users is not None and len(state.users) > 1):
+                            _evict(ctx)
+                if state.pending or state.multi:
                     state.pending = False
                     state.nofail = state.gained = None
                 if state.nofail or state.gained:
@@ -1157,7 +1185,7 @@ class Filter:
             if isinstance(host, str):
                 out.append((i, Rejected(raw, host, when, False, rule.index)))
             else:
-                out.append((i, Match(host, when, False, fields, rule.index)))
+                out.append((i, _new_match(Match, (host, when, False, fields, rule.index))))
         return out
 
     def _general(self, line: str, now: float, ctx: MatchContext | None) -> Result:
