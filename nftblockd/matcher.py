@@ -807,7 +807,7 @@ def _state_from_groups(rule: _Rule, groups: dict[str, Any], now: float) -> _Conn
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """Where a fast-lane rule's groups sit in the combined regex. `Match.group(*idx)` gives the rule's own
-    groups, the prefix's groups, `_pre` and the two timestamp groups; with a None appended, two
+    groups, the prefix's groups, `_pre`, the two timestamp groups and `_none` (always None here); two
     itemgetters (one C call each) read the flags and the fields from that tuple."""
 
     rule: _Rule
@@ -819,10 +819,12 @@ class _Plan:
     field1: tuple[str, int] | None  # the only field (a user name, as a rule usually has): built directly
 
 
-def _plan(rule: _Rule, local: dict[str, int], pre: dict[str, int], tail: tuple[int, int, int]) -> _Plan:
+def _plan(rule: _Rule, local: dict[str, int], pre: dict[str, int], tail: tuple[int, int, int, int]) -> _Plan:
     """Plan for a rule whose own groups sit at `local` group indices of the combined regex and whose
-    prefix groups (e.g. mlfid) sit at `pre`; `tail` is (_pre, _ds, _di). A rule's own group wins over the
-    prefix's, even when it did not take part (fail2ban: the prefix's groups updated by the rule's)."""
+    prefix groups (e.g. mlfid) sit at `pre`; `tail` is (_pre, _ds, _di, _none), the last a group that is
+    None whenever a rule matched (it is the other branch), read for names the rule does not have. A
+    rule's own group wins over the prefix's, even when it did not take part (fail2ban: the prefix's
+    groups updated by the rule's)."""
     names = list(local)
     idx = [local[n] for n in names]
     where = {n: i for i, n in enumerate(names)}
@@ -830,8 +832,8 @@ def _plan(rule: _Rule, local: dict[str, int], pre: dict[str, int], tail: tuple[i
         if n not in where:
             where[n] = len(idx)
             idx.append(j)
-    idx += tail  # >= 3 indices: Match.group returns a tuple
-    none = len(idx)  # the None the caller appends
+    idx += tail  # >= 4 indices: Match.group returns a tuple
+    none = len(idx) - 1
     core = itemgetter(*(where.get(k, none) for k in (*_FLAGS, "mlfid")))
     field_names = tuple(dict.fromkeys(n for n in (*rule.fields, *pre)
                                       if n in where and n not in _INTERNAL and not n.startswith(("cond_", "alt_"))))
@@ -1023,7 +1025,7 @@ class Filter:
         gi = rx.groupindex
         pre_only = re.compile(prefix).groupindex
         pre = {n: gi[n] for n in pre_only}
-        tail = (gi["_pre"], gi["_ds"], gi["_di"])
+        tail = (gi["_pre"], gi["_ds"], gi["_di"], gi["_none"])
         plans: dict[str | None, _Plan | None] = {}
         for mark, (r, own) in marks.items():
             local = {n[len(own):]: j for n, j in gi.items() if n.startswith(own)}
@@ -1092,7 +1094,7 @@ class Filter:
             # The general path's steps (_state_from_groups, _merge_connection, _decide, _result), inlined
             # on positional groups: this runs for nearly every line a busy jail matches.
             rule = plan.rule
-            allv = (*m.group(*plan.idx), None)
+            allv = m.group(*plan.idx)
             ds, di = allv[-3], allv[-2]
             if ds != last_ds or di != last_di:  # a busy log has many lines a second: same text, same time
                 last_ds, last_di, last_when = ds, di, stamp(ds, di, now)
