@@ -423,9 +423,10 @@ class Daemon:
         if len(bans) >= JAIL_BULK_MIN:
             for b in bans:
                 t = b.target
-                if t.prefixlen == t.max_prefixlen and b.origin == "jail":
+                version = 4 if type(t) is ipaddress.IPv4Network else 6
+                if t.prefixlen == (32 if version == 4 else 128) and b.origin == "jail":
                     groups.setdefault((b.blocklist, b.until, b.reason, b.jail), {}).setdefault(
-                        t.version, []).append(int(t.network_address))
+                        version, []).append(int(t.network_address))
                 else:
                     single.append(b)
             small = [k for k, g in groups.items() if sum(map(len, g.values())) < JAIL_BULK_MIN]

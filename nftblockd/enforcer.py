@@ -46,6 +46,27 @@ Persist = Callable[[list[Ban], list[tuple[str, IPNet]], list[tuple[str, str, flo
                     list[PackedBans], list[tuple[str, list[bytes]]]], Awaitable[None]]
 
 AUDIT_LINES_PER_REQUEST = 50  # beyond this, a bulk request gets one summary line instead of a flood
+AUDIT_LINES_PER_SECOND = 10.0  # and over time: a flood of small requests (a jail's burst) is summarised too
+
+
+class AuditBudget:
+    """How many per-address audit lines may be written now: a token bucket of AUDIT_LINES_PER_REQUEST
+    lines, refilled at AUDIT_LINES_PER_SECOND. A line costs ~80 us here (formatting, the journal); a burst
+    of 10,000 bans logged one by one cost more than banning them, and flooded the journal."""
+
+    def __init__(self, burst: float = AUDIT_LINES_PER_REQUEST, rate: float = AUDIT_LINES_PER_SECOND,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst, self.rate, self.clock = burst, rate, clock
+        self.tokens = burst
+        self.at = clock()
+
+    def take(self, wanted: int) -> int:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        n = min(wanted, int(self.tokens))
+        self.tokens -= n
+        return n
 RESTORE_CHUNK = 100_000  # elements per restore transaction (2.8 MB of netlink; ~0.25 s of kernel time)
 
 
@@ -106,6 +127,7 @@ class Enforcer:
         self.allow = allow
         self.state = BanState(plan)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nftblockd-kernel")
+        self._audit_budget = AuditBudget()
         self._writer_factory = writer_factory
         self.writer: KernelWriter | None = None
         self.counters = Counters()
@@ -282,12 +304,13 @@ class Enforcer:
                                            if (c.set_name, k) not in out.failed], until, origin, reason, jail))
             await self.persist([], [], list(history), packed, [])
         if jail:
-            # a jail's bans read like one-by-one ones in the audit log, up to the same per-request cap
+            # a jail's bans read like one-by-one ones in the audit log, within the same budget
             shown = 0
+            budget = self._audit_budget.take(applied)
             dur = "permanent" if until is None else f"{max(0, round(until - now))}s"
             for c in changes:
                 for k in c.new + c.extended:
-                    if shown >= AUDIT_LINES_PER_REQUEST or (c.set_name, k) in out.failed:
+                    if shown >= budget or (c.set_name, k) in out.failed:
                         continue
                     shown += 1
                     addr = str(ipaddress.ip_address(k) if c.set_name.endswith("4") else ipaddress.IPv6Address(k))
@@ -445,8 +468,8 @@ class Enforcer:
         return Result(d.target, ch.outcome, None, msg, set_name)
 
     def _audit(self, decisions: Sequence[Decision], results: Sequence[Result]) -> None:
-        shown = 0
         summary: dict[str, int] = {}
+        items: list[tuple[Decision, Result, str]] = []
         for d, r in zip(decisions, results, strict=False):
             if r.code is not None:
                 self.counters.refused += 1
@@ -460,9 +483,9 @@ class Enforcer:
             else:
                 continue
             summary[kind] = summary.get(kind, 0) + 1
-            if shown >= AUDIT_LINES_PER_REQUEST:
-                continue
-            shown += 1
+            items.append((d, r, kind))
+        shown = self._audit_budget.take(len(items))
+        for d, r, kind in items[:shown]:
             fields = {"jail": getattr(d, "jail", "") or d.origin, "address": format_target(d.target),
                       "set": r.set_name, "origin": d.origin}
             if kind == "ban":
@@ -476,7 +499,7 @@ class Enforcer:
             else:
                 audit_log.info("refused %s %s: %s", "ban" if isinstance(d, Ban) else "unban",
                                fields["address"], quote(r.message), extra=fields)
-        if shown >= AUDIT_LINES_PER_REQUEST:
+        if shown < len(items):
             audit_log.info("bulk request: %s (first %d shown)",
                            ", ".join(f"{n} {k}" for k, n in sorted(summary.items())), shown)
 

@@ -117,6 +117,9 @@ def is_single(net: IPNet) -> bool:
 
 def format_target(net: IPNet) -> str:
     """`1.2.3.4/32` prints as `1.2.3.4`; ranges keep their prefix."""
+    if type(net) is ipaddress.IPv4Network and net.prefixlen == 32:
+        # inet_ntoa in C, not ipaddress's join of four str(): every saved ban's history row comes here
+        return socket.inet_ntoa(int(net.network_address).to_bytes(4, "big"))
     return str(net.network_address) if is_single(net) else str(net)
 
 

@@ -118,6 +118,9 @@ class JailRunner:
                 consumed += len(batch)
                 live = bool(ready_mark) and consumed > ready_mark[0]
                 self.process(batch, time.time(), live, arrival)
+                # Queue.get() does not suspend while batches are waiting: yield, so the bans of this batch
+                # go to the kernel (its own thread) while the next batch is matched, not after all of them.
+                await asyncio.sleep(0)
         finally:
             marker.cancel()
             # lines already handed over by the source are matched before we stop (their position is saved)
