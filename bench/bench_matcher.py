@@ -9,7 +9,8 @@ lines per second, as on a busy server.
 
 nftblockd runs over the whole file (the jail's matching exactly as the daemon does it: one filter, one
 MatchContext, `Filter.scan` over batches of lines as the tailer hands them over). fail2ban-regex is slow,
-so it runs on the first 100,000 lines and its own "processed in" time gives its lines/s. The recorded ratio is ours / theirs (higher is better).
+so it runs on the first 100,000 lines and its own "processed in" time gives its lines/s. The recorded ratio
+is ours / theirs (higher is better).
 
 Run: `.venv/bin/python bench/bench_matcher.py [--lines N] [--f2b-lines N] [--engine auto|re|re2]`.
 """
