@@ -1160,11 +1160,29 @@ class Filter:
                         del conns[mlfid]
                     state = conn
                 else:
-                    state = _Conn(ip4, ip6, dns, fid, nofail, gained, False, fields, user or "", False, now)
+                    # A connection's first line (the same steps, short-cut: a fresh state is neither
+                    # pending nor multi-user). Helper lines usually end here, most without allocating.
+                    missing = ip4 is None and ip6 is None and dns is None and fid is None
                     if not forget:
-                        conns[mlfid] = state
+                        conns[mlfid] = _Conn(ip4, ip6, dns, fid, nofail, gained,
+                                             missing and not (nofail or gained), dict(fields) if fields else {},
+                                             user or "", False, now)
                         if len(conns) > ctx.max_entries:
                             _evict(ctx)
+                    if nofail or gained or missing:
+                        continue
+                    raw = ip4 or ip6 or dns or fid
+                    host = hosts.get(raw) if raw else None
+                    if host is None:
+                        if not raw:
+                            out.append((i, Rejected("", "no-address", when, False, rule.index)))
+                            continue
+                        host = self._host(raw)
+                    if isinstance(host, str):
+                        out.append((i, Rejected(raw, host, when, False, rule.index)))
+                    else:
+                        out.append((i, _new_match(Match, (host, when, False, fields, rule.index))))
+                    continue
                 if state.pending or state.multi:
                     state.pending = False
                     state.nofail = state.gained = None
