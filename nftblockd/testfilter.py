@@ -72,10 +72,8 @@ def run(filter_spec: str, logfile: str, *, json_output: bool, out: TextIO, now: 
     ignored: list[tuple[int, Match | Rejected]] = []
     rejected: list[tuple[int, Rejected]] = []
     t0 = time.perf_counter()
-    for n, line in enumerate(lines, 1):
-        r = flt.match(line, ref, ctx)
-        if r is None:
-            continue
+    for i, r in flt.scan(lines, ref, ctx):  # the jails' path, so lines/s is the daemon's
+        n = i + 1
         if r.ignored:
             ignored.append((n, r))
         elif isinstance(r, Match):
