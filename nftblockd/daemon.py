@@ -31,9 +31,10 @@ from .config import Config, ConfigError, Problem, load_config
 from .control.server import ControlServer
 from .enforcer import Enforcer, Result
 from .events import Ban, Decision, IPAddr, IPNet, Origin, Unban
+from .filterload import load_filter
 from .jails import JailRunner
 from .kernel import KernelWriter
-from .matcher import Filter, FilterError, load_filter
+from .matcher import Filter, FilterError
 from .metrics import Metrics, MetricsServer
 from .ruleset import plan_ruleset
 from .sdnotify import Notifier, watchdog_loop

@@ -1,8 +1,8 @@
 """Compiled filters: one log line in, a failure (host, time) or nothing out.
 
-Pure: no IO except reading filter files when `load_filter` is asked to, never the clock (`now` is an
-argument), no module-level mutable state. `Filter.match` never raises on input; whatever a log line holds,
-the worst outcome is "no match".
+Pure: no IO (filterload.py reads filter files), never the clock (`now` is an argument), no module-level
+mutable state. `Filter.match` and `Filter.scan` never raise on input; whatever a log line holds, the worst
+outcome is "no match". The regex analysis (lint, required literals) is rxlint.py.
 
 How a line is matched (the general path, `Filter._general`):
 
@@ -21,10 +21,14 @@ How a line is matched (the general path, `Filter._general`):
    never a guess and never a DNS lookup.
 
 The fast lane (`Filter._fast`, YAML prefixes with the usual syslog / ISO timestamps, i.e. the built-ins on
-their hot path) does the same in two regex calls: timestamp and prefix (an atomic group, so the very match
-the prefix alone gives) in one, then the rules that can start the message joined into one ordered
-alternation (the first alternative that matches is the first rule that matches). The tests run both paths
-over every sample line and require identical results.
+their hot path) does the same in one regex call: timestamp, prefix (an atomic group, so the very match the
+prefix alone gives) and, chosen by the message's first characters, the rules that can start it, joined into
+one ordered alternation (the first alternative that matches is the first rule that matches); `scan` then
+reads the groups positionally and applies the multi-line rules inline. The tests run both paths over every
+sample line and require identical results.
+
+Measured on this project's 2-core VM (bench_matcher, a server under brute force): the regex call is 5-9 us
+of the ~15 us a relevant sshd line costs, the rest is the Python around it; noise lines cost 0.3 us.
 
 Regex engine: Python's `re`, with every regex linted for shapes that backtrack super-linearly (nested or
 overlapping unbounded repeats, unanchored scans); a flagged regex runs on RE2 (google-re2, linear time)
@@ -51,11 +55,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import tzinfo
 from operator import itemgetter
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 from .events import IPAddr, normalise_address
+from .rxlint import lint_regex, literal_heads, matches_newline, required_literal
 from .rxopt import cheap_optionals
 from .timestamps import DateParser, DatePatternError
 
@@ -69,12 +73,9 @@ __all__ = [
     "MatchContext",
     "RegexSource",
     "Rejected",
-    "builtin_filters",
     "compile_filter",
     "expand_tags",
-    "lint_regex",
-    "load_filter",
-    "parse_spec",
+    "parse_host",
 ]
 
 MAX_LINE = 8192  # characters of a line the matcher looks at; the rest is cut (journald's LINE_MAX is 48k)
@@ -230,319 +231,6 @@ def expand_tags(regex: str) -> str:
     out = _TAG_RE.sub(subst, regex)
     # Python 3.11 refuses global flags in mid-pattern; fail2ban filters write `((?i)a|b)` meaning `(?i:a|b)`
     return _GLOBAL_FLAGS.sub(lambda m: m.group(1) + ":", out)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Regex analysis: a literal each regex needs (prefilter) and a lint for super-linear backtracking
-
-_sre: Any = importlib.import_module("re._parser")
-_C: Any = importlib.import_module("re._constants")
-# Character sets as bit masks: bits 0-127 are ASCII; non-ASCII characters fall in four buckets (digits,
-# spaces, other word characters, the rest), enough to tell \d, \s, \w and their negations apart.
-_NA_DIGIT, _NA_SPACE, _NA_WORD, _NA_OTHER = 1 << 128, 1 << 129, 1 << 130, 1 << 131
-_NONASCII = _NA_DIGIT | _NA_SPACE | _NA_WORD | _NA_OTHER
-_ALL = (1 << 132) - 1
-_BIG_REPEAT = 64  # a bounded repeat this long counts as unbounded for the lint
-
-
-def _bit(c: int) -> int:
-    if c < 128:
-        return 1 << c
-    ch = chr(c)
-    return _NA_DIGIT if ch.isdigit() else _NA_SPACE if ch.isspace() else \
-        _NA_WORD if ch.isalnum() or ch == "_" else _NA_OTHER
-
-
-def _class_bits(ch: Callable[[int], bool], nonascii: int) -> int:
-    bits = nonascii
-    for c in range(128):
-        if ch(c):
-            bits |= 1 << c
-    return bits
-
-
-_DIGIT = _class_bits(lambda c: chr(c).isdigit(), _NA_DIGIT)
-_SPACE = _class_bits(lambda c: chr(c).isspace(), _NA_SPACE)
-_WORD = _class_bits(lambda c: chr(c).isalnum() or c == 95, _NA_DIGIT | _NA_WORD)
-_CATEGORIES = {
-    "CATEGORY_DIGIT": _DIGIT, "CATEGORY_NOT_DIGIT": _ALL & ~_DIGIT,
-    "CATEGORY_SPACE": _SPACE, "CATEGORY_NOT_SPACE": _ALL & ~_SPACE,
-    "CATEGORY_WORD": _WORD, "CATEGORY_NOT_WORD": _ALL & ~_WORD,
-}
-
-
-@dataclass(slots=True)
-class _Info:
-    chars: int = 0  # characters the node can consume
-    first: int = 0  # characters a non-empty match can start with
-    nullable: bool = True
-    unbounded: bool = False  # holds an unbounded repeat
-    tail: int = 0  # characters by which a match could still be extended at its end (a trailing repeat)
-    risk: str | None = None
-    rep: int = 0  # characters its unbounded repeats can take
-
-
-def _casefold_bits(bits: int) -> int:
-    out = bits
-    for c in range(65, 91):
-        if bits & (1 << c) or bits & (1 << (c + 32)):
-            out |= (1 << c) | (1 << (c + 32))
-    return out
-
-
-def _in_bits(items: Any, icase: bool) -> int:
-    bits, negate = 0, False
-    for op, av in items:
-        name = str(op)
-        if name == "NEGATE":
-            negate = True
-        elif name == "LITERAL":
-            bits |= _bit(av)
-        elif name == "RANGE":
-            lo, hi = av
-            for c in range(lo, min(hi, 127) + 1):
-                bits |= 1 << c
-            if hi >= 128:
-                bits |= _NONASCII  # a non-ASCII range: assume it may hold any kind
-        elif name == "CATEGORY":
-            bits |= _CATEGORIES.get(str(av), _ALL)
-        else:
-            bits |= _ALL
-    if icase:
-        bits = _casefold_bits(bits)
-    return _ALL & ~bits if negate else bits
-
-
-def _seq_info(items: Any, icase: bool) -> _Info:
-    infos = [_node_info(op, av, icase) for op, av in items]
-    out = _Info()
-    for info in infos:
-        if out.risk is None and info.risk:
-            out.risk = info.risk
-        if out.nullable:
-            out.first |= info.first
-        out.chars |= info.chars
-        out.tail = (out.tail | info.tail) if info.nullable else info.tail
-        out.nullable = out.nullable and info.nullable
-        out.unbounded = out.unbounded or info.unbounded
-        out.rep |= info.rep
-    if out.risk is None:
-        out.risk = _overlap_risk(infos)
-    return out
-
-
-def _overlap_risk(infos: list[_Info]) -> str | None:
-    """A repeat followed by another that can take over its characters: O(n^2) backtracking on failure.
-
-    Walks from each item that ends in a repeat over what follows, as far as that repeat could reach.
-    """
-    for i, a in enumerate(infos):
-        reach = a.tail
-        if not reach:
-            continue
-        gap = 0
-        for b in infos[i + 1:]:
-            if b.unbounded and b.first & reach and (gap & reach) & ~b.rep == 0:
-                return "two repeats in a row can match the same text (quadratic backtracking)"
-            if not b.nullable and not b.chars & reach:
-                break  # the repeat cannot run past this item
-            if not b.nullable and b.unbounded:
-                break  # b takes over from here; its own tail is checked when the walk starts at b
-            gap |= b.chars
-    return None
-
-
-def _node_info(op: Any, av: Any, icase: bool) -> _Info:
-    name = str(op)
-    if name == "LITERAL":
-        b = _casefold_bits(_bit(av)) if icase else _bit(av)
-        return _Info(b, b, False)
-    if name == "NOT_LITERAL":
-        b = _ALL & ~_bit(av) if av < 128 else _ALL
-        return _Info(b, b, False)
-    if name == "ANY":
-        b = _ALL & ~(1 << 10)
-        return _Info(b, b, False)
-    if name == "IN":
-        b = _in_bits(av, icase)
-        return _Info(b, b, False)
-    if name in ("AT", "ASSERT", "ASSERT_NOT"):
-        return _Info()
-    if name == "SUBPATTERN":
-        _gid, add_flags, _del, sub = av
-        return _seq_info(sub, icase or bool(add_flags & _C.SRE_FLAG_IGNORECASE))
-    if name == "ATOMIC_GROUP":
-        info = _seq_info(av, icase)
-        info.tail = 0  # an atomic group never gives characters back
-        return info
-    if name == "BRANCH":
-        out = _Info(nullable=False)
-        for alt in av[1]:
-            info = _seq_info(alt, icase)
-            out.chars |= info.chars
-            out.first |= info.first
-            out.tail |= info.tail
-            out.nullable = out.nullable or info.nullable
-            out.unbounded = out.unbounded or info.unbounded
-            out.risk = out.risk or info.risk
-            out.rep |= info.rep
-        return out
-    if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-        lo, hi, sub = av
-        body = _seq_info(sub, icase)
-        unbounded = hi == _C.MAXREPEAT or hi >= _BIG_REPEAT
-        # more rounds extend the match by the body's own trailing repeat or by a new round's first char
-        tail = (body.tail | body.first) if unbounded else body.tail
-        if name == "POSSESSIVE_REPEAT":
-            tail = 0
-        info = _Info(body.chars, body.first, lo == 0 or body.nullable, unbounded or body.unbounded, tail,
-                     body.risk, (body.chars | body.rep) if unbounded else body.rep)
-        if info.risk is None and unbounded and name != "POSSESSIVE_REPEAT":
-            info.risk = _nested_risk(sub, body, icase)
-        return info
-    if name == "GROUPREF_EXISTS":
-        _gid, yes, no = av
-        ya = _seq_info(yes, icase)
-        na = _seq_info(no, icase) if no is not None else _Info()
-        return _Info(ya.chars | na.chars, ya.first | na.first, ya.nullable or na.nullable,
-                     ya.unbounded or na.unbounded, ya.tail | na.tail, ya.risk or na.risk, ya.rep | na.rep)
-    # back-references and anything unknown: assume the worst about what they consume
-    return _Info(_ALL, _ALL, True, True, _ALL, None, _ALL)
-
-
-def _nested_risk(sub: Any, body: _Info, icase: bool) -> str | None:
-    """An unbounded repeat of a body that can split the same text two ways: exponential backtracking."""
-    if body.unbounded and body.tail & body.first:
-        return "a repeated group ends in a repeat that can also start the next round (exponential)"
-    items = list(sub)
-    if len(items) == 1 and str(items[0][0]) == "BRANCH":
-        seen = 0
-        for alt in items[0][1][1]:
-            f = _seq_info(alt, icase).first
-            if f & seen:
-                return "a repeated alternation whose branches can start alike (exponential)"
-            seen |= f
-    return None
-
-
-def _is_catch_all(op: Any, av: Any) -> bool:
-    if str(op) not in ("MAX_REPEAT", "MIN_REPEAT") or av[1] != _C.MAXREPEAT:
-        return False
-    body = list(av[2])
-    return len(body) == 1 and str(body[0][0]) == "ANY"
-
-
-def _drop_trailing_catch_all(items: list[Any]) -> list[Any]:
-    """A final `.*` (also inside a final optional group) cannot fail, so it cannot cause backtracking."""
-    # a greedy `.*` followed by nothing that must match: it takes the rest of the line and succeeds
-    j = len(items)
-    while j > 0:
-        op, av = items[j - 1]
-        if _is_catch_all(op, av) and str(op) == "MAX_REPEAT":
-            return items[:j - 1]
-        if not _node_info(op, av, False).nullable:
-            break
-        j -= 1
-    while items and str(items[-1][0]) == "AT":
-        items = items[:-1]
-    if not items:
-        return items
-    op, av = items[-1]
-    if str(op) == "SUBPATTERN":
-        gid, add, dele, sub = av
-        return [*items[:-1], (op, (gid, add, dele, _drop_trailing_catch_all(list(sub))))]
-    if str(op) in ("MAX_REPEAT", "MIN_REPEAT") and av[1] == 1:
-        return [*items[:-1], (op, (av[0], 1, _drop_trailing_catch_all(list(av[2]))))]
-    return items
-
-
-def lint_regex(pattern: str) -> str | None:
-    """Why `pattern` may backtrack super-linearly on Python's `re`, or None if it cannot.
-
-    Conservative: a flagged pattern may be fine, an unflagged one is linear up to a constant (the shapes
-    that make a backtracking engine quadratic or exponential are all caught by these rules).
-    """
-    try:
-        parsed = _sre.parse(pattern)
-    except re.error as exc:
-        return f"not a valid regex: {exc}"
-    icase = bool(parsed.state.flags & _C.SRE_FLAG_IGNORECASE)
-    items = _drop_trailing_catch_all(list(parsed))
-    info = _seq_info(items, icase)
-    if info.risk:
-        return info.risk
-    anchored = bool(items) and str(items[0][0]) == "AT" and str(items[0][1]) in ("AT_BEGINNING",
-                                                                                  "AT_BEGINNING_STRING")
-    if not anchored and info.unbounded:
-        return "not anchored with ^ and holds an unbounded repeat (search retries it at every position)"
-    return None
-
-
-def _literal_runs(items: Any, icase: bool, runs: list[str], cur: list[str]) -> None:
-    """Collect runs of characters every match must contain, in order (approximate, never wrong)."""
-    for op, av in items:
-        name = str(op)
-        if name == "LITERAL" and not icase:
-            cur.append(chr(av))
-            continue
-        if name == "AT":
-            continue
-        if name == "SUBPATTERN" and not (av[1] & _C.SRE_FLAG_IGNORECASE) and not icase:
-            _literal_runs(av[3], icase, runs, cur)
-            continue
-        if name == "IN" and not icase and len(av) == 1 and str(av[0][0]) == "LITERAL":
-            cur.append(chr(av[0][1]))
-            continue
-        if cur:
-            runs.append("".join(cur))
-            cur.clear()
-        if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and av[0] >= 1:
-            _literal_runs(av[2], icase, runs, [])
-    if cur:
-        runs.append("".join(cur))
-        cur.clear()
-
-
-_DATE_HOLE = re.compile(r'\[\]|\(\)|""|<>|\{\}')
-
-
-def matches_newline(pattern: str) -> bool:
-    """True if the regex spells a line break: it was written for fail2ban's multi-line buffer."""
-    try:
-        parsed = _sre.parse(pattern)
-    except re.error:
-        return False
-
-    def walk(items: Any) -> bool:
-        for op, av in items:
-            name = str(op)
-            if name == "LITERAL" and av == 10:
-                return True
-            if name == "SUBPATTERN" and walk(av[3]):
-                return True
-            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") and walk(av[2]):
-                return True
-            if name == "BRANCH" and any(walk(alt) for alt in av[1]):
-                return True
-        return False
-
-    return walk(list(parsed))
-
-
-def required_literal(pattern: str, min_len: int = 3) -> str | None:
-    """The longest literal text every match of `pattern` contains, or None if there is none that long."""
-    try:
-        parsed = _sre.parse(pattern)
-    except re.error:
-        return None
-    icase = bool(parsed.state.flags & _C.SRE_FLAG_IGNORECASE)
-    runs: list[str] = []
-    _literal_runs(list(parsed), icase, runs, [])
-    # An empty pair such as `[]` is where fail2ban-style regexes expect a cut-out timestamp: text across
-    # it is not in the raw line, which is what the prefilter looks at.
-    runs = [part for run in runs for part in _DATE_HOLE.split(run)]
-    best = max(runs, key=len, default="")
-    return best if len(best) >= min_len else None
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -882,7 +570,7 @@ class Filter:
             alts = tuple((n, _ALT_NAME.sub(r"\1", n)) for n in names if n.startswith("alt_"))
             fields = tuple(n for n in names if n not in _INTERNAL and not n.startswith(("cond_", "alt_")))
             rules.append(_Rule(c.find, required_literal(pattern), i, pattern, c.engine, alts, fields,
-                               _literal_heads(pattern), names))
+                               literal_heads(pattern), names))
         if not rules:
             raise FilterError(definition.source, "the filter has no usable failregex")
         self._rules = tuple(rules)
@@ -1285,58 +973,6 @@ class Filter:
         return f"Filter({self.name!r}, {len(self._rules)} regexes)"
 
 
-def _literal_heads(pattern: str, limit: int = 32) -> frozenset[str] | None:
-    """The literal texts a match of an anchored `pattern` can start with (`^[iI]nvalid` -> Invalid,
-    invalid), or None when some match may start with a non-literal."""
-    try:
-        parsed = _sre.parse(pattern)
-    except re.error:
-        return None
-    if parsed.state.flags & _C.SRE_FLAG_IGNORECASE:
-        return None
-    items = list(parsed)
-    if not items or str(items[0][0]) != "AT":
-        return None
-
-    def walk(seq: list[Any], starts: set[str]) -> tuple[set[str], bool]:
-        """Extend `starts` through `seq`; the flag says whether all of seq was literal."""
-        for op, av in seq:
-            name = str(op)
-            if name == "AT":
-                continue
-            if name == "LITERAL":
-                starts = {s + chr(av) for s in starts}
-                continue
-            if name == "IN" and all(str(o) == "LITERAL" for o, _ in av) and len(av) <= 4:
-                starts = {s + chr(c) for s in starts for _, c in av}
-                if len(starts) > limit:
-                    return starts, False
-                continue
-            if name == "SUBPATTERN" and not av[1] & _C.SRE_FLAG_IGNORECASE:
-                starts, whole = walk(list(av[3]), starts)
-                if not whole:
-                    return starts, False
-                continue
-            if name == "BRANCH":
-                out: set[str] = set()
-                whole = True
-                for alt in av[1]:
-                    sub, w = walk(list(alt), set(starts))
-                    out |= sub
-                    whole = whole and w
-                if len(out) > limit:
-                    return starts, False
-                starts = out
-                if not whole:
-                    return starts, False
-                continue
-            return starts, False
-        return starts, True
-
-    heads, _ = walk(items[1:], {""})
-    return frozenset(heads) if heads and all(heads) else None
-
-
 def _check_groups(pattern: str, where: str, definition: FilterDef) -> tuple[str, ...]:
     """A failregex must be able to name a host: <HOST>/<ADDR>/<F-ID> here or in the prefix. Returns the
     regex's group names."""
@@ -1367,228 +1003,3 @@ def _re2_group_names(pattern: str) -> list[str]:
 def compile_filter(definition: FilterDef, *, tz: tzinfo | None = None, engine: Engine = "auto",
                    fast: bool = True) -> Filter:
     return Filter(definition, tz=tz, engine=engine, fast=fast)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Specs, built-ins, YAML filters
-
-_SPEC_RE = re.compile(r"^(?P<name>[^\[\]]+?)\s*(?:\[(?P<opts>.*)\])?\s*$", re.DOTALL)
-_BUILTIN_DIR = Path(__file__).with_name("filters")
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """`sshd[mode=aggressive, publickey="any"]` -> ("sshd", {"mode": "aggressive", "publickey": "any"})."""
-    m = _SPEC_RE.match(spec.strip())
-    if m is None:
-        raise FilterError("", f"cannot read filter spec {spec!r}")
-    return m.group("name").strip(), _parse_options(m.group("opts") or "", spec)
-
-
-def _parse_options(text: str, spec: str) -> dict[str, str]:
-    opts: dict[str, str] = {}
-    pos = 0
-    item = re.compile(r"""\s*([\w\-.]+)\s*=\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^,]*?)\s*(?:,|$)""")
-    while pos < len(text):
-        if not text[pos:].strip():
-            break
-        m = item.match(text, pos)
-        if m is None or m.end() == pos:
-            raise FilterError("", f"cannot read the options in filter spec {spec!r} near {text[pos:]!r}")
-        value = m.group(2)
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = re.sub(r"\\(.)", r"\1", value[1:-1])
-        opts[m.group(1)] = value
-        pos = m.end()
-    return opts
-
-
-def builtin_filters() -> list[str]:
-    """Names of the filters shipped with nftblockd."""
-    return sorted(p.stem for p in _BUILTIN_DIR.glob("*.yaml"))
-
-
-def load_filter(spec: str, *, search_dirs: Sequence[Path] = (), tz: tzinfo | None = None,
-                engine: Engine = "auto") -> Filter:
-    """Load and compile a filter.
-
-    `spec` is a built-in name (`sshd`), a YAML filter file, or a fail2ban filter (`.conf` path, or a name
-    found in `search_dirs` such as /etc/fail2ban/filter.d), each optionally followed by options in
-    fail2ban syntax: `sshd[mode=aggressive]`, `/etc/fail2ban/filter.d/sshd.conf[mode=aggressive]`.
-    A bare name is looked up as NAME.yaml in `search_dirs`, then among the built-ins, then as a fail2ban
-    NAME.conf in `search_dirs`. `tz` is the zone of timestamps without one (None: the host's).
-    Raises FilterError.
-    """
-    name, opts = parse_spec(spec)
-    path = Path(name)
-    if path.suffix in (".yaml", ".yml"):
-        return compile_filter(load_yaml_filter(path, opts), tz=tz, engine=engine)
-    if path.suffix in (".conf", ".local"):
-        return _load_conf(path, opts, tz, engine)
-    if "/" in name:
-        if not path.is_file():
-            raise FilterError("", f"filter {name!r}: no such file")
-        head = path.read_text(encoding="utf-8", errors="replace")[:65536]
-        if re.search(r"^\s*\[Definition\]", head, re.MULTILINE):
-            return _load_conf(path, opts, tz, engine)
-        return compile_filter(load_yaml_filter(path, opts), tz=tz, engine=engine)
-    for d in (*search_dirs, _BUILTIN_DIR):
-        cand = Path(d) / f"{name}.yaml"
-        if cand.is_file():
-            return compile_filter(load_yaml_filter(cand, opts), tz=tz, engine=engine)
-    conf = _find_conf(name, search_dirs)
-    if conf is not None:
-        return _load_conf(conf, opts, tz, engine)
-    known = ", ".join(builtin_filters())
-    raise FilterError("", f"unknown filter {name!r} (built-in filters: {known}; or give a .yaml/.conf path)")
-
-
-def _find_conf(name: str, search_dirs: Sequence[Path]) -> Path | None:
-    for d in search_dirs:
-        for cand in (Path(d) / f"{name}.conf", Path(d) / "filter.d" / f"{name}.conf"):
-            if cand.is_file():
-                return cand
-    return None
-
-
-def _load_conf(path: Path, opts: dict[str, str], tz: tzinfo | None, engine: Engine) -> Filter:
-    from .f2b import read_filter  # f2b builds on this module's types; import here to avoid a cycle
-
-    return compile_filter(read_filter(path, opts), tz=tz, engine=engine)
-
-
-# YAML filter schema (see nftblockd/filters/sshd.yaml for a full example):
-#
-#   name: sshd                       # defaults to the file name
-#   description: text
-#   options: {mode: normal}          # defaults; a spec such as `sshd[mode=aggressive]` overrides them
-#   choices: {mode: [normal, ddos, extra, aggressive]}   # allowed values, checked when loading
-#   vars: {suffix: '...'}            # named regex fragments, used as <suffix>; options are usable too,
-#                                    # a spec may override a var (`apache-badbots[badbots="X|Y"]`), and
-#                                    # <name-<mode>> picks a var by an option's value
-#   prefilter: [sshd]                # optional: a line must contain one of these to be looked at
-#   prefix: '<F-MLFID><syslog></F-MLFID>'  # optional: matched at the line start (after the timestamp is
-#                                    # cut out), regexes see the rest; <syslog> is a built-in fragment
-#                                    # (syslog, journal and RFC 5424 headers) naming the program <daemon>
-#   datepattern: '{^LN-BEG}'         # optional: fail2ban datepattern; default: common forms anywhere
-#   failregex:                       # tried in order, first match wins
-#     - '^Invalid user <F-USER>.*</F-USER> from <HOST> port \d+$'
-#     - regex: '^Did not receive identification string from <HOST>'
-#       when: {mode: [ddos, aggressive]}  # only with these option values
-#   ignoreregex: [...]               # same form; a failure that also matches one is reported ignored
-#
-# Regexes use fail2ban's tags: <HOST> (an address; a host name only to be counted as rejected), <ADDR>,
-# <IP4>, <IP6>, <F-ID/>, <F-NAME>...</F-NAME> captures, and the multi-line tags <F-MLFID>, <F-NOFAIL>,
-# <F-MLFFORGET>, <F-MLFGAINED> (see MatchContext).
-
-_YAML_KEYS = {"name", "description", "options", "choices", "vars", "prefilter", "prefix", "datepattern",
-              "failregex", "ignoreregex"}
-_VAR_RE = re.compile(r"<([a-z_][\w\-]*)>")
-
-# Fragments every YAML filter may use. <syslog> is a syslog / journal / RFC 5424 header up to the message,
-# after the timestamp has been cut out; the program name comes from the filter's `daemon` var.
-_BASE_VARS = {
-    "syslog": (
-        r"\s*(?:<\d{1,3}>\d{1,2}\s+)?(?:<[^.>\s]+\.[^.>\s]+>\s+)?(?:\[\]\s*)?(?:[\w.\-@:]+\s+)?"
-        r"(?:kernel:\s?\[ *\d+\.\d+\]:?\s+)?(?:@vserver_\S+\s+)?"
-        r"[\[(]?(?:<daemon>)(?:\(\S+\))?[\])]?(?:\[\d+\])?:?(?:\s+kernel:\s?\[ *\d+\.\d+\]:?)?"
-        r"(?: \d+ \S+ (?:-|\[[^\]\"]*(?:\"[^\"]*\"[^\]\"]*)*\](?:\[[^\]\"]*(?:\"[^\"]*\"[^\]\"]*)*\])*))?"
-        r"\s+(?:\[ID \d+ \S+\]\s+)?"
-    ),
-    "daemon": r"\S+",
-}
-
-
-def load_yaml_filter(path: Path, opts: Mapping[str, str] | None = None) -> FilterDef:
-    """Read one YAML filter into a FilterDef, applying `opts` (option overrides from the spec)."""
-    from .yamlsrc import YamlError, load_yaml
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FilterError(str(path), f"cannot read the filter: {exc}") from None
-    try:
-        doc = load_yaml(text, str(path))
-    except YamlError as exc:
-        raise FilterError(f"{exc.file}:{exc.line}", exc.reason) from None
-    return filter_from_yaml(doc.value, str(path), doc.line, opts or {})
-
-
-def filter_from_yaml(value: Any, file: str, line_of: Callable[[tuple[str | int, ...]], int],
-                     opts: Mapping[str, str]) -> FilterDef:
-    def where(*path: str | int) -> str:
-        return f"{file}:{line_of(tuple(path))}"
-
-    if not isinstance(value, dict):
-        raise FilterError(where(), "a filter file is a mapping (name, failregex, ...)")
-    for key in value:
-        if key not in _YAML_KEYS:
-            raise FilterError(where(key), f"unknown key {key!r} (known: {', '.join(sorted(_YAML_KEYS))})")
-    name = str(value.get("name") or Path(file).stem)
-    options = {str(k): str(v) for k, v in (value.get("options") or {}).items()}
-    choices = value.get("choices") or {}
-    for k, v in opts.items():
-        if k not in options and k not in (value.get("vars") or {}):
-            raise FilterError(where("options"), f"filter {name!r} has no option {k!r}")
-        allowed = choices.get(k)
-        if allowed is not None and v not in [str(a) for a in allowed]:
-            raise FilterError(where("choices", k), f"option {k}={v!r} must be one of {allowed}")
-        options[k] = v
-    variables = {**_BASE_VARS, **{str(k): str(v) for k, v in (value.get("vars") or {}).items()}, **options}
-
-    def subst(text: str, at: str) -> str:
-        for _ in range(16):
-            new = _VAR_RE.sub(lambda m: variables.get(m.group(1), m.group(0)), text)
-            if new == text:
-                return new
-            text = new
-        raise FilterError(at, "variables refer to each other in a loop")
-
-    def regexes(key: str) -> tuple[RegexSource, ...]:
-        raw = value.get(key) or []
-        if isinstance(raw, str):
-            raw = [raw]
-        if not isinstance(raw, list):
-            raise FilterError(where(key), f"{key} must be a list of regexes")
-        out = []
-        for i, item in enumerate(raw):
-            at = where(key, i)
-            if isinstance(item, dict):
-                unknown = set(item) - {"regex", "when"}
-                if unknown or "regex" not in item:
-                    raise FilterError(at, "a rule is a regex or {regex: ..., when: {option: [values]}}")
-                if not _applies(item.get("when") or {}, options, at):
-                    continue
-                item = item["regex"]
-            if not isinstance(item, str) or not item:
-                raise FilterError(at, "a regex must be non-empty text")
-            out.append(RegexSource(subst(item, at), at))
-        return tuple(out)
-
-    fail = regexes("failregex")
-    if not fail:
-        raise FilterError(where("failregex"), f"filter {name!r} has no failregex for these options")
-    prefilter = value.get("prefilter")
-    if prefilter is not None and (not isinstance(prefilter, list) or not all(isinstance(s, str) and s
-                                                                              for s in prefilter)):
-        raise FilterError(where("prefilter"), "prefilter is a list of non-empty substrings")
-    prefix = value.get("prefix")
-    return FilterDef(
-        name=name,
-        source=file,
-        failregex=fail,
-        ignoreregex=regexes("ignoreregex"),
-        prefix=RegexSource(subst(str(prefix), where("prefix")), where("prefix")) if prefix else None,
-        datepattern=str(value["datepattern"]) if value.get("datepattern") else None,
-        prefilter=tuple(prefilter) if prefilter else None,
-        options=options,
-    )
-
-
-def _applies(when: Any, options: Mapping[str, str], at: str) -> bool:
-    if not isinstance(when, dict):
-        raise FilterError(at, "when: is a mapping of option to the values it applies to")
-    for k, allowed in when.items():
-        values = [str(a) for a in (allowed if isinstance(allowed, list) else [allowed])]
-        if options.get(str(k)) not in values:
-            return False
-    return True

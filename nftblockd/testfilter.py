@@ -25,14 +25,13 @@ from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import Any, TextIO
 
+from .filterload import builtin_filters, load_filter
 from .matcher import (
     Filter,
     FilterError,
     Match,
     MatchContext,
     Rejected,
-    builtin_filters,
-    load_filter,
     parse_host,
 )
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from nftblockd.f2b import main, read_config, read_filter
-from nftblockd.matcher import FilterError, Match, load_filter
+from nftblockd.filterload import load_filter
+from nftblockd.matcher import FilterError, Match
 
 F2B = Path("/etc/fail2ban/filter.d")
 NOW = 1796205190.0

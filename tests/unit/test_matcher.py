@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nftblockd.filterload import builtin_filters, load_filter, load_yaml_filter, parse_spec
 from nftblockd.matcher import (
     MAX_LINE,
     Filter,
@@ -23,16 +24,11 @@ from nftblockd.matcher import (
     MatchContext,
     RegexSource,
     Rejected,
-    builtin_filters,
     compile_filter,
     expand_tags,
-    lint_regex,
-    load_filter,
-    load_yaml_filter,
     parse_host,
-    parse_spec,
-    required_literal,
 )
+from nftblockd.rxlint import lint_regex, required_literal
 from nftblockd.testfilter import run
 
 UTC = ZoneInfo("UTC")

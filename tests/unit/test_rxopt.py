@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nftblockd.matcher import builtin_filters, expand_tags, load_yaml_filter
+from nftblockd.filterload import builtin_filters, load_yaml_filter
+from nftblockd.matcher import expand_tags
 from nftblockd.rxopt import cheap_optionals
 
 FILTERS = Path(__file__).resolve().parents[2] / "nftblockd" / "filters"
