@@ -13,6 +13,7 @@ import ipaddress
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import record
+from bench.common import record, settle
 from nftblockd.control.client import ControlClient
 from tests.helpers.daemon import DaemonProc
 from tests.helpers.netns import NetNS
@@ -81,6 +82,7 @@ jails:
         d.start()
         client = ControlClient(d.socket, 10)
         text = burst(n, 1)
+        settle()  # the previous run's namespace is still being torn down by the kernel
         watch = SetWatch(ns, "nftblock", "default_ip4", n, 120)
         with log.open("a") as f:
             f.write(text)
@@ -154,11 +156,18 @@ bantime = 3600
         ns.delete()
 
 
+ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_E2E_ROUNDS", "3"))
+
+
 def main() -> None:
-    ours_s = ours(N)
+    # the median of a few fresh daemons: one run on this shared 2-core VM varies by +-15 %
+    runs = [ours(N) for _ in range(ROUNDS)]
+    ours_s = statistics.median(runs)
+    print(f"burst of {N:,}: runs {', '.join(f'{r:.3f}' for r in runs)} s", flush=True)
     ours_small = ours(F2B_N)
     ref = fail2ban(F2B_N)
-    record(f"burst {N:,} attackers x3 failures: last write -> all in kernel", ours_s, "s", target="< 1 s")
+    record(f"burst {N:,} attackers x3 failures: last write -> all in kernel", ours_s, "s", target="< 1 s",
+           note=f"median of {ROUNDS} runs ({', '.join(f'{r:.3f}' for r in runs)} s)")
     if ref is not None:
         record(f"burst {F2B_N:,} attackers x3 failures: last write -> all in kernel", ours_small, "s",
                reference="fail2ban-server (nftables-allports)", reference_value=ref,

@@ -50,3 +50,25 @@ def median_time(fn: Callable[[], Any], repeat: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def settle(max_busy: float = 0.10, window: float = 0.5, limit: float = 60.0) -> float:
+    """Wait until the machine is quiet (under `max_busy` of all CPUs over `window` s), at most `limit` s;
+    returns how long it waited. The kernel tears a deleted namespace down in the background, and a table
+    with a million elements takes seconds of a CPU: a timing taken during that measures the teardown."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        b0, t0_ = _cpu_times()
+        time.sleep(window)
+        b1, t1 = _cpu_times()
+        if t1 > t0_ and (b1 - b0) / (t1 - t0_) < max_busy:
+            break
+    return time.monotonic() - t0

@@ -14,6 +14,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench.common import settle  # noqa: E402
+
 ORDER = ["enforce", "ops", "e2e", "matcher", "feeds", "feeds_kernel", "tail", "tracker", "store"]
 
 
@@ -27,7 +31,9 @@ def main() -> int:
     for script in scripts:
         if only and script.stem[6:] not in only:
             continue
-        print(f"\n### {script.name}", flush=True)
+        waited = settle()
+        print(f"\n### {script.name}" + (f" (after {waited:.1f}s for the machine to settle)" if waited > 1 else ""),
+              flush=True)
         t0 = time.monotonic()
         rc = subprocess.call([sys.executable, str(script)], cwd=HERE.parent)
         print(f"### {script.name}: exit {rc} after {time.monotonic() - t0:.0f}s", flush=True)

@@ -271,6 +271,7 @@ class Daemon:
                     tg.create_task(self.store_call(self.store.verify), name="verify-store")
                 self.notifier.ready(f"enforcing: {restored} bans restored, {len(self.jails)} jails, "
                                     f"table inet {self.plan.table}")
+                tune_gc()
                 log.info("nftblockd ready: table inet %s, %d jails, control socket %s", self.plan.table,
                          len(self.jails), self.cfg.control.socket)
                 await self.stop.wait()
@@ -583,6 +584,19 @@ class Daemon:
         log.info("configuration reloaded from %s", self.config_path)
         self.notifier.ready("configuration reloaded")
         return True
+
+
+GC_THRESHOLDS = (50_000, 20, 50)
+
+
+def tune_gc() -> None:
+    """After start-up: move what exists (modules, config, restored state) out of the collector's sight
+    and collect young objects less often. A burst allocates short-lived tuples and dicts by the hundred
+    thousand, next to nothing cyclic; with the default (700, 10, 10) the collector took 13 % of the
+    burst path (in-process: 30k lines -> 10k bans, 0.78 s -> 0.68 s)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def run(cfg: Config, config_path: str | None, overrides: Overrides) -> int:
