@@ -427,3 +427,26 @@ def test_run_text_and_errors(tmp_path: Path) -> None:
     err = io.StringIO()
     assert run("sshd", str(tmp_path / "missing.log"), json_output=True, out=out, err=err) == 1
     assert "cannot read" in err.getvalue()
+
+
+SSHD_YAML = Path(__file__).resolve().parents[2] / "nftblockd" / "filters" / "sshd.yaml"
+SSHD_GENERAL = compile_filter(load_yaml_filter(SSHD_YAML), tz=UTC, fast=False)
+_SSHD_BITS = st.sampled_from([
+    "Dec  2 09:53:10 web1 sshd[1]: ", "Dec  2 09:53:11 web1 sshd-session[2]: ", "2026-12-02T09:53:10Z web1 sshd[3]: ",
+    "Failed password for ", "invalid user ", "root", " from ", "192.0.2.1", "2001:db8::7", "host.example",
+    " port 22", " ssh2", " [preauth]", "Received disconnect from ", ":11: Bye", "Connection closed by ",
+    "Disconnecting: Too many authentication failures", "Accepted password for ", "\n", "\r", "\udcff", " ",
+])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_SSHD_BITS, max_size=8).map("".join), max_size=12))
+def test_scan_equals_the_general_path_line_by_line(lines: list[str]) -> None:
+    # the batch fast lane and the general path, one line at a time, keep connections the same way
+    one_by_one = []
+    ctx = MatchContext()
+    for i, line in enumerate(lines):
+        r = SSHD_GENERAL.match(line, NOW, ctx)
+        if r is not None:
+            one_by_one.append((i, r))
+    assert SSHD.scan(lines, NOW, MatchContext()) == one_by_one
