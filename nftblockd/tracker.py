@@ -91,9 +91,9 @@ import ipaddress
 import itertools
 import math
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 from .allowlist import EMPTY, Allowlist, build_allowlist
 from .config import Config, Escalation, JailConfig
@@ -252,7 +252,7 @@ class _Banned:
     __slots__ = ("outcome", "since", "until")
 
     def __init__(self, ban: Ban, since: float) -> None:
-        self.outcome = Outcome(Kind.ALREADY_BANNED, ban=ban)
+        self.outcome: Outcome = _new(Outcome, (_ALREADY, ban, None, None))
         self.since = since
         self.until = math.inf if ban.until is None else ban.until
 
@@ -322,7 +322,10 @@ def _net_of_key(key: int) -> IPNet:
     return ipaddress.IPv6Network(((key >> 8) & _ALL128, key & 0xFF))
 
 
-_BANNED = Kind.BANNED
+# Hot-path constants: an Enum member lookup (`Kind.BANNED`) costs 0.35 us on 3.11, and tuple.__new__
+# builds a NamedTuple in a third of the time its generated __new__ takes with keywords.
+_BANNED, _ALREADY = Kind.BANNED, Kind.ALREADY_BANNED
+_new: Callable[[type[Any], tuple[Any, ...]], Any] = tuple.__new__
 _COUNTED = Outcome(Kind.COUNTED)
 _STALE = Outcome(Kind.STALE)
 
@@ -514,7 +517,8 @@ class Tracker:
         ban = Ban(target, p.blocklist, until, "jail", reason, p.name)
         j.history[key] = (*past, (now, until))
         j.banned[key] = _Banned(ban, now)
-        return Outcome(_BANNED, ban, None, BanRecord(p.name, target, now, until))
+        out: Outcome = _new(Outcome, (_BANNED, ban, None, _new(BanRecord, (p.name, target, now, until))))
+        return out
 
     # -- bans from elsewhere, unbans, the allowlist -------------------------------------------------------
 
