@@ -442,8 +442,14 @@ class Daemon:
             single = bans
         refused: set[tuple[int, int]] = set()  # (version, address) the bulk path could not ban
         for (blocklist, until, reason, jail), keys in groups.items():
-            res = await self.enforcer.ban_hosts(blocklist, keys, until, origin="jail", reason=reason, jail=jail,
-                                                now=now, started=arrival, history=history)
+            try:
+                res = await self.enforcer.ban_hosts(blocklist, keys, until, origin="jail", reason=reason,
+                                                    jail=jail, now=now, started=arrival, history=history)
+            except KeyError:  # the blocklist went away in a reload while the batch was on its way
+                log.error("jail %s: blocklist %r no longer exists; %d bans not applied", jail, blocklist,
+                          sum(map(len, keys.values())))
+                refused.update((v, k) for v, ks in keys.items() for k in ks)
+                continue
             history = []  # saved with the first group
             for set_name, key in res.failed:
                 refused.add((4 if set_name.endswith("4") else 6, key))
