@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import time
@@ -227,3 +228,22 @@ def test_a_burst_takes_the_bulk_path_and_keeps_history(netns: NetNS, setup: tupl
     wait_for(lambda: attackers[5] in banned(netns), what="second ban")
     assert {b["target"]: b for b in d.cli_json("list")["bans"]}[attackers[5]]["expires_in"] > 7000
     assert attackers[6] in banned(netns)  # unbanning one address of a packed row leaves the others
+
+
+def test_an_ipv6_burst_of_single_addresses(netns: NetNS, tmp_path: Path) -> None:
+    log = tmp_path / "auth.log"
+    log.write_text("")
+    d = DaemonProc(netns, tmp_path / "d", config(log).replace("ipv6_prefix: 64", "ipv6_prefix: 128")).start()
+    try:
+        # a bulk-sized batch of /128 offenders, in the canonical text nft prints
+        attackers = [str(ipaddress.IPv6Address(f"2001:db8:{i:x}::{i + 1:x}")) for i in range(40)]
+        append(log, "".join(failures(a, 3) for a in attackers))
+        wait_for(lambda: set(attackers) <= set(netns.set_elements("nftblock", "default_ip6")),
+                 what="every IPv6 attacker in the hash set")
+        listed = {b["target"]: b for b in d.cli_json("list")["bans"]}
+        assert listed[attackers[0]]["jail"] == "sshd"
+        assert d.stop() == 0
+        d.start()
+        assert set(attackers) <= set(netns.set_elements("nftblock", "default_ip6"))  # saved and restored
+    finally:
+        d.close()
