@@ -420,42 +420,38 @@ class Daemon:
         """
         now = time.time()
         history = [r.as_row() for r in records]
-        groups: dict[tuple[str, float | None, str, str], dict[int, list[int]]] = {}
+        groups: dict[tuple[str, float | None, str, str], list[Ban]] = {}
         single: list[Ban] = []
-        if len(bans) >= JAIL_BULK_MIN:
-            for b in bans:
-                t = b.target
-                version = 4 if type(t) is ipaddress.IPv4Network else 6
-                if t.prefixlen == (32 if version == 4 else 128) and b.origin == "jail":
-                    groups.setdefault((b.blocklist, b.until, b.reason, b.jail), {}).setdefault(
-                        version, []).append(int(t.network_address))
-                else:
-                    single.append(b)
-            small = [k for k, g in groups.items() if sum(map(len, g.values())) < JAIL_BULK_MIN]
-            for k in small:
-                del groups[k]
-            if small:
-                keep = set(small)
-                single += [b for b in bans if (b.blocklist, b.until, b.reason, b.jail) in keep
-                           and b.target.prefixlen == b.target.max_prefixlen and b.origin == "jail"]
-        else:
+        for b in bans if len(bans) >= JAIL_BULK_MIN else ():
+            t = b.target
+            if b.origin == "jail" and t.prefixlen == (32 if type(t) is ipaddress.IPv4Network else 128):
+                groups.setdefault((b.blocklist, b.until, b.reason, b.jail), []).append(b)
+            else:
+                single.append(b)
+        for k in [k for k, g in groups.items() if len(g) < JAIL_BULK_MIN]:
+            single += groups.pop(k)
+        if not groups:
             single = bans
-        refused: set[tuple[int, int]] = set()  # (version, address) the bulk path could not ban
-        for (blocklist, until, reason, jail), keys in groups.items():
+        applied: list[Ban] = []
+        for (blocklist, until, reason, jail), group in groups.items():
+            keys: dict[int, list[int]] = {}
+            for b in group:
+                keys.setdefault(b.target.version, []).append(int(b.target.network_address))
+            refused: set[tuple[int, int]] = set()  # (version, address) the bulk path could not ban
             try:
                 res = await self.enforcer.ban_hosts(blocklist, keys, until, origin="jail", reason=reason,
                                                     jail=jail, now=now, started=arrival, history=history)
+                history = []  # saved with the first group
+                refused.update((4 if name.endswith("4") else 6, key) for name, key in res.failed)
+                refused.update((v, k) for v, ks in res.allowlisted.items() for k in ks)
             except KeyError:  # the blocklist went away in a reload while the batch was on its way
-                log.error("jail %s: blocklist %r no longer exists; %d bans not applied", jail, blocklist,
-                          sum(map(len, keys.values())))
+                log.error("jail %s: blocklist %r no longer exists; %d bans not applied", jail, blocklist, len(group))
                 refused.update((v, k) for v, ks in keys.items() for k in ks)
-                continue
-            history = []  # saved with the first group
-            for set_name, key in res.failed:
-                refused.add((4 if set_name.endswith("4") else 6, key))
-            for version, keys_allowed in res.allowlisted.items():
-                refused.update((version, k) for k in keys_allowed)
-        applied: list[Ban] = []
+            for b in group:
+                if (b.target.version, int(b.target.network_address)) in refused:
+                    self.tracker.forget_ban(b.target, jail=b.jail)
+                else:
+                    applied.append(b)
         if single or history:
             results = await self.enforcer.apply(single, now=now, started=arrival, history=history)
             for b, r in zip(single, results, strict=False):
@@ -463,16 +459,6 @@ class Daemon:
                     applied.append(b)
                 else:
                     self.tracker.forget_ban(b.target, jail=b.jail)
-        if groups:
-            for b in bans:
-                t = b.target
-                if (b.origin != "jail" or t.prefixlen != t.max_prefixlen
-                        or (b.blocklist, b.until, b.reason, b.jail) not in groups):
-                    continue
-                if (t.version, int(t.network_address)) in refused:
-                    self.tracker.forget_ban(t, jail=b.jail)
-                else:
-                    applied.append(b)
         more: list[Ban] = []
         more_records: list[BanRecord] = []
         for b in applied:
