@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml | deps
 venv: deps $(STAMP)
 
 demo: venv
-	$(PY) -m nftblockd.demo
+	$(PY) tools/demo.py
 
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider tests

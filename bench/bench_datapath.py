@@ -45,15 +45,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import record
 from bench.feedgen import make_feed
-from nftblockd.aggregate import aggregate, sanitise
-from nftblockd.bans import OpSpec
-from nftblockd.batcher import Group
 from nftblockd.config import parse_config
-from nftblockd.feedparse import parse_feed
-from nftblockd.feeds import _desired
-from nftblockd.kernel import KernelWriter
-from nftblockd.netlink import NftSocket
-from nftblockd.ruleset import plan_ruleset
+from nftblockd.feeds.aggregate import aggregate, sanitise
+from nftblockd.feeds.manager import _desired
+from nftblockd.feeds.parse import parse_feed
+from nftblockd.kernel.bans import OpSpec
+from nftblockd.kernel.batcher import Group
+from nftblockd.kernel.netlink import NftSocket
+from nftblockd.kernel.ruleset import plan_ruleset
+from nftblockd.kernel.writer import KernelWriter
 from tests.helpers.netns import NetNS, inside
 
 ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_DP_ROUNDS", "5"))

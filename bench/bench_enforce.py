@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import record
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import parse_config
-from nftblockd.enforcer import Enforcer
-from nftblockd.kernel import KernelWriter
-from nftblockd.netlink import NftSocket
-from nftblockd.ruleset import plan_ruleset
+from nftblockd.kernel.enforcer import Enforcer
+from nftblockd.kernel.netlink import NftSocket
+from nftblockd.kernel.ruleset import plan_ruleset
+from nftblockd.kernel.writer import KernelWriter
 from tests.helpers.daemon import DaemonProc
 from tests.helpers.netns import NetNS, inside
 

@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import median_time, record
 from bench.feedgen import make_feed
-from nftblockd.aggregate import Aggregate, aggregate, diff, sanitise
 from nftblockd.events import AddressError, IPNet, parse_target
-from nftblockd.feedparse import parse_feed
+from nftblockd.feeds.aggregate import Aggregate, aggregate, diff, sanitise
+from nftblockd.feeds.parse import parse_feed
 
 ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_ROUNDS", "3"))
 BIG = int(os.environ.get("NFTBLOCK_BENCH_FEED_BIG", "1000000"))

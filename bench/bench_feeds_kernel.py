@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import record
 from bench.feedgen import make_entries
-from nftblockd.aggregate import Aggregate, aggregate, sanitise
-from nftblockd.feedparse import parse_feed
-from nftblockd.feeds import _desired
+from nftblockd.feeds.aggregate import Aggregate, aggregate, sanitise
+from nftblockd.feeds.manager import _desired
+from nftblockd.feeds.parse import parse_feed
 
 ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_ROUNDS", "3"))
 N4, N6 = 50_000, 20_000
@@ -139,10 +139,10 @@ async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | N
     """Load `desired` into a fresh table with sync_sets, then refresh it from the churned feed `body2`."""
     from nftblockd.allowlist import Allowlist
     from nftblockd.config import parse_config
-    from nftblockd.enforcer import Enforcer
-    from nftblockd.kernel import KernelWriter
-    from nftblockd.netlink import NftSocket
-    from nftblockd.ruleset import plan_ruleset
+    from nftblockd.kernel.enforcer import Enforcer
+    from nftblockd.kernel.netlink import NftSocket
+    from nftblockd.kernel.ruleset import plan_ruleset
+    from nftblockd.kernel.writer import KernelWriter
     from tests.helpers.netns import NetNS, inside
 
     ns = NetNS("nbk")

@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import record
-from nftblockd.filterload import load_filter
-from nftblockd.matcher import Match, MatchContext
+from nftblockd.detect.filterload import load_filter
+from nftblockd.detect.matcher import Match, MatchContext
 
 START = 1796205190.0 - 3 * 86400  # three days before 2026-12-02 09:53 UTC
 USERS = ["admin", "test", "user", "oracle", "ubuntu", "postgres", "git", "guest", "ftpuser", "pi", "support",

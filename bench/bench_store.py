@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import record
 from nftblockd.events import Ban, IPNet, Origin, format_target, parse_target
-from nftblockd.store import Store, pack_target, unpack_target
+from nftblockd.state.store import Store, pack_target, unpack_target
 
 NOW = 1_800_000_000.0
 

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import record
 from nftblockd.allowlist import Allowlist, build_allowlist
+from nftblockd.detect.tracker import JailPolicy, Kind, Tracker
 from nftblockd.events import Hit, IPAddr, IPNet
-from nftblockd.tracker import JailPolicy, Kind, Tracker
 
 
 def is_allowlisted(allow: tuple[IPNet, ...], net: IPNet) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nftblockd.netlink import NftSocket
+from nftblockd.kernel.netlink import NftSocket
 
 
 def count(sock: NftSocket, table: str, set_name: str) -> int:

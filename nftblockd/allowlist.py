@@ -24,7 +24,7 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .events import IPAddr, IPNet, normalise_address, normalise_network
+from nftblockd.events import IPAddr, IPNet, normalise_address, normalise_network
 
 # Always protected when the operator keeps `allowlist_self` on: a daemon that bans its own loopback cuts off
 # local services talking to themselves (CrowdSec banned 127.0.0.1, user-pain #16).

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
-from .control.client import ClientError, ControlClient
-from .durations import format_duration, parse_timeout
-from .events import AddressError, format_target, parse_target
+from nftblockd.control.client import ClientError, ControlClient
+from nftblockd.durations import format_duration, parse_timeout
+from nftblockd.events import AddressError, format_target, parse_target
 
 DEFAULT_SOCKET = "/run/nftblockd/control.sock"
 DEFAULT_F2B_DB = "/var/lib/fail2ban/fail2ban.sqlite3"
@@ -473,9 +473,9 @@ def _cmd_status(ctx: _Context, ns: argparse.Namespace) -> int:
 
 def _cmd_test_filter(ctx: _Context, ns: argparse.Namespace) -> int:
     try:
-        from .testfilter import run  # type: ignore[import-not-found, unused-ignore]
+        from nftblockd.detect.testfilter import run  # type: ignore[import-not-found, unused-ignore]
     except ModuleNotFoundError as exc:
-        if exc.name != f"{__package__}.testfilter":
+        if exc.name != "nftblockd.detect.testfilter":
             raise
         raise Failed("test-filter is not available in this build") from None
     try:
@@ -487,7 +487,7 @@ def _cmd_test_filter(ctx: _Context, ns: argparse.Namespace) -> int:
 
 def _cmd_import_fail2ban(ctx: _Context, ns: argparse.Namespace) -> int:
     try:
-        from .f2bimport import read_fail2ban_bans  # type: ignore[import-not-found, unused-ignore]
+        from nftblockd.state.f2bimport import read_fail2ban_bans  # type: ignore[import-not-found, unused-ignore]
     except ModuleNotFoundError as exc:
         if exc.name != f"{__package__}.f2bimport":
             raise

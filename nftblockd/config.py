@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .durations import parse_duration, parse_timeout
-from .events import AddressError, IPNet, parse_target
-from .yamlsrc import Located, Path_, YamlError, load_yaml
+from nftblockd.durations import parse_duration, parse_timeout
+from nftblockd.events import AddressError, IPNet, parse_target
+from nftblockd.yamlsrc import Located, Path_, YamlError, load_yaml
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,23}$")
 TABLE_FAMILIES = ("inet",)

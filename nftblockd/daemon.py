@@ -24,29 +24,29 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .allowlist import Allowlist, build_allowlist
-from .api import ControlAPI
-from .bans import Outcome
-from .config import Config, ConfigError, Problem, load_config
-from .control.server import ControlServer
-from .enforcer import Enforcer, Result
-from .events import Ban, Decision, IPAddr, IPNet, Origin, Unban
-from .filterload import load_filter
-from .jails import JailRunner
-from .kernel import KernelWriter
-from .matcher import Filter, FilterError
-from .metrics import Metrics, MetricsServer
-from .ruleset import plan_ruleset
-from .sdnotify import Notifier, watchdog_loop
-from .sources.base import MemoryPositionStore
-from .store import CompactBans, PackedBans, Store, StoreError, StoreProblem, unpack_target
-from .tracker import BanRecord, JailPolicy, Tracker
+from nftblockd.allowlist import Allowlist, build_allowlist
+from nftblockd.config import Config, ConfigError, Problem, load_config
+from nftblockd.control.api import ControlAPI
+from nftblockd.control.server import ControlServer
+from nftblockd.detect.filterload import load_filter
+from nftblockd.detect.jails import JailRunner
+from nftblockd.detect.matcher import Filter, FilterError
+from nftblockd.detect.tracker import BanRecord, JailPolicy, Tracker
+from nftblockd.events import Ban, Decision, IPAddr, IPNet, Origin, Unban
+from nftblockd.kernel.bans import Outcome
+from nftblockd.kernel.enforcer import Enforcer, Result
+from nftblockd.kernel.ruleset import plan_ruleset
+from nftblockd.kernel.writer import KernelWriter
+from nftblockd.service.metrics import Metrics, MetricsServer
+from nftblockd.service.sdnotify import Notifier, watchdog_loop
+from nftblockd.sources.base import MemoryPositionStore
+from nftblockd.state.store import CompactBans, PackedBans, Store, StoreError, StoreProblem, unpack_target
 
 log = logging.getLogger("nftblockd")
 T = TypeVar("T")
 
 if TYPE_CHECKING:
-    from .feeds import FeedManager
+    from nftblockd.feeds.manager import FeedManager
 
 SHUTDOWN_GRACE = 10.0
 JAIL_BULK_MIN = 32  # a jail batch with this many like bans (a burst) takes the bulk path
@@ -144,7 +144,7 @@ class Daemon:
         self.jails: list[JailRunner] = []
         self.feeds: FeedManager | None = None
         if cfg.feeds:  # imported only when used: the HTTP client is a dependency of feeds alone
-            from .feeds import FeedManager
+            from nftblockd.feeds.manager import FeedManager
             self.feeds = FeedManager(cfg, self.enforcer, Path(cfg.state_dir) / "feeds", self.metrics)
 
         self.api = ControlAPI(self.enforcer, default_blocklist=self._default_blocklist(cfg),

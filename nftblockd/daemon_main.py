@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import ConfigError, load_config
-from .daemon import Overrides, apply_overrides, build_filters, run
-from .logsetup import setup_logging
+from nftblockd.config import ConfigError, load_config
+from nftblockd.daemon import Overrides, apply_overrides, build_filters, run
+from nftblockd.service.logsetup import setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,7 +79,7 @@ PY
 VERSION=$(sed -n 's/^VERSION=//p' "$STAGE/meta")
 read -r -a PINS <<<"$(sed -n 's/^PINS=//p' "$STAGE/meta")"
 
-# Our package: the .py files and the package data pyproject declares (filters/*.yaml, py.typed).
+# Our package: the .py files and the package data pyproject declares (detect/filters/*.yaml, py.typed).
 "$PYTHON" - "$LIB" <<'PY'
 import pathlib, shutil, sys, tomllib
 dest = pathlib.Path(sys.argv[1])

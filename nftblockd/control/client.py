@@ -12,7 +12,7 @@ import socket
 from types import TracebackType
 from typing import Any
 
-from .protocol import DEFAULT_MAX_RESPONSE, ProtocolError, Response, ResponseDecoder, encode_request
+from nftblockd.control.protocol import DEFAULT_MAX_RESPONSE, ProtocolError, Response, ResponseDecoder, encode_request
 
 __all__ = ["ClientError", "ControlClient", "DaemonNotRunning", "PermissionDenied", "RemoteError"]
 

@@ -26,8 +26,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
-from ..durations import parse_timeout
-from ..events import BanInfo, format_target
+from nftblockd.durations import parse_timeout
+from nftblockd.events import BanInfo, format_target
 
 VERSION: Final = 1
 DEFAULT_MAX_REQUEST: Final = 64 * 1024 * 1024  # a bulk `ban -` of 1,000,000 IPv6 addresses is ~42 MB

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from .protocol import (
+from nftblockd.control.protocol import (
     DEFAULT_MAX_REQUEST,
     ControlError,
     ErrorCode,

@@ -31,7 +31,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
-from ..events import LogLine
+from nftblockd.events import LogLine
 
 __all__ = ["LineBatch", "MemoryPositionStore", "PositionStore", "Source", "SourceError", "SourceStats"]
 

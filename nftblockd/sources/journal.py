@@ -32,11 +32,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from nftblockd.events import LogLine
+from nftblockd.sources.base import LineBatch, PositionStore, SourceError, SourceStats
+from nftblockd.sources.linesplit import DEFAULT_MAX_LINE
 from systemd import journal
-
-from ..events import LogLine
-from .base import LineBatch, PositionStore, SourceError, SourceStats
-from .linesplit import DEFAULT_MAX_LINE
 
 __all__ = ["JournalSource"]
 

@@ -46,9 +46,9 @@ from typing import Literal
 
 from asyncinotify import Event, Inotify, Mask, Watch
 
-from ..events import LogLine
-from .base import LineBatch, PositionStore, SourceError, SourceStats
-from .linesplit import DEFAULT_MAX_LINE, Lines, LineSplitter
+from nftblockd.events import LogLine
+from nftblockd.sources.base import LineBatch, PositionStore, SourceError, SourceStats
+from nftblockd.sources.linesplit import DEFAULT_MAX_LINE, Lines, LineSplitter
 
 __all__ = ["FilePosition", "FileTail"]
 

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from nftblockd import ruleset as rs
-from nftblockd.bans import SetOp, net_key
 from nftblockd.config import parse_config
-from nftblockd.kernel import KernelStateError, KernelWriter
-from nftblockd.netlink import NftSocket
+from nftblockd.kernel import ruleset as rs
+from nftblockd.kernel.bans import SetOp, net_key
+from nftblockd.kernel.netlink import NftSocket
+from nftblockd.kernel.writer import KernelStateError, KernelWriter
 from tests.helpers.netns import NetNS, inside
 
 CONFIG = """

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nftblockd.aggregate import (
+from nftblockd.events import IPNet
+from nftblockd.feeds.aggregate import (
     SPECIAL_V4,
     SPECIAL_V6,
     Aggregate,
@@ -23,8 +24,7 @@ from nftblockd.aggregate import (
     ranges_to_cidrs,
     sanitise,
 )
-from nftblockd.events import IPNet
-from nftblockd.feedparse import pack, parse_feed
+from nftblockd.feeds.parse import pack, parse_feed
 
 DATA = Path(__file__).parent.parent / "data" / "feeds"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nftblockd.enforcer import AUDIT_LINES_PER_REQUEST, AuditBudget
+from nftblockd.kernel.enforcer import AUDIT_LINES_PER_REQUEST, AuditBudget
 
 
 def test_budget_allows_a_request_then_refills_over_time() -> None:

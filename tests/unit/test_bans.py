@@ -8,10 +8,10 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftblockd.bans import BanState, Outcome
 from nftblockd.config import parse_config
 from nftblockd.events import Ban, Unban, parse_target
-from nftblockd.ruleset import plan_ruleset
+from nftblockd.kernel.bans import BanState, Outcome
+from nftblockd.kernel.ruleset import plan_ruleset
 
 NOW = 1_800_000_000.0
 

@@ -7,8 +7,8 @@ import asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftblockd.bans import SetOp
-from nftblockd.batcher import ApplyOutcome, Batcher, Group, Pending
+from nftblockd.kernel.bans import SetOp
+from nftblockd.kernel.batcher import ApplyOutcome, Batcher, Group, Pending
 
 
 def test_add_then_add_keeps_the_later_end() -> None:

@@ -449,7 +449,7 @@ async def test_test_filter_runs_without_a_daemon(monkeypatch: pytest.MonkeyPatch
         out.write("3 matches\n")
         return 0
 
-    monkeypatch.setitem(sys.modules, "nftblockd.testfilter", types.SimpleNamespace(run=run))
+    monkeypatch.setitem(sys.modules, "nftblockd.detect.testfilter", types.SimpleNamespace(run=run))
     r = await nftblock("test-filter", "sshd", "/var/log/auth.log", env={"NFTBLOCK_SOCKET": "/nonexistent"})
     assert (r.code, r.out, r.err) == (0, "3 matches\n", "")
     r = await nftblock("--json", "test-filter", "sshd", "/var/log/auth.log")
@@ -457,7 +457,7 @@ async def test_test_filter_runs_without_a_daemon(monkeypatch: pytest.MonkeyPatch
 
 
 async def test_test_filter_reports_a_missing_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "nftblockd.testfilter", None)  # import fails as if it did not exist
+    monkeypatch.setitem(sys.modules, "nftblockd.detect.testfilter", None)  # import fails as if it did not exist
     r = await nftblock("test-filter", "sshd", "/var/log/auth.log")
     assert r.code == 1 and one_line(r.err) == "nftblock: test-filter is not available in this build"
 
@@ -482,7 +482,7 @@ async def test_import_fail2ban(sock: Path, daemon: FakeDaemon, monkeypatch: pyte
             F2bBan("nginx", "10.1.2.3", 50.0),  # allowlisted here
         ]
 
-    monkeypatch.setitem(sys.modules, "nftblockd.f2bimport",
+    monkeypatch.setitem(sys.modules, "nftblockd.state.f2bimport",
                         types.SimpleNamespace(read_fail2ban_bans=read_fail2ban_bans))
     r = await nftblock("import-fail2ban", "/tmp/f2b.sqlite3", "--set", "web", sock=sock)
     assert r.code == 1
@@ -503,7 +503,7 @@ async def test_import_fail2ban_reports_an_unreadable_database(monkeypatch: pytes
     def read_fail2ban_bans(db_path: str, now: float) -> list[F2bBan]:
         raise OSError(2, "No such file or directory", db_path)
 
-    monkeypatch.setitem(sys.modules, "nftblockd.f2bimport",
+    monkeypatch.setitem(sys.modules, "nftblockd.state.f2bimport",
                         types.SimpleNamespace(read_fail2ban_bans=read_fail2ban_bans))
     r = await nftblock("import-fail2ban", "/nonexistent.sqlite3")
     assert r.code == 1

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from nftblockd.f2b import main, read_config, read_filter
-from nftblockd.filterload import load_filter
-from nftblockd.matcher import FilterError, Match
+from nftblockd.detect.f2b import read_config, read_filter
+from nftblockd.detect.filterload import load_filter
+from nftblockd.detect.matcher import FilterError, Match
+from tools.f2b_conformance import main
 
 F2B = Path("/etc/fail2ban/filter.d")
 NOW = 1796205190.0

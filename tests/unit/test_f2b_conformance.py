@@ -1,11 +1,11 @@
 """Conformance with fail2ban's annotated sample logs (`# failJSON:` lines): the built-in filters and
-fail2ban's own filter files read by nftblockd.f2b. Prints the per-filter figures and asserts the targets:
+fail2ban's own filter files read by nftblockd.detect.f2b. Prints the per-filter figures and asserts the targets:
 
 - sshd: 100 % of the match/host assertions, apart from the documented deliberate deviations (a line shape
-  in which fail2ban's expected answer lets a user name frame a third party; see testfilter.DEVIATIONS);
+  in which fail2ban's expected answer lets a user name frame a third party; see tools/f2b_conformance.py DEVIATIONS);
 - all built-in filters together: >= 95 % of the match/host assertions;
 - nftblockd's own samples (OpenSSH >= 9.8, injection, recidive on our audit lines): 100 %;
-- fail2ban's filters read by nftblockd.f2b: >= 95 % together.
+- fail2ban's filters read by nftblockd.detect.f2b: >= 95 % together.
 
 Hosts that are DNS names or have leading-zero octets are out of scope (skipped on purpose, counted).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from nftblockd.testfilter import (
+from tools.f2b_conformance import (
     DEVIATIONS,
     EXTRA_SAMPLES,
     F2B_FILTERS,
@@ -72,7 +72,7 @@ def test_own_samples(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_fail2ban_filters_read_by_f2b(capsys: pytest.CaptureFixture[str]) -> None:
     scores = imported_conformance(F2B_LOGS, F2B_FILTERS)
-    _show(capsys, "fail2ban's filter files read by nftblockd.f2b (match + host)", scores)
+    _show(capsys, "fail2ban's filter files read by nftblockd.detect.f2b (match + host)", scores)
     assert len(scores) >= 80
     total = _total(scores)
     assert total.passed / total.asserts >= 0.95

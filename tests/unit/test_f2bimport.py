@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nftblockd.events import AddressError, Ban, parse_target
-from nftblockd.f2bimport import UNKNOWN_BANTIME, F2bBan, F2bImportError, read_fail2ban_bans
+from nftblockd.state.f2bimport import UNKNOWN_BANTIME, F2bBan, F2bImportError, read_fail2ban_bans
 
 NOW = 1_800_000_000.0
 

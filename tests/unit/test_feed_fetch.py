@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from nftblockd.aggregate import aggregate
 from nftblockd.config import FeedConfig
 from nftblockd.events import parse_target
-from nftblockd.sources.feed import FeedError, FeedFetcher, FeedUpdate, backoff_delay, jittered
+from nftblockd.feeds.aggregate import aggregate
+from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate, backoff_delay, jittered
 from tests.helpers.httpserver import FeedServer
 
 DATA = Path(__file__).parent.parent / "data" / "feeds"

@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nftblockd.events import AddressError, parse_target
-from nftblockd.feedparse import FeedFormatError, ParseResult, pack, parse_entry, parse_feed, unpack
+from nftblockd.feeds.parse import FeedFormatError, ParseResult, pack, parse_entry, parse_feed, unpack
 
 DATA = Path(__file__).parent.parent / "data" / "feeds"
 
@@ -338,6 +338,6 @@ def test_parse_entry_edge_cases(text: str, expected: str | None) -> None:
 @settings(deadline=None)
 @given(st.text(alphabet="ab\n\r\x0b\x1c\u2028 ", max_size=60), st.integers(1, 8))
 def test_chunked_lines_equal_splitlines(text: str, chunk: int) -> None:
-    from nftblockd.feedparse import _lines
+    from nftblockd.feeds.parse import _lines
 
     assert list(_lines(text, chunk)) == text.splitlines()

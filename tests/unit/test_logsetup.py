@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from nftblockd import logsetup
-from nftblockd.logsetup import AUDIT_MESSAGE_ID, audit, quote, setup_logging, wants_journal
+from nftblockd.service import logsetup
+from nftblockd.service.logsetup import AUDIT_MESSAGE_ID, audit, quote, setup_logging, wants_journal
 
 # The shape the built-in recidive filter matches after journald's `nftblockd[PID]: ` prefix.
 RECIDIVE = re.compile(r"^(?P<action>ban|unban) jail=(?P<jail>\S+) address=(?P<address>\S+)(?: |$)")

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nftblockd.filterload import builtin_filters, load_filter, load_yaml_filter, parse_spec
-from nftblockd.matcher import (
+from nftblockd.detect.filterload import builtin_filters, load_filter, load_yaml_filter, parse_spec
+from nftblockd.detect.matcher import (
     MAX_LINE,
     Filter,
     FilterDef,
@@ -28,8 +28,8 @@ from nftblockd.matcher import (
     expand_tags,
     parse_host,
 )
-from nftblockd.rxlint import lint_regex, required_literal
-from nftblockd.testfilter import run
+from nftblockd.detect.rxlint import lint_regex, required_literal
+from nftblockd.detect.testfilter import run
 
 UTC = ZoneInfo("UTC")
 NOW = 1796205190.0  # 2026-12-02 09:53:10 UTC
@@ -366,7 +366,7 @@ def test_fast_lane_equals_general_path(tmp_path: Path) -> None:
 
     generate(tmp_path / "auth.log", 3000, seed=5)
     lines = _sample_lines() + (tmp_path / "auth.log").read_text().splitlines()
-    filters = Path(__file__).resolve().parents[2] / "nftblockd" / "filters"
+    filters = Path(__file__).resolve().parents[2] / "nftblockd" / "detect" / "filters"
     checked = 0
     for name, modes in {**{n: [None] for n in builtin_filters()}, **MODES}.items():
         for mode in modes:
@@ -429,7 +429,7 @@ def test_run_text_and_errors(tmp_path: Path) -> None:
     assert "cannot read" in err.getvalue()
 
 
-SSHD_YAML = Path(__file__).resolve().parents[2] / "nftblockd" / "filters" / "sshd.yaml"
+SSHD_YAML = Path(__file__).resolve().parents[2] / "nftblockd" / "detect" / "filters" / "sshd.yaml"
 SSHD_GENERAL = compile_filter(load_yaml_filter(SSHD_YAML), tz=UTC, fast=False)
 _SSHD_BITS = st.sampled_from([
     "Dec  2 09:53:10 web1 sshd[1]: ", "Dec  2 09:53:11 web1 sshd-session[2]: ", "2026-12-02T09:53:10Z web1 sshd[3]: ",

@@ -7,8 +7,8 @@ import ipaddress
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftblockd import nfmsg as m
-from nftblockd.kernel import _interval_element
+from nftblockd.kernel import nfmsg as m
+from nftblockd.kernel.writer import _interval_element
 
 nets = st.one_of(
     st.builds(lambda a, p: ipaddress.IPv4Network((a, p), strict=False), st.integers(0, 2**32 - 1), st.integers(0, 32)),

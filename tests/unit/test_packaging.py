@@ -716,7 +716,7 @@ def test_bundled_and_debian_dependencies_import_with_the_system_python(extracted
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "import asyncinotify, prometheus_client, pyroute2, yaml, systemd.journal, systemd.daemon\n"
-        "import nftblockd, nftblockd.logsetup, nftblockd.sdnotify, nftblockd.config\n"
+        "import nftblockd, nftblockd.service.logsetup, nftblockd.service.sdnotify, nftblockd.config\n"
         "for m in (asyncinotify, prometheus_client, pyroute2, nftblockd):\n"
         "    assert m.__file__.startswith(sys.argv[1]), m.__file__  # ours, not another copy\n"
         "print('ok')\n"

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nftblockd.filterload import builtin_filters, load_yaml_filter
-from nftblockd.matcher import expand_tags
-from nftblockd.rxopt import cheap_optionals
+from nftblockd.detect.filterload import builtin_filters, load_yaml_filter
+from nftblockd.detect.matcher import expand_tags
+from nftblockd.detect.rxopt import cheap_optionals
 
-FILTERS = Path(__file__).resolve().parents[2] / "nftblockd" / "filters"
+FILTERS = Path(__file__).resolve().parents[2] / "nftblockd" / "detect" / "filters"
 
 
 @pytest.mark.parametrize(("before", "after"), [

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nftblockd.sdnotify import Notifier, monotonic_usec, watchdog_loop
+from nftblockd.service.sdnotify import Notifier, monotonic_usec, watchdog_loop
 
 BOUND = 30.0  # seconds; a safety net for a broken test, never a timing assertion
 

@@ -24,10 +24,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftblockd import store as store_mod
 from nftblockd.events import Ban, IPNet, format_target, normalise_network, parse_target
 from nftblockd.sources.base import PositionStore
-from nftblockd.store import (
+from nftblockd.state import store as store_mod
+from nftblockd.state.store import (
     SCHEMA_VERSION,
     PruneStats,
     Store,
@@ -599,7 +599,7 @@ def test_immutable_database_runs_in_memory_with_its_bans(tmp_path: Path, what: s
 CHILD = r"""
 import ipaddress, random, sys
 from nftblockd.events import Ban
-from nftblockd.store import Store
+from nftblockd.state.store import Store
 
 path, sync, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rnd = random.Random(seed)
@@ -670,7 +670,7 @@ def test_sigkill_loses_no_acknowledged_ban_and_duplicates_none(tmp_path: Path, s
 
 
 def test_bulk_saves_are_one_row_and_unbans_leave_tombstones(tmp_path: Path) -> None:
-    from nftblockd.store import BULK_ROWS
+    from nftblockd.state.store import BULK_ROWS
     now = 1_800_000_000.0
     keys = [(0x0B000000 + i).to_bytes(4, "big") for i in range(BULK_ROWS * 2)]
     with Store.open(tmp_path / "s.db", on_problem=no_problem) as s:
@@ -700,7 +700,7 @@ def test_bulk_saves_are_one_row_and_unbans_leave_tombstones(tmp_path: Path) -> N
 
 
 def test_damaged_database_keeps_its_bulk_bans(tmp_path: Path, problems: list[StoreProblem]) -> None:
-    from nftblockd.store import BULK_ROWS
+    from nftblockd.state.store import BULK_ROWS
     path = tmp_path / "state.db"
     fill(path, 20_000)
     keys = [(0x0D000000 + i).to_bytes(4, "big") for i in range(BULK_ROWS)]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nftblockd.timestamps import DateParser, DatePatternError, Stamp, parse_timestamp
+from nftblockd.detect.timestamps import DateParser, DatePatternError, Stamp, parse_timestamp
 
 ZURICH = ZoneInfo("Europe/Zurich")
 NOW = datetime(2026, 12, 2, 9, 53, 10, tzinfo=UTC).timestamp()

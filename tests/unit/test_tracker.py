@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import Config, Escalation, JailConfig
-from nftblockd.events import Ban, Hit, IPNet
-from nftblockd.tracker import (
+from nftblockd.detect.tracker import (
     BanRecord,
     JailPolicy,
     Kind,
@@ -25,6 +24,7 @@ from nftblockd.tracker import (
     Tracker,
     UnknownJailError,
 )
+from nftblockd.events import Ban, Hit, IPNet
 
 T0 = 1_700_000_000.0
 A = ipaddress.ip_address

@@ -20,7 +20,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("nftblockd.sdnotify")
 
 # Bound on a blocked send (systemd's socket buffer full): an event-loop stall, never a hang.
 SEND_TIMEOUT = 1.0

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from .bans import OpSpec, SetOp
+from nftblockd.kernel.bans import OpSpec, SetOp
 
 log = logging.getLogger("nftblockd.batcher")
 

@@ -54,11 +54,11 @@ from typing import Literal, Protocol
 
 import aiohttp
 
-from .. import __version__
-from ..aggregate import Policy, Sanitised, SanitiseStats, sanitise
-from ..config import FeedConfig
-from ..events import IPNet
-from ..feedparse import FeedFormatError, ParseResult, ParseStats, parse_feed
+from nftblockd import __version__
+from nftblockd.config import FeedConfig
+from nftblockd.events import IPNet
+from nftblockd.feeds.aggregate import Policy, Sanitised, SanitiseStats, sanitise
+from nftblockd.feeds.parse import FeedFormatError, ParseResult, ParseStats, parse_feed
 
 __all__ = [
     "Clock",

@@ -16,12 +16,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .aggregate import Aggregate, Sanitised, aggregate
-from .config import Config
-from .enforcer import Enforcer
-from .metrics import Metrics
-from .ruleset import set_name
-from .sources.feed import FeedError, FeedFetcher, FeedUpdate
+from nftblockd.config import Config
+from nftblockd.feeds.aggregate import Aggregate, Sanitised, aggregate
+from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate
+from nftblockd.kernel.enforcer import Enforcer
+from nftblockd.kernel.ruleset import set_name
+from nftblockd.service.metrics import Metrics
 
 log = logging.getLogger("nftblockd.feeds")
 
@@ -43,6 +43,10 @@ def _desired(agg: Aggregate, blocklist: str) -> dict[str, list[int]]:
         out[set_name(blocklist, version, True)] = ranges
     return out
 
+
+
+class FeedNotFound(LookupError):
+    """`feeds refresh/accept` named a feed, or a held copy, that does not exist (the client's mistake)."""
 
 class FeedManager:
     def __init__(self, cfg: Config, enforcer: Enforcer, cache_dir: Path, metrics: Metrics | None = None) -> None:
@@ -124,12 +128,11 @@ class FeedManager:
 
     async def refresh(self, name: str, accept: bool = False) -> dict[str, Any]:
         """Fetch a feed now (`feeds refresh`), or first accept a copy the shrink guard held (`feeds accept`)."""
-        from .control.protocol import ControlError
         f = self.fetchers.get(name)
         if f is None:
-            raise ControlError("not_found", f"no feed named {name!r} (feeds: {', '.join(self.fetchers) or 'none'})")
+            raise FeedNotFound(f"no feed named {name!r} (feeds: {', '.join(self.fetchers) or 'none'})")
         if accept and not f.accept():
-            raise ControlError("not_found", f"feed {name!r} has no held copy to accept")
+            raise FeedNotFound(f"feed {name!r} has no held copy to accept")
         try:
             upd = await f.fetch()
             if self.metrics is not None:

@@ -20,12 +20,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from . import nfmsg as m
-from . import ruleset as rs
-from .bans import OpSpec, SetOp
-from .batcher import Group
-from .events import IPNet
-from .netlink import KernelError, KernelSetInfo, NftSocket, kernel_release
+from nftblockd.events import IPNet
+from nftblockd.kernel import nfmsg as m
+from nftblockd.kernel import ruleset as rs
+from nftblockd.kernel.bans import OpSpec, SetOp
+from nftblockd.kernel.batcher import Group
+from nftblockd.kernel.netlink import KernelError, KernelSetInfo, NftSocket, kernel_release
 
 log = logging.getLogger("nftblockd.kernel")
 

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar
 
-from .events import Ban, IPNet, Origin
+from nftblockd.events import Ban, IPNet, Origin
 
 __all__ = [
     "SCHEMA_VERSION", "BanRow", "CompactBans", "HistoryRow", "PruneStats", "ReadOnlyDatabase", "Store",

@@ -1,5 +1,5 @@
 """Where filters come from: a spec (`sshd[mode=aggressive]`, a YAML file, a fail2ban `.conf`) in, a compiled
-Filter out. The built-in filters live in nftblockd/filters/*.yaml; fail2ban's files are read by f2b.py.
+Filter out. The built-in filters live in nftblockd/detect/filters/*.yaml; fail2ban's files are read by f2b.py.
 
 Errors are FilterError with file:line and the reason.
 """
@@ -12,8 +12,8 @@ from datetime import tzinfo
 from pathlib import Path
 from typing import Any
 
-from .f2b import read_filter
-from .matcher import Engine, Filter, FilterDef, FilterError, RegexSource, compile_filter
+from nftblockd.detect.f2b import read_filter
+from nftblockd.detect.matcher import Engine, Filter, FilterDef, FilterError, RegexSource, compile_filter
 
 __all__ = ["builtin_filters", "filter_from_yaml", "load_filter", "load_yaml_filter", "parse_spec"]
 
@@ -144,7 +144,7 @@ _BASE_VARS = {
 
 def load_yaml_filter(path: Path, opts: Mapping[str, str] | None = None) -> FilterDef:
     """Read one YAML filter into a FilterDef, applying `opts` (option overrides from the spec)."""
-    from .yamlsrc import YamlError, load_yaml
+    from nftblockd.yamlsrc import YamlError, load_yaml
 
     try:
         text = path.read_text(encoding="utf-8")

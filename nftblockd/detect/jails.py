@@ -20,14 +20,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import JailConfig
-from .events import Ban, Hit
-from .matcher import Filter, Match, MatchContext, Rejected
-from .metrics import Metrics
-from .sources.base import LineBatch, PositionStore, Source
-from .sources.journal import JournalSource
-from .sources.tail import FileTail
-from .tracker import BanRecord, Kind, Outcome, Tracker
+from nftblockd.config import JailConfig
+from nftblockd.detect.matcher import Filter, Match, MatchContext, Rejected
+from nftblockd.detect.tracker import BanRecord, Kind, Outcome, Tracker
+from nftblockd.events import Ban, Hit
+from nftblockd.service.metrics import Metrics
+from nftblockd.sources.base import LineBatch, PositionStore, Source
+from nftblockd.sources.journal import JournalSource
+from nftblockd.sources.tail import FileTail
 
 log = logging.getLogger("nftblockd.jails")
 

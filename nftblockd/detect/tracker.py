@@ -95,10 +95,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeAlias
 
-from .allowlist import EMPTY, Allowlist, build_allowlist
-from .config import Config, Escalation, JailConfig
-from .durations import format_duration
-from .events import (
+from nftblockd.allowlist import EMPTY, Allowlist, build_allowlist
+from nftblockd.config import Config, Escalation, JailConfig
+from nftblockd.durations import format_duration
+from nftblockd.events import (
     Ban,
     Hit,
     IPAddr,

@@ -12,9 +12,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from . import __version__
-from .bans import Outcome
-from .control.protocol import (
+from nftblockd import __version__
+from nftblockd.control.protocol import (
     BLOCKLIST_DEFAULT,
     BanArgs,
     CheckArgs,
@@ -25,9 +24,10 @@ from .control.protocol import (
     ban_entry,
     parse_args,
 )
-from .control.server import Peer
-from .enforcer import Enforcer
-from .events import AddressError, Ban, Decision, IPNet, Unban, format_target, parse_host_int, parse_target
+from nftblockd.control.server import Peer
+from nftblockd.events import AddressError, Ban, Decision, IPNet, Unban, format_target, parse_host_int, parse_target
+from nftblockd.kernel.bans import Outcome
+from nftblockd.kernel.enforcer import Enforcer
 
 Extra = Callable[[], dict[str, Any]]
 BULK_THRESHOLD = 64  # from this many targets on, single addresses take the bulk path
@@ -104,7 +104,10 @@ class ControlAPI:
             assert isinstance(parsed, FeedsRefreshArgs)
             if self._feeds_refresh is None:
                 raise ControlError("not_found", f"no feed named {parsed.name!r} (no feeds configured)")
-            return await self._feeds_refresh(parsed.name, cmd == "feeds_accept")
+            try:
+                return await self._feeds_refresh(parsed.name, cmd == "feeds_accept")
+            except LookupError as exc:  # feeds.manager.FeedNotFound: a name or held copy that does not exist
+                raise ControlError("not_found", str(exc)) from None
         raise ControlError("bad_request", f"unknown command {cmd!r}")
 
     def set_feeds(self, status: Callable[[], list[dict[str, Any]]],

@@ -17,8 +17,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from . import nfmsg as m
-from .config import Config
+from nftblockd.config import Config
+from nftblockd.kernel import nfmsg as m
 
 ALLOW = "allow"
 

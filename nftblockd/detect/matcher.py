@@ -58,10 +58,10 @@ from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, TypeAlias
 
-from .events import IPAddr, normalise_address
-from .rxlint import lint_regex, literal_heads, matches_newline, required_literal
-from .rxopt import cheap_optionals
-from .timestamps import DateParser, DatePatternError
+from nftblockd.detect.rxlint import lint_regex, literal_heads, matches_newline, required_literal
+from nftblockd.detect.rxopt import cheap_optionals
+from nftblockd.detect.timestamps import DateParser, DatePatternError
+from nftblockd.events import IPAddr, normalise_address
 
 __all__ = [
     "MAX_LINE",

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from . import nfmsg as m
+from nftblockd.kernel import nfmsg as m
 
 RCVBUF = 16 * 1024 * 1024
 RECV_CHUNK = 1024 * 1024  # >= 64 KiB, or dumps are silently truncated (F6.2)

@@ -25,12 +25,11 @@ Pure apart from reading the filter files it is pointed at; nothing here touches 
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .matcher import FilterDef, FilterError, RegexSource
+from nftblockd.detect.matcher import FilterDef, FilterError, RegexSource
 
 __all__ = ["F2bConfig", "read_config", "read_filter"]
 
@@ -386,19 +385,3 @@ def read_filter(path: str | Path, options: Mapping[str, str] | None = None) -> F
         notes=tuple(notes),
         options=dict(options or {}),
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m nftblockd.f2b conformance [LOGDIR] [--filter-dir DIR] [--builtin|--imported]`."""
-    from .testfilter import conformance_main
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] != "conformance":
-        print("usage: python -m nftblockd.f2b conformance [LOGDIR] [--filter-dir DIR] [--builtin|--imported]",
-              file=sys.stderr)
-        return 2
-    return conformance_main(args[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any, TypeAlias, TypeVar
 
-from .events import IPNet
-from .feedparse import pack, unpack
+from nftblockd.events import IPNet
+from nftblockd.feeds.parse import pack, unpack
 
 __all__ = [
     "SPECIAL_V4",

@@ -1,16 +1,15 @@
-"""`nftblock test-filter FILTER LOGFILE [--json]` (what fail2ban-regex does) and the conformance check
-against fail2ban's annotated sample logs.
+"""Developer tool, not shipped: score nftblockd's filters against fail2ban's annotated sample logs.
 
-This is an IO edge: it reads log files, prints, and reads the clock (for lines/s and, when no `now` is
-given, for year inference). The matching itself is matcher.Filter, exactly as the daemon runs it,
-including the multi-line context.
+`python tools/f2b_conformance.py conformance [LOGDIR] [--filter-dir DIR] [--builtin|--imported]`
 
-Conformance: fail2ban ships sample logs (tests/files/logs/NAME) where each line is preceded by
+fail2ban ships sample logs (tests/files/logs/NAME) where each line is preceded by
 `# failJSON: {"match": true, "host": "...", "time": "..."}`, with `# filterOptions:` blocks that re-run
 lines under filter options (`mode`), `# fileOptions:` and `# addFILE:`. Every (line, option set) pair is an
 assertion. We score "match" and "host"; `time` is scored separately. Hosts that are DNS names, have
 leading-zero octets or are not addresses at all are out of scope (nftblockd skips them on purpose): they
 are counted, and a Match with some *other* address on such a line still counts as a failure.
+
+It lives outside the package (the wheel and the .deb do not carry it) and is used by the conformance tests.
 """
 
 from __future__ import annotations
@@ -18,108 +17,17 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, tzinfo
+from datetime import datetime, tzinfo
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from .filterload import builtin_filters, load_filter
-from .matcher import (
-    Filter,
-    FilterError,
-    Match,
-    MatchContext,
-    Rejected,
-    parse_host,
-)
+from nftblockd.detect.filterload import builtin_filters, load_filter
+from nftblockd.detect.matcher import Filter, FilterError, Match, MatchContext, parse_host
+from nftblockd.detect.testfilter import printable as _printable
 
-__all__ = ["SampleScore", "conformance", "conformance_main", "run"]
-
-_SHOW_MAX = 200  # matched lines printed in text mode; --json lists them all
-
-
-def _printable(s: str) -> str:
-    return s.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _iso(t: float | None) -> str | None:
-    return None if t is None else datetime.fromtimestamp(t, UTC).isoformat()
-
-
-def run(filter_spec: str, logfile: str, *, json_output: bool, out: TextIO, now: float | None = None,
-        err: TextIO | None = None) -> int:
-    """Match every line of `logfile` with `filter_spec` and report. 0: done; 1: filter or file error
-    (one line on stderr). `now` is the reference time for logs without a year (default: the clock).
-    """
-    err = err if err is not None else sys.stderr
-    try:
-        flt = load_filter(filter_spec)
-    except FilterError as exc:
-        print(f"test-filter: bad filter {filter_spec!r}: {exc}", file=err)
-        return 1
-    try:
-        data = Path(logfile).read_bytes()
-    except OSError as exc:
-        print(f"test-filter: cannot read {logfile}: {exc.strerror or exc}", file=err)
-        return 1
-    ref = time.time() if now is None else now
-    ctx = MatchContext()
-    lines = data.decode("utf-8", "surrogateescape").splitlines()
-    matches: list[tuple[int, Match]] = []
-    ignored: list[tuple[int, Match | Rejected]] = []
-    rejected: list[tuple[int, Rejected]] = []
-    t0 = time.perf_counter()
-    for i, r in flt.scan(lines, ref, ctx):  # the jails' path, so lines/s is the daemon's
-        n = i + 1
-        if r.ignored:
-            ignored.append((n, r))
-        elif isinstance(r, Match):
-            matches.append((n, r))
-        else:
-            rejected.append((n, r))
-    elapsed = time.perf_counter() - t0
-    lps = len(lines) / elapsed if elapsed > 0 else float(len(lines))
-    if json_output:
-        doc = {
-            "filter": flt.name,
-            "lines": len(lines),
-            "matched": len(matches),
-            "ignored": len(ignored),
-            "rejected": len(rejected),
-            "lines_per_second": round(lps, 1),
-            "matches": [{"line": n, "host": str(m.host), "time": _iso(m.time)} for n, m in matches],
-            "ignored_lines": [n for n, _ in ignored],
-            "rejected_hosts": [{"line": n, "text": _printable(r.text), "reason": r.reason}
-                               for n, r in rejected],
-            "notes": [_printable(s) for s in flt.notes],
-        }
-        out.write(json.dumps(doc) + "\n")
-        return 0
-    w = out.write
-    w(f"Filter: {flt.name} ({flt.definition.source}), {len(flt.engines)} regexes "
-      f"({flt.engines.count('re2')} on RE2)\n")
-    for note in flt.notes:
-        w(f"  note: {_printable(note)}\n")
-    w(f"\nMatched lines ({len(matches)}):\n")
-    for n, m in matches[:_SHOW_MAX]:
-        w(f"  {n:>7}  {m.host!s:<39}  {_iso(m.time) or '-':<25}  {_printable(lines[n - 1])}\n")
-    if len(matches) > _SHOW_MAX:
-        w(f"  ... {len(matches) - _SHOW_MAX} more (--json lists them all)\n")
-    if ignored:
-        w(f"\nIgnored lines (ignoreregex, {len(ignored)}):\n")
-        for n, _r in ignored[:_SHOW_MAX]:
-            w(f"  {n:>7}  {_printable(lines[n - 1])}\n")
-    if rejected:
-        w(f"\nSkipped, host is not an address nftblockd bans ({len(rejected)}):\n")
-        for n, r in rejected[:_SHOW_MAX]:
-            w(f"  {n:>7}  {r.reason:<12} {_printable(r.text)!r}\n")
-    hosts = len({m.host for _, m in matches})
-    w(f"\nLines: {len(lines)}, matched: {len(matches)} ({hosts} hosts), ignored: {len(ignored)}, "
-      f"skipped hosts: {len(rejected)}, missed: {len(lines) - len(matches) - len(ignored) - len(rejected)}\n")
-    w(f"Speed: {lps:,.0f} lines/s\n")
-    return 0
+__all__ = ["SampleScore", "builtin_conformance", "conformance", "conformance_main", "imported_conformance"]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -347,7 +255,7 @@ def builtin_conformance(logdir: Path | None = F2B_LOGS, extra: Path | None = Non
 
 
 def imported_conformance(logdir: Path = F2B_LOGS, filter_dir: Path = F2B_FILTERS) -> list[SampleScore]:
-    """Score fail2ban's own filter files, read by nftblockd.f2b, against their sample logs."""
+    """Score fail2ban's own filter files, read by nftblockd.detect.f2b, against their sample logs."""
     from zoneinfo import ZoneInfo
 
     loader = _imported_loader(filter_dir, ZoneInfo(TEST_TZ))
@@ -419,7 +327,7 @@ def conformance_main(argv: Sequence[str]) -> int:
             title = f"Built-in nftblockd filters vs nftblockd's own annotated samples ({EXTRA_SAMPLES})"
         else:
             scores = imported_conformance(logdir, filter_dir)
-            title = f"fail2ban's own filters ({filter_dir}) read by nftblockd.f2b, vs their sample logs"
+            title = f"fail2ban's own filters ({filter_dir}) read by nftblockd.detect.f2b, vs their sample logs"
         print(format_table(title, scores))
         if verbose:
             for s in scores:
@@ -433,5 +341,29 @@ def conformance_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python tools/f2b_conformance.py conformance [LOGDIR] [--filter-dir DIR] [--builtin|--imported]`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "conformance":
+        print("usage: python tools/f2b_conformance.py conformance [LOGDIR] [--filter-dir DIR] "
+              "[--builtin|--imported]", file=sys.stderr)
+        return 2
+    return conformance_main(args[1:])
+
+
 if __name__ == "__main__":
-    sys.exit(conformance_main(sys.argv[1:]))
+    sys.exit(main())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python tools/f2b_conformance.py conformance [LOGDIR] [--filter-dir DIR] [--builtin|--imported]`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] != "conformance":
+        print("usage: python tools/f2b_conformance.py conformance [LOGDIR] [--filter-dir DIR] "
+              "[--builtin|--imported]", file=sys.stderr)
+        return 2
+    return conformance_main(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,8 +23,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from .events import Ban, IPNet, parse_target
-from .store import StoreError, open_readonly
+from nftblockd.events import Ban, IPNet, parse_target
+from nftblockd.state.store import StoreError, open_readonly
 
 __all__ = ["DEFAULT_DB", "UNKNOWN_BANTIME", "F2bBan", "F2bImportError", "read_fail2ban_bans"]
 

@@ -25,16 +25,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .allowlist import Allowlist
-from .bans import DELETE, BanState, BulkChange, Change, OpSpec, Outcome, SetOp
-from .batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
-from .config import Config
-from .events import Ban, Decision, IPNet, Unban, format_target, parse_target
-from .kernel import KernelWriter
-from .logsetup import quote
-from .metrics import Metrics
-from .ruleset import Ruleset
-from .store import PackedBans
+from nftblockd.allowlist import Allowlist
+from nftblockd.config import Config
+from nftblockd.events import Ban, Decision, IPNet, Unban, format_target, parse_target
+from nftblockd.kernel.bans import DELETE, BanState, BulkChange, Change, OpSpec, Outcome, SetOp
+from nftblockd.kernel.batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
+from nftblockd.kernel.ruleset import Ruleset
+from nftblockd.kernel.writer import KernelWriter
+from nftblockd.service.logsetup import quote
+from nftblockd.service.metrics import Metrics
+from nftblockd.state.store import PackedBans
 
 log = logging.getLogger("nftblockd.enforcer")
 audit_log = logging.getLogger("nftblockd.audit")

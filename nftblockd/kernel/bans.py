@@ -37,8 +37,8 @@ import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .events import Ban, BanInfo, IPNet, Unban, format_target
-from .ruleset import Ruleset, SetSpec, set_name
+from nftblockd.events import Ban, BanInfo, IPNet, Unban, format_target
+from nftblockd.kernel.ruleset import Ruleset, SetSpec, set_name
 
 META_BITS = 22
 META_MASK = (1 << META_BITS) - 1

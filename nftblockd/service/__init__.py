@@ -1,0 +1,2 @@
+"""What makes the daemon a service: logging and audit lines (logsetup.py), sd_notify and the watchdog
+(sdnotify.py), Prometheus metrics (metrics.py)."""
