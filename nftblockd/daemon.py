@@ -254,7 +254,8 @@ class Daemon:
             await self.metrics_server.start()
         await self.refresh_gauges()
         # an owned table cannot be flushed or deleted by others: the generation check is only a safety net
-        self.watch_interval = 5.0 if self.enforcer._writer().features.owner else 0.5
+        features = self.enforcer.features
+        self.watch_interval = 5.0 if features is not None and features.owner else 0.5
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.enforcer.batcher.run(self.stop), name="batcher")
@@ -572,7 +573,7 @@ class Daemon:
             log.warning("the new allowlist protects %d banned addresses; lifting their bans", len(lifted))
             await self.enforcer.apply([Unban(b.target, b.blocklist, "cli", "allowlisted on reload")
                                        for b in lifted])
-        await self.enforcer.kernel(self.enforcer._writer().setup, self.allow.networks)
+        await self.enforcer.reinstall()
         log.info("configuration reloaded from %s", self.config_path)
         self.notifier.ready("configuration reloaded")
         return True

@@ -294,7 +294,7 @@ class ControlAPI:
             "version": __version__,
             "uptime": round(time.time() - self.started, 3),
             "table": f"inet {e.plan.table}",
-            "kernel": e.writer.features.describe() if e.writer else {},
+            "kernel": e.features.describe() if e.features is not None else {},
             "sets": sets,
             "batches": {"flushes": b.flushes, "ops": b.ops_flushed, "pending": b.pending(),
                         "failures": b.failures, "last_seconds": round(e.counters.last_batch_seconds, 6),

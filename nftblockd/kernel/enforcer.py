@@ -31,7 +31,7 @@ from nftblockd.events import Ban, Decision, IPNet, Unban, format_target, parse_t
 from nftblockd.kernel.bans import DELETE, BanState, BulkChange, Change, OpSpec, Outcome, SetOp
 from nftblockd.kernel.batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
 from nftblockd.kernel.ruleset import Ruleset
-from nftblockd.kernel.writer import KernelWriter
+from nftblockd.kernel.setwriter import Features, SetWriter
 from nftblockd.service.logsetup import quote
 from nftblockd.service.metrics import Metrics
 from nftblockd.state.store import PackedBans
@@ -118,7 +118,7 @@ class BulkResult:
 
 
 class Enforcer:
-    def __init__(self, cfg: Config, plan: Ruleset, allow: Allowlist, writer_factory: Callable[[], KernelWriter],
+    def __init__(self, cfg: Config, plan: Ruleset, allow: Allowlist, writer_factory: Callable[[], SetWriter],
                  *, metrics: Metrics | None = None, on_flush: Callable[[FlushReport], None] | None = None,
                  persist: Persist | None = None,
                  on_change: Callable[[Sequence[Decision], Sequence[Result]], None] | None = None) -> None:
@@ -129,7 +129,7 @@ class Enforcer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nftblockd-kernel")
         self._audit_budget = AuditBudget()
         self._writer_factory = writer_factory
-        self.writer: KernelWriter | None = None
+        self.writer: SetWriter | None = None
         self.counters = Counters()
         self.metrics = metrics
         self.persist = persist
@@ -146,19 +146,30 @@ class Enforcer:
     async def kernel(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    def _writer(self) -> KernelWriter:
+    def _writer(self) -> SetWriter:
         assert self.writer is not None, "start() first"
         return self.writer
 
     async def start(self) -> None:
-        def setup() -> KernelWriter:
+        def setup() -> SetWriter:
             w = self._writer_factory()
             w.setup(self.allow.networks)
             return w
 
         self.writer = await self.kernel(setup)
-        self.generation = self.writer.sock.generation
+        self.generation = self.writer.last_generation
         log.info("table inet %s ready (%s)", self.plan.table, self.writer.features.describe())
+
+    @property
+    def features(self) -> Features | None:
+        """What the kernel can do; None before start()."""
+        return self.writer.features if self.writer is not None else None
+
+    async def reinstall(self) -> None:
+        """Re-run the table setup (chains, rules, allowlist) in one transaction, e.g. after a reload."""
+        async with self._lock:
+            await self.kernel(self._writer().setup, self.allow.networks)
+            self.generation = self._writer().last_generation
 
     async def close(self) -> None:
         if self.writer is not None:
@@ -167,7 +178,7 @@ class Enforcer:
 
     async def _apply_ops(self, groups: list[Group]) -> ApplyOutcome:
         res = await self.kernel(self._writer().apply, groups)
-        self.generation = self._writer().sock.generation
+        self.generation = self._writer().last_generation
         return ApplyOutcome(res.failed, res.expired, res.transactions, res.missing_sets)
 
     def _flushed(self, report: FlushReport) -> None:
@@ -352,7 +363,7 @@ class Enforcer:
             res = await self.kernel(self._writer().apply, groups, int(now * 1000)) if groups else None
         failed = 0
         if res is not None:
-            self.generation = self._writer().sock.generation
+            self.generation = self._writer().last_generation
             for (name, key), (errno, _text) in res.failed.items():
                 self.state.forget(name, key)
                 failed += 1
@@ -388,7 +399,7 @@ class Enforcer:
                 res = await self.kernel(self._writer().apply, [Group(name, new, specs)])
                 failures += [OpFailure(s, k, e, t) for (s, k), (e, t) in res.failed.items()]
             if self.writer is not None:
-                self.generation = self.writer.sock.generation
+                self.generation = self.writer.last_generation
         for f in failures:
             self.state.forget(f.set_name, f.key)
         return name, restored, failures
@@ -511,7 +522,7 @@ class Enforcer:
         if gen == self.generation:
             return []
         missing = await self.kernel(self._writer().table_intact)
-        self.generation = self._writer().sock.generation
+        self.generation = self._writer().last_generation
         if missing:
             await self.rebuild(missing)
         return missing
@@ -528,7 +539,7 @@ class Enforcer:
         failures = await fut
         for f in failures:
             self.state.forget(f.set_name, f.key)
-        self.generation = self._writer().sock.generation
+        self.generation = self._writer().last_generation
 
     async def reconcile(self) -> int:
         """Compare element counts; dump and repair only the sets that disagree. Returns elements repaired."""

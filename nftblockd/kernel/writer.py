@@ -18,7 +18,6 @@ import ipaddress
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from nftblockd.events import IPNet
 from nftblockd.kernel import nfmsg as m
@@ -26,6 +25,7 @@ from nftblockd.kernel import ruleset as rs
 from nftblockd.kernel.bans import OpSpec, SetOp
 from nftblockd.kernel.batcher import Group
 from nftblockd.kernel.netlink import KernelError, KernelSetInfo, NftSocket, kernel_release
+from nftblockd.kernel.setwriter import ApplyResult, Features
 
 log = logging.getLogger("nftblockd.kernel")
 
@@ -36,35 +36,12 @@ class KernelStateError(Exception):
     """The kernel holds objects nftblockd cannot use as they are (e.g. a set of the wrong type)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Features:
-    release: tuple[int, int]
-    owner: bool
-    persist: bool
-    destroy: bool
-    timeout_update: bool
-
-    def describe(self) -> dict[str, object]:
-        return {"release": f"{self.release[0]}.{self.release[1]}", "table_owner": self.owner,
-                "table_persist": self.persist, "destroy_setelem": self.destroy,
-                "timeout_update": self.timeout_update}
-
-
-@dataclass(slots=True)
-class ApplyResult:
-    failed: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)  # (set, key) -> (errno, text)
-    expired: list[tuple[str, int]] = field(default_factory=list)
-    committed_ops: int = 0
-    transactions: int = 0
-    elements_sent: int = 0
-    seconds: float = 0.0
-    missing_sets: set[str] = field(default_factory=set)
-
-
 _Where = tuple[m.SetMessage, list[int], bool]  # message, op ids of its group, is a delete
 
 
 class KernelWriter:
+    """The SetWriter over netlink (setwriter.SetWriter)."""
+
     def __init__(self, plan: rs.Ruleset, sock: NftSocket | None = None, *, protect: bool = True) -> None:
         self.plan = plan
         self.sock = sock or NftSocket()
@@ -396,6 +373,10 @@ class KernelWriter:
         return out
 
     # -- verification ---------------------------------------------------------------------------------
+
+    @property
+    def last_generation(self) -> int:
+        return self.sock.generation
 
     def generation(self) -> int:
         return self.sock.get_generation()

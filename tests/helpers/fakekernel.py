@@ -1,0 +1,118 @@
+"""An in-memory SetWriter (nftblockd.kernel.setwriter): the enforcer, the control API, the ban sink and the
+metrics run against it without root. It records every transaction, fails chosen elements with chosen
+errnos, fills sets to their configured size (ENFILE, as the kernel does) and can play the part of
+someone else changing the ruleset (a new generation, a set gone).
+
+What it does not model: interval overlap rules (EEXIST) unless told to fail an element, and element
+expiry (elements stay until deleted; their expiry is recorded and `dump_keys` reports the remaining time).
+"""
+
+from __future__ import annotations
+
+import errno as E
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from nftblockd.events import IPNet
+from nftblockd.kernel.batcher import Group
+from nftblockd.kernel.ruleset import Ruleset
+from nftblockd.kernel.setwriter import ApplyResult, Features
+
+
+@dataclass(frozen=True, slots=True)
+class Element:
+    until_ms: int | None  # absolute; None: permanent
+    comment: str
+
+
+@dataclass(slots=True)
+class FakeSetWriter:
+    plan: Ruleset
+    clock: Callable[[], float] = time.time
+    features: Features = field(default_factory=lambda: Features((6, 18), True, True, True, True))
+    sets: dict[str, dict[int, Element]] = field(default_factory=dict)
+    allowlist: list[IPNet] = field(default_factory=list)
+    transactions: list[list[Group]] = field(default_factory=list)
+    fail: dict[tuple[str, int], int] = field(default_factory=dict)  # (set, key) -> errno, every time
+    setups: int = 0
+    closed: bool = False
+    _generation: int = 1
+    _seen: int = 0
+
+    def setup(self, allowlist: Sequence[IPNet]) -> None:
+        self.setups += 1
+        self.allowlist = list(allowlist)
+        for s in self.plan.sets:
+            self.sets.setdefault(s.name, {})
+        self._commit()
+
+    @property
+    def last_generation(self) -> int:
+        return self._seen
+
+    def generation(self) -> int:
+        self._seen = self._generation
+        return self._generation
+
+    def _commit(self) -> None:
+        self._generation += 1
+        self._seen = self._generation
+
+    def apply(self, groups: Sequence[Group], now_ms: int | None = None) -> ApplyResult:
+        now_ms = int(self.clock() * 1000) if now_ms is None else now_ms
+        res = ApplyResult(transactions=1)
+        self.transactions.append([Group(g.set_name, list(g.keys), list(g.specs)) for g in groups])
+        sizes = {s.name: s.size for s in self.plan.sets}
+        for g in groups:
+            elems = self.sets.get(g.set_name)
+            for key, spec in zip(g.keys, g.specs, strict=True):
+                res.elements_sent += 1
+                if elems is None:
+                    res.failed[(g.set_name, key)] = (E.ENOENT, f"no set {g.set_name}")
+                    res.missing_sets.add(g.set_name)
+                    continue
+                errno = self.fail.get((g.set_name, key))
+                if errno is not None:
+                    res.failed[(g.set_name, key)] = (errno, "injected")
+                    continue
+                if not spec.add:
+                    elems.pop(key, None)
+                    res.committed_ops += 1
+                    continue
+                if spec.until_ms is not None and spec.until_ms <= now_ms:
+                    res.expired.append((g.set_name, key))
+                    continue
+                size = sizes.get(g.set_name)
+                if key not in elems and size is not None and len(elems) >= size:
+                    res.failed[(g.set_name, key)] = (E.ENFILE, "")
+                    continue
+                elems[key] = Element(spec.until_ms, spec.comment)
+                res.committed_ops += 1
+        self._commit()
+        return res
+
+    def table_intact(self) -> list[str]:
+        return [f"set {s.name}" for s in self.plan.sets if s.name not in self.sets]
+
+    def set_counts(self) -> dict[str, int | None]:
+        return {s.name: (len(self.sets[s.name]) if s.name in self.sets else None) for s in self.plan.sets}
+
+    def dump_keys(self, set_name: str) -> dict[int, int | None]:
+        now_ms = int(self.clock() * 1000)
+        return {k: (None if e.until_ms is None else max(0, e.until_ms - now_ms))
+                for k, e in self.sets.get(set_name, {}).items()}
+
+    def close(self) -> None:
+        self.closed = True
+
+    # -- someone else at work ---------------------------------------------------------------------------
+
+    def outside_change(self, drop_set: str | None = None) -> None:
+        """Another process changed the ruleset (and, with `drop_set`, deleted one of our sets)."""
+        if drop_set is not None:
+            self.sets.pop(drop_set, None)
+        self._generation += 1
+
+    def elements(self, set_name: str) -> set[int]:
+        return set(self.sets.get(set_name, {}))

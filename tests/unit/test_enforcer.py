@@ -1,0 +1,193 @@
+"""The enforcer against an in-memory SetWriter: decisions in, set operations out, failures reported per
+element, the kernel kept true to the state (rebuild, reconcile). No root, no kernel."""
+
+from __future__ import annotations
+
+import errno as E
+import ipaddress
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from nftblockd.allowlist import build_allowlist
+from nftblockd.config import parse_config
+from nftblockd.events import Ban, IPNet, Unban, parse_target
+from nftblockd.kernel.bans import Outcome
+from nftblockd.kernel.enforcer import Enforcer
+from nftblockd.kernel.ruleset import plan_ruleset
+from nftblockd.state.store import PackedBans
+from tests.helpers.fakekernel import FakeSetWriter
+
+CONFIG = """
+blocklists:
+  default: {timeout: 1h}
+  small: {timeout: 10m, size: 2}
+allowlist: [10.0.0.0/8]
+allowlist_self: false
+"""
+
+
+class Saved:
+    """The persist callback: what the enforcer asked to be written before acknowledging."""
+
+    def __init__(self) -> None:
+        self.saves: list[Ban] = []
+        self.deletes: list[tuple[str, IPNet]] = []
+        self.packed: list[PackedBans] = []
+        self.packed_deletes: list[tuple[str, list[bytes]]] = []
+
+    async def __call__(self, saves: list[Ban], deletes: list[tuple[str, IPNet]], history: list[Any],
+                       packed: list[PackedBans], packed_deletes: list[tuple[str, list[bytes]]]) -> None:
+        self.saves += saves
+        self.deletes += deletes
+        self.packed += packed
+        self.packed_deletes += packed_deletes
+
+
+class Rig:
+    def __init__(self, enforcer: Enforcer, fake: FakeSetWriter, saved: Saved) -> None:
+        self.enforcer, self.fake, self.saved = enforcer, fake, saved
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    import asyncio
+
+    cfg = parse_config(CONFIG)
+    plan = plan_ruleset(cfg)
+    fake = FakeSetWriter(plan)
+    saved = Saved()
+    enforcer = Enforcer(cfg, plan, build_allowlist(cfg.allowlist, include_self=False), lambda: fake,
+                        persist=saved)
+    await enforcer.start()
+    stop = asyncio.Event()
+    runner = asyncio.create_task(enforcer.batcher.run(stop))
+    try:
+        yield Rig(enforcer, fake, saved)
+    finally:
+        stop.set()
+        await runner
+        await enforcer.close()
+
+
+def key(addr: str) -> int:
+    return int(ipaddress.ip_address(addr))
+
+
+def ban(target: str, until: float | None, blocklist: str = "default") -> Ban:
+    return Ban(parse_target(target), blocklist, until, "cli", "test")
+
+
+async def test_start_installs_the_table_with_the_allowlist(rig: Rig) -> None:
+    assert rig.fake.setups == 1
+    assert [str(n) for n in rig.fake.allowlist] == ["10.0.0.0/8"]
+    assert rig.enforcer.features is not None and rig.enforcer.features.owner
+
+
+async def test_a_ban_lands_in_the_hash_set_with_its_end_and_is_saved(rig: Rig) -> None:
+    [res] = await rig.enforcer.apply([ban("203.0.113.7", 2e9)], now=1.9e9)
+    assert res.outcome is Outcome.ADDED and res.code is None and res.set_name == "default_ip4"
+    elem = rig.fake.sets["default_ip4"][key("203.0.113.7")]
+    assert elem.until_ms == 2_000_000_000_000
+    assert [str(b.target) for b in rig.saved.saves] == ["203.0.113.7/32"]
+
+
+async def test_a_range_goes_to_the_interval_set(rig: Rig) -> None:
+    [res] = await rig.enforcer.apply([ban("198.18.0.0/15", None)])
+    assert res.code is None and res.set_name == "default_net4"
+    assert len(rig.fake.sets["default_net4"]) == 1
+
+
+async def test_allowlisted_targets_never_reach_the_kernel(rig: Rig) -> None:
+    [res] = await rig.enforcer.apply([ban("10.1.2.3", None)])
+    assert res.code == "allowlisted" and "allowlisted" in res.message
+    assert rig.fake.transactions == [] and rig.saved.saves == []
+    assert rig.enforcer.counters.allowlisted == 1
+
+
+async def test_an_element_the_kernel_refuses_is_reported_and_forgotten(rig: Rig) -> None:
+    rig.fake.fail[("default_ip4", key("203.0.113.9"))] = E.EEXIST
+    res = await rig.enforcer.apply([ban("203.0.113.9", None), ban("203.0.113.10", None)])
+    assert res[0].code == "unavailable" and "overlaps" in res[0].message
+    assert res[1].code is None  # one bad element never costs the others
+    assert rig.fake.elements("default_ip4") == {key("203.0.113.10")}
+    assert [str(b.target) for b in rig.saved.saves] == ["203.0.113.10/32"]
+    # forgotten by the state: once the kernel takes it, the same ban is new again
+    del rig.fake.fail[("default_ip4", key("203.0.113.9"))]
+    [again] = await rig.enforcer.apply([ban("203.0.113.9", None)])
+    assert again.outcome is Outcome.ADDED and again.code is None
+
+
+async def test_a_full_set_says_so_and_is_counted(rig: Rig) -> None:
+    res = await rig.enforcer.apply([ban(f"192.0.2.{i}", None, "small") for i in range(1, 4)])
+    assert [r.code for r in res] == [None, None, "unavailable"]
+    assert "is full (size 2)" in res[2].message
+    assert rig.enforcer.counters.set_full == 1 and rig.enforcer.counters.kernel_errors == {E.ENFILE: 1}
+
+
+async def test_unban_removes_the_element_and_the_saved_row(rig: Rig) -> None:
+    await rig.enforcer.apply([ban("203.0.113.7", None)])
+    [res] = await rig.enforcer.apply([Unban(parse_target("203.0.113.7"), "default", "cli", "")])
+    assert res.outcome is Outcome.REMOVED
+    assert rig.fake.elements("default_ip4") == set()
+    assert [(b, str(n)) for b, n in rig.saved.deletes] == [("default", "203.0.113.7/32")]
+
+
+async def test_a_wider_range_absorbs_narrower_ones_and_the_store_forgets_them(rig: Rig) -> None:
+    await rig.enforcer.apply([ban("198.51.100.0/26", None), ban("198.51.100.64/26", None)])
+    [res] = await rig.enforcer.apply([ban("198.51.100.0/24", None)])
+    assert res.outcome is Outcome.ABSORBED
+    assert len(rig.fake.sets["default_net4"]) == 1
+    assert sorted(str(n) for _b, n in rig.saved.deletes) == ["198.51.100.0/26", "198.51.100.64/26"]
+
+
+async def test_bulk_bans_skip_the_allowlist_and_report_refusals(rig: Rig) -> None:
+    rig.fake.fail[("default_ip4", key("192.0.2.2"))] = E.ENOMEM
+    keys = [key("192.0.2.1"), key("192.0.2.2"), key("10.9.9.9")]
+    res = await rig.enforcer.ban_hosts("default", {4: keys}, None, origin="cli")
+    assert res.allowlisted == {4: [key("10.9.9.9")]}
+    assert set(res.failed) == {("default_ip4", key("192.0.2.2"))}
+    assert rig.fake.elements("default_ip4") == {key("192.0.2.1")}
+    [(blocklist, blobs, _until, _origin, _reason, _jail)] = rig.saved.packed
+    assert blocklist == "default" and blobs == [ipaddress.IPv4Address("192.0.2.1").packed]
+
+
+async def test_bulk_ban_into_an_unknown_blocklist_raises_key_error(rig: Rig) -> None:
+    with pytest.raises(KeyError):
+        await rig.enforcer.ban_hosts("nosuch", {4: [key("192.0.2.1")]}, None)
+
+
+async def test_someone_deleting_a_set_is_noticed_and_every_ban_rebuilt(rig: Rig) -> None:
+    await rig.enforcer.apply([ban("203.0.113.7", None), ban("2001:db8::7", None)])
+    assert await rig.enforcer.check_kernel() == []  # our own commits explain every generation
+    rig.fake.outside_change(drop_set="default_ip4")
+    missing = await rig.enforcer.check_kernel()
+    assert missing == ["set default_ip4"]
+    assert rig.fake.setups == 2 and rig.enforcer.counters.rebuilds == 1
+    assert rig.fake.elements("default_ip4") == {key("203.0.113.7")}
+    assert rig.fake.elements("default_ip6") == {key("2001:db8::7")}
+
+
+async def test_reconcile_repairs_a_set_whose_count_disagrees(rig: Rig) -> None:
+    await rig.enforcer.apply([ban("203.0.113.7", None), ban("203.0.113.8", None)])
+    del rig.fake.sets["default_ip4"][key("203.0.113.8")]  # an element lost behind our back
+    assert await rig.enforcer.reconcile() == 1
+    assert rig.fake.elements("default_ip4") == {key("203.0.113.7"), key("203.0.113.8")}
+    assert rig.enforcer.counters.drift_repaired == 1
+    assert await rig.enforcer.reconcile() == 0  # and a set that agrees is not touched
+
+
+async def test_feed_sets_are_replaced_in_one_transaction(rig: Rig) -> None:
+    await rig.enforcer.sync_sets({"default_ip4": [key("192.0.2.1"), key("192.0.2.2")]}, None, origin="feed")
+    before = len(rig.fake.transactions)
+    r = await rig.enforcer.sync_sets({"default_ip4": [key("192.0.2.2"), key("192.0.2.3")]}, None, origin="feed")
+    assert (r.added, r.removed, r.failed) == (1, 1, 0)
+    assert len(rig.fake.transactions) == before + 1
+    assert rig.fake.elements("default_ip4") == {key("192.0.2.2"), key("192.0.2.3")}
+
+
+async def test_reinstall_runs_setup_again_with_the_current_allowlist(rig: Rig) -> None:
+    rig.enforcer.allow = build_allowlist([parse_target("192.168.0.0/16")], include_self=False)
+    await rig.enforcer.reinstall()
+    assert rig.fake.setups == 2 and [str(n) for n in rig.fake.allowlist] == ["192.168.0.0/16"]
