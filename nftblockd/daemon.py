@@ -31,12 +31,14 @@ from nftblockd.control.server import ControlServer
 from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.matcher import Filter, FilterError
-from nftblockd.detect.tracker import BanRecord, JailPolicy, Tracker
+from nftblockd.detect.tracker import JailPolicy, Tracker
 from nftblockd.events import Ban, Decision, IPAddr, IPNet, Origin, Unban
 from nftblockd.kernel.bans import Outcome
 from nftblockd.kernel.enforcer import Enforcer, Result
 from nftblockd.kernel.ruleset import plan_ruleset
+from nftblockd.kernel.sink import JailBanSink
 from nftblockd.kernel.writer import KernelWriter
+from nftblockd.service.loops import every
 from nftblockd.service.metrics import Metrics, MetricsServer
 from nftblockd.service.sdnotify import Notifier, watchdog_loop
 from nftblockd.sources.base import MemoryPositionStore
@@ -49,7 +51,7 @@ if TYPE_CHECKING:
     from nftblockd.feeds.manager import FeedManager
 
 SHUTDOWN_GRACE = 10.0
-JAIL_BULK_MIN = 32  # a jail batch with this many like bans (a burst) takes the bulk path
+STUCK_AFTER = 30.0  # seconds: kernel ops pending this long, or no successful kernel check, is unhealthy
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +143,9 @@ class Daemon:
                                  lambda: KernelWriter(self.plan, protect=cfg.protect_table), metrics=self.metrics,
                                  persist=self.persist, on_change=self._changed)
         self.tracker = self._tracker(cfg)
+        self.sink = JailBanSink(self.enforcer, self.tracker)
         self.jails: list[JailRunner] = []
+        self._kernel_checked = time.monotonic()  # last successful kernel check (the health check reads it)
         self.feeds: FeedManager | None = None
         if cfg.feeds:  # imported only when used: the HTTP client is a dependency of feeds alone
             from nftblockd.feeds.manager import FeedManager
@@ -154,6 +158,8 @@ class Daemon:
         self.server: ControlServer | None = None
         self._hooks: list[Callable[[], Awaitable[None]]] = []
         self.watch_interval = 0.5
+        self._rounds = 0
+        self._evicted = 0
 
     @staticmethod
     def _default_blocklist(cfg: Config) -> str:
@@ -258,13 +264,19 @@ class Daemon:
         self.watch_interval = 5.0 if features is not None and features.owner else 0.5
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self.enforcer.batcher.run(self.stop), name="batcher")
-                tg.create_task(self._watch(), name="kernel-watch")
-                tg.create_task(self._reconcile(), name="reconcile")
+                # the batcher outlives the jails and the sink: it stops only after they handed over everything
+                batcher_stop = asyncio.Event()
+                tg.create_task(self.enforcer.batcher.run(batcher_stop), name="batcher")
+                sink = tg.create_task(self.sink.run(), name="ban-sink")
+                tg.create_task(every(lambda: self.watch_interval, self.stop, self._check_kernel,
+                                     "checking the kernel table"), name="kernel-watch")
+                tg.create_task(every(lambda: self.cfg.reconcile_interval, self.stop, self._reconcile_round,
+                                     "reconcile"), name="reconcile")
+                tg.create_task(every(lambda: 60.0, self.stop, self._housekeeping_round, "housekeeping"),
+                               name="housekeeping")
                 tg.create_task(self._reloads(), name="reload")
                 tg.create_task(watchdog_loop(self.notifier, self.stop, self._healthy), name="watchdog")
                 jail_tasks = [tg.create_task(j.run(), name=f"jail-{j.jail.name}") for j in self.jails]
-                tg.create_task(self._housekeeping(), name="housekeeping")
                 if self.feeds is not None:
                     tg.create_task(self.feeds.run(self.stop), name="feeds")
                 await self._sources_ready()
@@ -279,7 +291,11 @@ class Daemon:
                 self.notifier.stopping()
                 for t in jail_tasks:  # sources save their positions when cancelled
                     t.cancel()
+                await asyncio.gather(*jail_tasks, return_exceptions=True)
                 log.info("stopping: closing the control socket, flushing pending bans")
+                await self.sink.close()
+                await sink
+                batcher_stop.set()
                 await self.server.close()
                 if self.metrics_server is not None:
                     await self.metrics_server.close()
@@ -328,7 +344,13 @@ class Daemon:
                 self.tracker.forget_ban(d.target)
 
     def _healthy(self) -> bool:
-        return True
+        """For the watchdog: the kernel thread answers (ops do not wait for ever, the generation check
+        succeeds now and then). A stuck kernel thread or a lost netlink socket withholds the pings, so
+        systemd restarts nftblockd, which restores every ban from the state database."""
+        now = time.monotonic()
+        if self.enforcer.batcher.oldest_pending_age(now) > STUCK_AFTER:
+            return False
+        return now - self._kernel_checked <= STUCK_AFTER + self.watch_interval
 
     async def restore(self) -> int:
         """Saved bans go back into the kernel before READY (after a reboot the sets are empty), the tracker
@@ -351,7 +373,7 @@ class Daemon:
         positions = self.store.positions() if self.store is not None else MemoryPositionStore()
         for j in self.cfg.jails:
             if j.enabled and not j.recidive:
-                self.jails.append(JailRunner(j, self.filters[j.name], self.tracker, self._jail_bans, positions,
+                self.jails.append(JailRunner(j, self.filters[j.name], self.tracker, self.sink, positions,
                                              self.metrics))
         return n
 
@@ -412,112 +434,31 @@ class Daemon:
                     self.tracker.note_ban(b, now)
         return n
 
-    async def _jail_bans(self, bans: list[Ban], records: list[BanRecord], arrival: float) -> None:
-        """Bans a jail decided: apply, persist with their history rows, and feed recidive jails.
-
-        A burst (many single addresses with the same end and reason, as a batch of first offences is) goes
-        the bulk way: one set operation for the state, one packed row in the database instead of a row
-        per ban. The rest go one by one.
-        """
-        now = time.time()
-        history = [r.as_row() for r in records]
-        groups: dict[tuple[str, float | None, str, str], list[Ban]] = {}
-        single: list[Ban] = []
-        for b in bans if len(bans) >= JAIL_BULK_MIN else ():
-            t = b.target
-            if b.origin == "jail" and t.prefixlen == (32 if type(t) is ipaddress.IPv4Network else 128):
-                groups.setdefault((b.blocklist, b.until, b.reason, b.jail), []).append(b)
-            else:
-                single.append(b)
-        for k in [k for k, g in groups.items() if len(g) < JAIL_BULK_MIN]:
-            single += groups.pop(k)
-        if not groups:
-            single = bans
-        applied: list[Ban] = []
-        for (blocklist, until, reason, jail), group in groups.items():
-            keys: dict[int, list[int]] = {}
-            for b in group:
-                keys.setdefault(b.target.version, []).append(int(b.target.network_address))
-            refused: set[tuple[int, int]] = set()  # (version, address) the bulk path could not ban
-            try:
-                res = await self.enforcer.ban_hosts(blocklist, keys, until, origin="jail", reason=reason,
-                                                    jail=jail, now=now, started=arrival, history=history)
-                history = []  # saved with the first group
-                refused.update((4 if name.endswith("4") else 6, key) for name, key in res.failed)
-                refused.update((v, k) for v, ks in res.allowlisted.items() for k in ks)
-            except KeyError:  # the blocklist went away in a reload while the batch was on its way
-                log.error("jail %s: blocklist %r no longer exists; %d bans not applied", jail, blocklist, len(group))
-                refused.update((v, k) for v, ks in keys.items() for k in ks)
-            for b in group:
-                if (b.target.version, int(b.target.network_address)) in refused:
-                    self.tracker.forget_ban(b.target, jail=b.jail)
-                else:
-                    applied.append(b)
-        if single or history:
-            results = await self.enforcer.apply(single, now=now, started=arrival, history=history)
-            for b, r in zip(single, results, strict=False):
-                if r.code is None:
-                    applied.append(b)
-                else:
-                    self.tracker.forget_ban(b.target, jail=b.jail)
-        more: list[Ban] = []
-        more_records: list[BanRecord] = []
-        for b in applied:
-            for out in self.tracker.observe_ban(b, now):
-                if out.ban is not None and out.kind.name == "BANNED":
-                    more.append(out.ban)
-                    if out.record is not None:
-                        more_records.append(out.record)
-        if more:
-            await self._jail_bans(more, more_records, arrival)
-
-    async def _housekeeping(self) -> None:
+    async def _housekeeping_round(self) -> None:
         """Once a minute: forget ended bans, export tracker figures; every 15 minutes prune the database (a
         scan of every saved ban: with a million of them, doing it each minute cost ~1 % CPU while idle)."""
-        rounds = 0
-        evicted = 0
-        while not self.stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), 60)
-            if self.stop.is_set():
-                return
-            now = time.time()
-            rounds += 1
-            self.tracker.sweep(now)
-            self.enforcer.state.expire(now)
-            if self.tracker.evictions > evicted:
-                self.metrics.tracker_evictions.inc(self.tracker.evictions - evicted)
-                evicted = self.tracker.evictions
-            if self.store is not None and rounds % 15 == 0:
-                try:
-                    await self.store_call(self.store.prune, now, 30 * 86400)
-                except StoreError as exc:
-                    log.error("pruning the state database failed: %s", exc)
-            for j in self.jails:
-                self.metrics.tracker_addresses.labels(j.jail.name).set(self.tracker.tracked)
-
-    async def _watch(self) -> None:
-        while not self.stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), self.watch_interval)
-            if self.stop.is_set():
-                return
+        now = time.time()
+        self._rounds += 1
+        self.tracker.sweep(now)
+        self.enforcer.state.expire(now)
+        if self.tracker.evictions > self._evicted:
+            self.metrics.tracker_evictions.inc(self.tracker.evictions - self._evicted)
+            self._evicted = self.tracker.evictions
+        if self.store is not None and self._rounds % 15 == 0:
             try:
-                await self.enforcer.check_kernel()
-            except Exception:
-                log.exception("checking the kernel table failed; will try again")
+                await self.store_call(self.store.prune, now, 30 * 86400)
+            except StoreError as exc:
+                log.error("pruning the state database failed: %s", exc)
+        for j in self.jails:
+            self.metrics.tracker_addresses.labels(j.jail.name).set(self.tracker.tracked)
 
-    async def _reconcile(self) -> None:
-        while not self.stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), self.cfg.reconcile_interval)
-            if self.stop.is_set():
-                return
-            try:
-                await self.enforcer.reconcile()
-                await self.refresh_gauges()
-            except Exception:
-                log.exception("reconcile failed; will try again")
+    async def _check_kernel(self) -> None:
+        await self.enforcer.check_kernel()
+        self._kernel_checked = time.monotonic()
+
+    async def _reconcile_round(self) -> None:
+        await self.enforcer.reconcile()
+        await self.refresh_gauges()
 
     async def refresh_gauges(self) -> None:
         """Set sizes as the kernel reports them (what is enforced), next to what nftblockd tracks."""

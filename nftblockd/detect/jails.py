@@ -1,8 +1,9 @@
-"""Log jails: sources → bounded queue → filter → tracker → enforcer.
+"""Log jails: sources → bounded queue → filter → tracker → ban sink.
 
 One `JailRunner` per configured jail. Its sources (files tailed with inotify, or the journal) put batches of
-lines into a bounded queue; the runner matches each line, feeds failures to the shared tracker and hands the
-bans it decides to the enforcer without waiting for the kernel (a flood of log lines never waits on netlink).
+lines into a bounded queue; the runner matches each line, feeds failures to the shared tracker and hands each
+batch's bans to the sink (kernel/sink.py), a bounded queue in front of the kernel: matching never waits on
+netlink, and a full sink slows the sources down instead of growing memory.
 Everything a line can turn into is counted: matched, ignored, rejected hosts, allowlisted, stale, banned.
 
 Catching up vs live: lines a source read before it became `ready` (a backlog after a restart or rotation)
@@ -16,13 +17,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from nftblockd.config import JailConfig
 from nftblockd.detect.matcher import Filter, Match, MatchContext, Rejected
-from nftblockd.detect.tracker import BanRecord, Kind, Outcome, Tracker
+from nftblockd.detect.tracker import BanRecord, Kind, Tracker
 from nftblockd.events import Ban, Hit
 from nftblockd.service.metrics import Metrics
 from nftblockd.sources.base import LineBatch, PositionStore, Source
@@ -52,7 +52,12 @@ class JailStats:
     by_reason: dict[str, int] = field(default_factory=dict)
 
 
-BanSink = Callable[[list[Ban], list[BanRecord], float], Coroutine[Any, Any, None]]
+class BanSink(Protocol):
+    """Where a jail's bans go (kernel.sink.JailBanSink): a bounded queue in front of the kernel."""
+
+    async def submit(self, bans: list[Ban], records: list[BanRecord], arrival: float) -> None: ...
+
+    def submit_nowait(self, bans: list[Ban], records: list[BanRecord], arrival: float) -> bool: ...
 
 
 class JailRunner:
@@ -66,7 +71,6 @@ class JailRunner:
         self.metrics = metrics
         self.stats = JailStats()
         self.sources: list[Source] = sources if sources is not None else self._make_sources(positions)
-        self._pending: set[asyncio.Task[None]] = set()
         # multi-line filters (connection ids) keep per-stream memory
         self._ctx: MatchContext | None = MatchContext() if flt.uses_context else None
         self._reported = (0, 0, 0)
@@ -117,7 +121,9 @@ class JailRunner:
                 arrival = time.monotonic()
                 consumed += len(batch)
                 live = bool(ready_mark) and consumed > ready_mark[0]
-                self.process(batch, time.time(), live, arrival)
+                bans, records = self.process(batch, time.time(), live, arrival)
+                if bans:
+                    await self.sink.submit(bans, records, arrival)  # waits while the sink's queue is full
                 # Queue.get() does not suspend while batches are waiting: yield, so the bans of this batch
                 # go to the kernel (its own thread) while the next batch is matched, not after all of them.
                 await asyncio.sleep(0)
@@ -126,14 +132,21 @@ class JailRunner:
             # lines already handed over by the source are matched before we stop (their position is saved)
             while not queue.empty():
                 with contextlib.suppress(Exception):
-                    self.process(queue.get_nowait(), time.time(), False, time.monotonic())
+                    bans, records = self.process(queue.get_nowait(), time.time(), False, time.monotonic())
+                    if bans and not self.sink.submit_nowait(bans, records, time.monotonic()):
+                        # no room left at shutdown: the tracker must not believe these are banned
+                        log.warning("jail %s: %d bans decided while stopping could not be queued",
+                                    self.jail.name, len(bans))
+                        for b in bans:
+                            self.tracker.forget_ban(b.target, jail=b.jail)
 
-    def process(self, batch: LineBatch, now: float, live: bool, arrival: float) -> list[Outcome]:
-        """Match a batch of lines; bans go to the sink as one call. Returns the tracker outcomes (tests)."""
+    def process(self, batch: LineBatch, now: float, live: bool, arrival: float
+                ) -> tuple[list[Ban], list[BanRecord]]:
+        """Match a batch of lines and feed the failures to the tracker: returns the bans it decided (for the
+        sink, as one submission) and their history records."""
         flt = self.filter
         st = self.stats
         ctx = self._ctx
-        outcomes = []
         bans: list[Ban] = []
         records: list[BanRecord] = []
         st.lines += len(batch)
@@ -156,7 +169,6 @@ class JailRunner:
                 if t is None:
                     t = now
             out = observe(Hit(jail, r.host, t, texts[i]), now, live=live)
-            outcomes.append(out)
             kind = out.kind
             if kind is _COUNTED:
                 st.failures += 1
@@ -182,8 +194,4 @@ class JailRunner:
                 mx.ignored.labels(name).inc(st.ignored + st.rejected - self._reported[1])
                 mx.failures.labels(name).inc(st.failures - self._reported[2])
                 self._reported = (st.matched, st.ignored + st.rejected, st.failures)
-        if bans:
-            task: asyncio.Task[None] = asyncio.get_running_loop().create_task(self.sink(bans, records, arrival))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
-        return outcomes
+        return bans, records

@@ -547,6 +547,11 @@ class Tracker:
             out.append(self._count(r, key, now, now))
         return out
 
+    def escalations(self, ban: Ban, now: float) -> list[tuple[Ban, BanRecord | None]]:
+        """The new bans (with their history records) that recidive jails decide because `ban` was applied:
+        the BANNED outcomes of `observe_ban`."""
+        return [(o.ban, o.record) for o in self.observe_ban(ban, now) if o.kind is Kind.BANNED and o.ban is not None]
+
     def note_ban(self, ban: Ban, now: float) -> bool:
         """Restore BANNED for a jail ban still in force (the store's active bans after a restart).
 

@@ -183,6 +183,10 @@ class Batcher:
         self.failures = 0
         self.waiting_submitters = 0
 
+    def oldest_pending_age(self, now: float) -> float:
+        """Seconds the oldest queued op has waited for a flush (0 when nothing waits); `now` is monotonic."""
+        return 0.0 if self._first_at is None else now - self._first_at
+
     def pending(self) -> int:
         return len(self._pending)
 

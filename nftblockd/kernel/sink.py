@@ -1,0 +1,180 @@
+"""The ban sink: the one path a jail's ban decisions take to the kernel, the database and the recidive jails.
+
+Jails decide bans while matching lines and must not wait on netlink per line; the sink takes each matched
+batch's bans from a bounded queue and applies them in order. One path for any batch size:
+
+- single addresses (the common case: every IPv4 offender, IPv6 offenders counted per /128) are grouped by
+  (blocklist, end, reason, jail) and go through `Enforcer.ban_hosts`: one set operation in the state, one
+  kernel transaction, one packed row in the database, the audit lines within their budget;
+- ranges (IPv6 offenders counted per /64, say) go through `Enforcer.apply`, which handles absorption and
+  covering ranges;
+- the batch's history rows (escalation memory) are saved in the same commit as its first group.
+
+Order of what happens to one batch:
+1. apply every group; collect what the kernel refused (a full set, an overlap) or the allowlist stopped;
+2. a refused ban is forgotten by the ledger (the tracker), so the tracker never believes an offender is
+   banned that the kernel never got, and the next failure counts again;
+3. every applied ban is shown to the recidive jails (`ledger.escalations`); the bans they decide are
+   applied the same way, in a loop (recidive never feeds itself, so the loop ends).
+
+Failure rule: if applying a batch raises (a bug, a lost kernel socket), the batch's bans are forgotten by
+the ledger, the error is logged and counted (`errors`), and the sink goes on with the next batch; it never
+dies with bans queued behind it.
+
+Memory bound: at most `max_batches` batches wait; a jail that submits into a full queue waits (its source
+queue then fills and the sources stop reading: file offsets and journal cursors make waiting safe).
+Shutdown: `close()` queues an end marker behind everything submitted; `run()` returns when it reaches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from nftblockd.events import Ban, IPNet
+from nftblockd.kernel.enforcer import Enforcer
+
+log = logging.getLogger("nftblockd.sink")
+
+HistoryRow = tuple[str, str, float, float | None]
+
+
+class Decided(Protocol):
+    """A ban-history record (tracker.BanRecord) as the sink needs it."""
+
+    def as_row(self) -> HistoryRow: ...
+
+
+class BanLedger(Protocol):
+    """What the sink tells the tracker, and asks of it."""
+
+    def forget_ban(self, target: IPNet, *, jail: str | None = None,
+                   forgive: bool = False) -> list[tuple[str, IPNet]]: ...
+
+    def escalations(self, ban: Ban, now: float) -> Sequence[tuple[Ban, Decided | None]]:
+        """The bans recidive jails decide because `ban` was applied (with their history records)."""
+        ...
+
+
+class BanBatch(NamedTuple):
+    bans: list[Ban]
+    records: Sequence[Decided]
+    arrival: float  # monotonic: when the lines that caused these bans were read (the latency metric)
+
+
+@dataclass(slots=True)
+class SinkStats:
+    batches: int = 0
+    applied: int = 0
+    refused: int = 0
+    errors: int = 0
+
+
+_END = None
+
+
+class JailBanSink:
+    def __init__(self, enforcer: Enforcer, ledger: BanLedger, *, max_batches: int = 256,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.enforcer = enforcer
+        self.ledger = ledger
+        self.clock = clock
+        self.stats = SinkStats()
+        self._queue: asyncio.Queue[BanBatch | None] = asyncio.Queue(max_batches)
+
+    async def submit(self, bans: list[Ban], records: Sequence[Decided], arrival: float) -> None:
+        """Queue a batch's bans; waits while `max_batches` batches are queued (back-pressure)."""
+        await self._queue.put(BanBatch(bans, records, arrival))
+
+    def submit_nowait(self, bans: list[Ban], records: Sequence[Decided], arrival: float) -> bool:
+        """Queue without waiting (a jail stopping); False when the queue is full and nothing was queued."""
+        try:
+            self._queue.put_nowait(BanBatch(bans, records, arrival))
+        except asyncio.QueueFull:
+            return False
+        return True
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    async def close(self) -> None:
+        """Mark the end: `run()` returns once everything submitted before this was applied."""
+        await self._queue.put(_END)
+
+    async def run(self) -> None:
+        while True:
+            batch = await self._queue.get()
+            if batch is _END:
+                return
+            self.stats.batches += 1
+            try:
+                await self.apply(batch.bans, batch.records, batch.arrival)
+            except Exception:
+                self.stats.errors += 1
+                log.exception("applying %d jail bans failed; they are forgotten and will be decided again",
+                              len(batch.bans))
+                for b in batch.bans:
+                    self.ledger.forget_ban(b.target, jail=b.jail or None)
+
+    async def apply(self, bans: list[Ban], records: Sequence[Decided], arrival: float) -> None:
+        """Apply bans (and the recidive bans they lead to); see the module docstring for the order."""
+        history = [r.as_row() for r in records]
+        while bans:
+            now = self.clock()
+            applied = await self._apply_once(bans, history, now, arrival)
+            history = []
+            bans = []
+            for b in applied:
+                for more, record in self.ledger.escalations(b, now):
+                    bans.append(more)
+                    if record is not None:
+                        history.append(record.as_row())
+
+    async def _apply_once(self, bans: list[Ban], history: list[HistoryRow], now: float,
+                          arrival: float) -> list[Ban]:
+        groups: dict[tuple[str, float | None, str, str, str], dict[int, list[Ban]]] = {}
+        ranges: list[Ban] = []
+        for b in bans:
+            t = b.target
+            if t.prefixlen == t.max_prefixlen:
+                by_version = groups.setdefault((b.blocklist, b.until, b.origin, b.reason, b.jail), {})
+                by_version.setdefault(t.version, []).append(b)
+            else:
+                ranges.append(b)
+        applied: list[Ban] = []
+        for (blocklist, until, origin, reason, jail), by_version in groups.items():
+            keys = {v: [int(b.target.network_address) for b in bs] for v, bs in by_version.items()}
+            refused: set[tuple[int, int]] = set()
+            try:
+                res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=reason, jail=jail,
+                                                    now=now, started=arrival, history=history)
+                history = []  # saved with the first group
+                refused.update((self.enforcer.plan.set(name).version, key) for name, key in res.failed)
+                refused.update((v, k) for v, ks in res.allowlisted.items() for k in ks)
+            except KeyError:  # the blocklist went away in a reload while the batch was on its way
+                log.error("jail %s: blocklist %r no longer exists; %d bans not applied", jail, blocklist,
+                          sum(len(bs) for bs in by_version.values()))
+                refused.update((v, k) for v, ks in keys.items() for k in ks)
+            for v, bs in by_version.items():
+                for b in bs:
+                    if (v, int(b.target.network_address)) in refused:
+                        self._refused(b)
+                    else:
+                        applied.append(b)
+        if ranges or history:
+            results = await self.enforcer.apply(ranges, now=now, started=arrival, history=history)
+            for b, r in zip(ranges, results, strict=True):
+                if r.code is None:
+                    applied.append(b)
+                else:
+                    self._refused(b)
+        self.stats.applied += len(applied)
+        return applied
+
+    def _refused(self, ban: Ban) -> None:
+        self.stats.refused += 1
+        self.ledger.forget_ban(ban.target, jail=ban.jail or None)

@@ -1,0 +1,133 @@
+"""The ban sink (kernel/sink.py) on the in-memory SetWriter and the real tracker: one path for any batch
+size, refusals forgotten by the tracker, recidive fed in a loop, failures never fatal, shutdown drains."""
+
+from __future__ import annotations
+
+import asyncio
+import errno as E
+import ipaddress
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from nftblockd.allowlist import build_allowlist
+from nftblockd.config import parse_config
+from nftblockd.detect.tracker import JailPolicy, Kind, Tracker
+from nftblockd.events import Ban, Hit
+from nftblockd.kernel.enforcer import Enforcer
+from nftblockd.kernel.ruleset import plan_ruleset
+from nftblockd.kernel.sink import JailBanSink
+from tests.helpers.fakekernel import FakeSetWriter
+
+T0 = 1_900_000_000.0
+CONFIG = "blocklists: {default: {}, long: {}}\nallowlist: [10.0.0.0/8]\nallowlist_self: false\n"
+
+
+class Rig:
+    def __init__(self, sink: JailBanSink, tracker: Tracker, fake: FakeSetWriter) -> None:
+        self.sink, self.tracker, self.fake = sink, tracker, fake
+
+    def fail(self, host: str, **kw: Any) -> list[Ban]:
+        """One failure from `host` in sshd (maxretry 1): the bans the tracker decides."""
+        out = self.tracker.observe(Hit("sshd", ipaddress.ip_address(host), T0, ""), T0, **kw)
+        return [out.ban] if out.kind is Kind.BANNED and out.ban is not None else []
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    cfg = parse_config(CONFIG)
+    plan = plan_ruleset(cfg)
+    fake = FakeSetWriter(plan, clock=lambda: T0)
+    allow = build_allowlist(cfg.allowlist, include_self=False)
+    enforcer = Enforcer(cfg, plan, allow, lambda: fake)
+    tracker = Tracker([JailPolicy("sshd", maxretry=1, bantime=3600.0, blocklist="default"),
+                       JailPolicy("sshd6", maxretry=1, bantime=3600.0, blocklist="default", ipv6_prefix=64),
+                       JailPolicy("recidive", recidive=True, maxretry=2, findtime=86400.0, bantime=86400.0,
+                                  blocklist="long")], allow)
+    sink = JailBanSink(enforcer, tracker, max_batches=4, clock=lambda: T0)
+    await enforcer.start()
+    stop = asyncio.Event()
+    batcher = asyncio.create_task(enforcer.batcher.run(stop))
+    try:
+        yield Rig(sink, tracker, fake)
+    finally:
+        stop.set()
+        await batcher
+        await enforcer.close()
+
+
+async def run_sink(rig: Rig, *batches: list[Ban]) -> None:
+    task = asyncio.create_task(rig.sink.run())
+    for bans in batches:
+        await rig.sink.submit(bans, [], 0.0)
+    await rig.sink.close()
+    await asyncio.wait_for(task, 10)  # a bound, not a pace: run() returns once it reaches the end marker
+
+
+def k(addr: str) -> int:
+    return int(ipaddress.ip_address(addr))
+
+
+async def test_one_ban_and_a_burst_take_the_same_single_transaction_path(rig: Rig) -> None:
+    one = rig.fail("192.0.2.1")
+    burst = [b for i in range(2, 200) for b in rig.fail(f"192.0.2.{i}")]
+    await run_sink(rig, one, burst)
+    assert len(rig.fake.transactions) == 2  # one kernel transaction per batch, whatever its size
+    assert len(rig.fake.elements("default_ip4")) == 199
+    assert rig.sink.stats.applied == 199 and rig.sink.stats.batches == 2
+
+
+async def test_ranges_go_to_the_interval_set(rig: Rig) -> None:
+    bans = [b for b in [rig.tracker.observe(Hit("sshd6", ipaddress.ip_address("2001:db8:1:2::5"), T0, ""),
+                                            T0).ban] if b is not None]
+    assert bans and bans[0].target.prefixlen == 64
+    await run_sink(rig, bans)
+    assert len(rig.fake.elements("default_net6")) == 1
+
+
+async def test_a_ban_the_kernel_refuses_is_forgotten_so_the_next_failure_bans_again(rig: Rig) -> None:
+    rig.fake.fail[("default_ip4", k("192.0.2.7"))] = E.ENOMEM
+    await run_sink(rig, rig.fail("192.0.2.7"))
+    assert rig.fake.elements("default_ip4") == set()
+    assert rig.sink.stats.refused == 1
+    del rig.fake.fail[("default_ip4", k("192.0.2.7"))]
+    again = rig.fail("192.0.2.7")
+    assert again, "the tracker still believed the address was banned"
+    await run_sink(rig, again)
+    assert rig.fake.elements("default_ip4") == {k("192.0.2.7")}
+
+
+async def test_applied_bans_feed_recidive_whose_bans_are_applied_too(rig: Rig) -> None:
+    await run_sink(rig, rig.fail("192.0.2.9"))
+    rig.tracker.forget_ban(ipaddress.ip_network("192.0.2.9/32"), jail="sshd")  # e.g. a manual unban
+    await run_sink(rig, rig.fail("192.0.2.9"))
+    assert rig.fake.elements("long_ip4") == {k("192.0.2.9")}  # second sshd ban -> recidive
+
+
+async def test_a_failing_batch_is_logged_forgotten_and_the_sink_goes_on(rig: Rig,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = 0
+    real = rig.sink.enforcer.ban_hosts
+
+    async def flaky(*a: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("netlink socket lost")
+        return await real(*a, **kw)
+
+    monkeypatch.setattr(rig.sink.enforcer, "ban_hosts", flaky)
+    first = rig.fail("192.0.2.20")
+    second = rig.fail("192.0.2.21")
+    await run_sink(rig, first, second)
+    assert rig.sink.stats.errors == 1
+    assert rig.fake.elements("default_ip4") == {k("192.0.2.21")}
+    assert rig.fail("192.0.2.20"), "the failed batch's ban must be forgotten by the tracker"
+
+
+async def test_submit_nowait_refuses_when_the_queue_is_full(rig: Rig) -> None:
+    for i in range(4):
+        assert rig.sink.submit_nowait(rig.fail(f"192.0.2.{30 + i}"), [], 0.0)
+    assert not rig.sink.submit_nowait(rig.fail("192.0.2.40"), [], 0.0)
+    assert rig.sink.pending() == 4
