@@ -249,6 +249,9 @@ class Daemon:
             if self.feeds is not None:
                 self.notifier.status("loading cached feeds")
                 restored += await self.feeds.load_caches()
+            # bans the kernel still holds that the state database lost (or never saved) are adopted, not
+            # deleted, before anything else looks at the state
+            await self.enforcer.reconcile()
         finally:
             batcher_stop.set()
             await batcher

@@ -147,7 +147,7 @@ class Hit(NamedTuple):
     line: str = ""
 
 
-Origin: TypeAlias = Literal["cli", "jail", "feed", "fail2ban", "store", "remote"]
+Origin: TypeAlias = Literal["cli", "jail", "feed", "fail2ban", "store", "remote", "kernel"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -302,7 +302,7 @@ class ControlAPI:
             "errors": {"kernel": {str(k): v for k, v in e.counters.kernel_errors.items()},
                        "set_full": e.counters.set_full, "refused": e.counters.refused,
                        "allowlisted": e.counters.allowlisted, "rebuilds": e.counters.rebuilds,
-                       "drift_repaired": e.counters.drift_repaired},
+                       "drift_repaired": e.counters.drift_repaired, "adopted": e.counters.adopted},
             "jails": [],
             "feeds": self._feeds() if self._feeds else [],
         }

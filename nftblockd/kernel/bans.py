@@ -408,6 +408,32 @@ class BanState:
                 f"{format_target(unban.target)} is not banned itself; it lies inside {', '.join(covering)}"))
         return Change(Outcome.NOT_FOUND, message=f"{format_target(unban.target)} is not banned")
 
+    def adopt(self, set_name_: str, remaining_ms: dict[int, int | None], now: float) -> list[int]:
+        """Take in elements the kernel holds that the state does not know, each ending when the kernel's own
+        timeout says (remaining ms from `now`; None: permanent). Returns the keys adopted.
+
+        The kernel is a witness: after a lost or damaged state database, or a forward jump of the wall
+        clock that made the state forget bans the kernel still enforces, these are real bans. A range that
+        overlaps one the state holds is left alone (the kernel cannot hold both; the dump raced a change).
+        """
+        entries = self.sets[set_name_]
+        meta = self._intern(("kernel", "adopted from the kernel", "", ""))
+        now_ms = int(now * 1000)
+        adopted = []
+        for key, remaining in remaining_ms.items():
+            if key in entries.entries:
+                continue
+            if entries.spec.interval:
+                first, last = range_of(key, entries.spec.version)
+                if entries.containing(first, last) is not None or entries.inside(first, last):
+                    continue
+                entries.index_add(key)
+            until_ms = None if remaining is None else now_ms + max(remaining, 1)
+            self._due(until_ms)
+            entries.entries[key] = _pack(until_ms, meta)
+            adopted.append(key)
+        return adopted
+
     def forget(self, set_name_: str, key: int) -> None:
         """Drop an entry the kernel refused (the ban did not happen)."""
         entries = self.sets[set_name_]

@@ -91,6 +91,7 @@ class Counters:
     set_full: int = 0
     rebuilds: int = 0
     drift_repaired: int = 0
+    adopted: int = 0  # elements found in our sets that the state did not know, taken in (see reconcile)
     last_batch_seconds: float = 0.0
 
 
@@ -541,37 +542,63 @@ class Enforcer:
             self.state.forget(f.set_name, f.key)
         self.generation = self._writer().last_generation
 
-    async def reconcile(self) -> int:
-        """Compare element counts; dump and repair only the sets that disagree. Returns elements repaired."""
-        now = time.time()
+    async def reconcile(self, now: float | None = None) -> int:
+        """Compare element counts; dump and repair only the sets that disagree. Returns elements repaired.
+
+        An element the state lacks is adopted, not deleted (the kernel is a witness: a lost state database
+        or a forward clock jump must not unban anyone), except in feed-owned sets, which hold exactly their
+        feeds' entries. An element the kernel lacks is re-added. Adoptions are logged, counted and saved.
+        """
+        now = time.time() if now is None else now
         self.state.expire(now)
         counts = await self.kernel(self._writer().set_counts)
         ours = self.state.counts()
+        feed_owned = {f.blocklist for f in self.cfg.feeds}
         repaired = 0
+        adopted_bans: list[Ban] = []
         for name, expected in ours.items():
             have = counts.get(name)
             if have is None or have == expected:
                 continue
             # expired-but-uncollected elements still count (F2.6): only a dump tells the truth
             kernel_keys = await self.kernel(self._writer().dump_keys, name)
+            spec = self.plan.set(name)
             async with self._lock:
-                entries = self.state.sets[name].entries
-                missing = [k for k in entries if k not in kernel_keys]
-                extra = [k for k in kernel_keys if k not in entries]
+                entries = self.state.sets[name]
+                missing = [k for k in entries.entries if k not in kernel_keys]
+                extra = [k for k in kernel_keys if k not in entries.entries]
+                adopted: list[int] = []
+                if extra and spec.blocklist not in feed_owned:
+                    adopted = self.state.adopt(name, {k: kernel_keys[k] for k in extra}, now)
+                    taken = set(adopted)
+                    extra = [k for k in extra if k not in taken]
                 batches: list[tuple[str, Sequence[int], OpSpec]] = list(
                     self.state.all_groups([name], set(missing))) if missing else []
                 if extra:
                     batches.append((name, extra, DELETE))
                 fut = await self.batcher.submit_many(batches) if batches else None
+            if adopted:
+                log.warning("set %s holds %d bans that nftblockd's state did not know (state database lost or "
+                            "damaged, or the clock jumped); adopted them with their remaining kernel timeouts",
+                            name, len(adopted))
+                for k in adopted:
+                    info = self.state.info(entries, k)
+                    adopted_bans.append(Ban(info.target, info.blocklist, info.until, "kernel", info.reason))
             if fut is not None:
                 await fut
                 repaired += len(missing) + len(extra)
                 log.warning("set %s drifted from nftblockd's state: re-added %d, removed %d", name,
                             len(missing), len(extra))
         self.counters.drift_repaired += repaired
-        if self.metrics is not None and repaired:
-            self.metrics.drift.inc(repaired)
-        return repaired
+        self.counters.adopted += len(adopted_bans)
+        if self.metrics is not None:
+            if repaired:
+                self.metrics.drift.inc(repaired)
+            if adopted_bans:
+                self.metrics.adopted.inc(len(adopted_bans))
+        if adopted_bans and self.persist is not None:
+            await self.persist(adopted_bans, [], [], [], [])
+        return repaired + len(adopted_bans)
 
     async def kernel_counts(self) -> dict[str, int | None]:
         return await self.kernel(self._writer().set_counts)

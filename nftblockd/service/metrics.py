@@ -53,6 +53,8 @@ class Metrics:
         self.rebuilds = Counter("nftblock_rebuilds", "Times the table was rebuilt after outside changes",
                                 registry=r)
         self.drift = Counter("nftblock_drift_repaired", "Elements re-added or removed by reconcile", registry=r)
+        self.adopted = Counter("nftblock_adopted", "Elements found in nftblockd's sets that its state did not know "
+                               "(lost state database, clock jump), adopted with their kernel timeouts", registry=r)
         self.feed_fetch = Counter("nftblock_feed_fetch", "Feed fetches by result", ["feed", "result"], registry=r)
         self.feed_age = Gauge("nftblock_feed_age_seconds", "Seconds since a feed was last loaded successfully",
                               ["feed"], registry=r)

@@ -17,7 +17,7 @@ from nftblockd.kernel.bans import Outcome
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.state.store import PackedBans
-from tests.helpers.fakekernel import FakeSetWriter
+from tests.helpers.fakekernel import Element, FakeSetWriter
 
 CONFIG = """
 blocklists:
@@ -191,3 +191,49 @@ async def test_reinstall_runs_setup_again_with_the_current_allowlist(rig: Rig) -
     rig.enforcer.allow = build_allowlist([parse_target("192.168.0.0/16")], include_self=False)
     await rig.enforcer.reinstall()
     assert rig.fake.setups == 2 and [str(n) for n in rig.fake.allowlist] == ["192.168.0.0/16"]
+
+
+async def test_reconcile_adopts_kernel_bans_the_state_lost_with_their_kernel_timeouts(rig: Rig) -> None:
+    now = rig.fake.clock()
+    await rig.enforcer.apply([ban("203.0.113.7", now + 3600), ban("198.18.0.0/15", None)], now=now)
+    rig.saved.saves.clear()
+    # the state forgets everything (a truncated database at the last restart, say); the kernel still has it
+    rig.enforcer.state.sets["default_ip4"].entries.clear()
+    rig.enforcer.state.forget("default_net4", next(iter(rig.enforcer.state.sets["default_net4"].entries)))
+    assert await rig.enforcer.reconcile(now=now) == 2
+    assert rig.fake.elements("default_ip4") == {key("203.0.113.7")}  # nothing was deleted
+    assert len(rig.fake.sets["default_net4"]) == 1
+    infos = {str(b.target): b for b in rig.enforcer.state.iter_bans()}
+    assert infos["203.0.113.7/32"].origin == "kernel"
+    assert infos["203.0.113.7/32"].until == pytest.approx(now + 3600, abs=1)  # the kernel's remaining time
+    assert infos["198.18.0.0/15"].until is None
+    assert sorted(str(b.target) for b in rig.saved.saves) == ["198.18.0.0/15", "203.0.113.7/32"]
+    assert rig.enforcer.counters.adopted == 2
+
+
+async def test_a_forward_clock_jump_does_not_unban_what_the_kernel_still_enforces(rig: Rig) -> None:
+    now = rig.fake.clock()
+    await rig.enforcer.apply([ban("203.0.113.8", now + 3600)], now=now)
+    # the wall clock jumps a day ahead (NTP step, VM resume): the state thinks the ban ended ...
+    assert await rig.enforcer.reconcile(now=now + 86400) == 1
+    # ... but the kernel's element is still there (its timeout runs on the kernel's own clock): kept
+    assert rig.fake.elements("default_ip4") == {key("203.0.113.8")}
+    assert [str(b.target) for b in rig.enforcer.state.iter_bans()] == ["203.0.113.8/32"]
+
+
+async def test_feed_owned_sets_are_not_adopted_into() -> None:
+    import asyncio
+
+    cfg = parse_config(CONFIG + "feeds:\n  f: {url: 'https://example.invalid/x', blocklist: small}\n")
+    plan = plan_ruleset(cfg)
+    fake = FakeSetWriter(plan)
+    enforcer = Enforcer(cfg, plan, build_allowlist(cfg.allowlist, include_self=False), lambda: fake)
+    await enforcer.start()
+    stop = asyncio.Event()
+    runner = asyncio.create_task(enforcer.batcher.run(stop))
+    fake.sets["small_ip4"][key("192.0.2.1")] = Element(None, "")
+    assert await enforcer.reconcile() == 1
+    assert fake.elements("small_ip4") == set()  # a feed set holds exactly its feed's entries
+    stop.set()
+    await runner
+    await enforcer.close()

@@ -1,0 +1,66 @@
+"""The kernel is a witness: a lost or damaged state database, or a wall-clock jump, never unbans anyone.
+
+Each test bans through the CLI, damages what the daemon remembers, restarts it, and checks the kernel set
+still holds every ban (and that the daemon knows them again, with their kernel timeouts, and says so).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.daemon import DaemonProc
+from tests.helpers.netns import NetNS
+
+CONFIG = """
+blocklists:
+  default: {timeout: 1h}
+reconcile: {interval: 1s}
+allowlist_self: false
+jails: {}
+"""
+ADDRESSES = [f"203.0.113.{i}" for i in range(1, 41)] + ["198.18.0.0/15", "2001:db8:bad::/48"]
+
+
+def damage(db: Path, how: str) -> None:
+    size = db.stat().st_size
+    if how == "zero-length":
+        db.write_bytes(b"")
+    elif how == "half":
+        with db.open("r+b") as f:
+            f.truncate(size // 2)
+    else:  # random bytes over the whole file
+        db.write_bytes(os.urandom(size))
+    for suffix in ("-wal", "-shm"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("how", ["zero-length", "half", "random"])
+def test_a_damaged_state_database_does_not_unban_what_the_kernel_holds(netns: NetNS, tmp_path: Path,
+                                                                        how: str) -> None:
+    d = DaemonProc(netns, tmp_path / "d", CONFIG).start()
+    try:
+        r = d.cli("ban", "--timeout", "30m", *ADDRESSES)
+        assert r.returncode == 0, r.stderr
+        assert d.stop() == 0
+        damage(Path(d.state_dir) / "state.db", how)
+        d.start()
+        host4 = netns.set_elements("nftblock", "default_ip4")
+        assert len(host4) == 40
+        assert "198.18.0.0/15" in netns.set_elements("nftblock", "default_net4")
+        assert "2001:db8:bad::/48" in netns.set_elements("nftblock", "default_net6")
+        listed = {b["target"]: b for b in d.cli_json("list")["bans"]}
+        assert set(listed) >= {"203.0.113.1", "198.18.0.0/15", "2001:db8:bad::/48"}
+        assert listed["203.0.113.1"]["origin"] == "kernel"
+        assert 1500 < listed["203.0.113.1"]["expires_in"] <= 1800  # the kernel's own remaining time
+        assert d.cli_json("status")["errors"]["adopted"] == 42
+        assert "adopted them with their remaining kernel timeouts" in d.log()
+        # the next reconcile rounds leave them alone, and a second restart finds them saved again
+        assert d.stop() == 0
+        d.start()
+        assert len(netns.set_elements("nftblock", "default_ip4")) == 40
+        assert d.cli_json("status")["errors"]["adopted"] == 0
+    finally:
+        d.close()
