@@ -32,7 +32,7 @@ from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.matcher import Filter, FilterError
 from nftblockd.detect.tracker import JailPolicy, Tracker
-from nftblockd.events import Ban, Decision, IPAddr, IPNet, Origin, Unban
+from nftblockd.events import Ban, Decision, IPAddr, Origin, Unban
 from nftblockd.kernel.bans import Outcome
 from nftblockd.kernel.enforcer import Enforcer, Result
 from nftblockd.kernel.ruleset import plan_ruleset
@@ -42,7 +42,9 @@ from nftblockd.service.loops import every
 from nftblockd.service.metrics import Metrics, MetricsServer
 from nftblockd.service.sdnotify import Notifier, watchdog_loop
 from nftblockd.sources.base import MemoryPositionStore
-from nftblockd.state.store import CompactBans, PackedBans, Store, StoreError, StoreProblem, unpack_target
+from nftblockd.state.change import StateChange
+from nftblockd.state.persister import Persister, PersistStatus
+from nftblockd.state.store import CompactBans, Store, StoreError, StoreProblem, unpack_target
 
 log = logging.getLogger("nftblockd")
 T = TypeVar("T")
@@ -135,13 +137,12 @@ class Daemon:
         self.metrics_server: MetricsServer | None = None
         self.filters = build_filters(cfg)
         self.store: Store | None = None
-        self._persist_queue: list[tuple[tuple[Any, ...], asyncio.Future[None]]] = []
-        self._persist_task: asyncio.Task[None] | None = None
+        self.persister = Persister(self._write_change, on_state=self._persist_state)
         self._saved: tuple[CompactBans, float, float] | None = None
         self._store_exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nftblockd-store")
         self.enforcer = Enforcer(cfg, self.plan, self.allow,
                                  lambda: KernelWriter(self.plan, protect=cfg.protect_table), metrics=self.metrics,
-                                 persist=self.persist, on_change=self._changed)
+                                 persist=self.persister.save, on_change=self._changed)
         self.tracker = self._tracker(cfg)
         self.sink = JailBanSink(self.enforcer, self.tracker)
         self.jails: list[JailRunner] = []
@@ -188,42 +189,16 @@ class Daemon:
         # quick_check runs after READY (`verify`): damage in the bans table is met by the load itself
         self.store = await self.store_call(Store.open, path, on_problem=problem, verify=False)
 
-    async def persist(self, saves: list[Ban], deletes: list[tuple[str, IPNet]],
-                      history: list[tuple[str, str, float, float | None]], packed: list[PackedBans],
-                      packed_deletes: list[tuple[str, list[bytes]]]) -> None:
-        """Write a change before its request is acknowledged. Group commit: changes that arrive while a write
-        is in progress share the next transaction (one fsync for many requests under load)."""
+    async def _write_change(self, change: StateChange) -> None:
+        """One store transaction (the persister groups and orders them)."""
         if self.store is None:
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._persist_queue.append(((saves, deletes, history, packed, packed_deletes), fut))
-        if self._persist_task is None or self._persist_task.done():
-            self._persist_task = asyncio.create_task(self._persist_drain())
-        await fut
+        await self.store_call(self.store.apply, save=change.saves, delete=change.deletes, history=change.history,
+                              save_packed=change.packed_saves, delete_packed=change.packed_deletes)
 
-    async def _persist_drain(self) -> None:
-        assert self.store is not None
-        while self._persist_queue:
-            # A change that deletes must not be merged after saves of the same key (the store runs a call's
-            # deletions first): it starts a new transaction.
-            n = 1
-            while n < len(self._persist_queue) and not (self._persist_queue[n][0][1] or self._persist_queue[n][0][4]):
-                n += 1
-            batch, self._persist_queue = self._persist_queue[:n], self._persist_queue[n:]
-            parts = [b[0] for b in batch]
-            try:
-                await self.store_call(self.store.apply, save=[x for p in parts for x in p[0]],
-                                      delete=[x for p in parts for x in p[1]],
-                                      history=[x for p in parts for x in p[2]],
-                                      save_packed=[x for p in parts for x in p[3]],
-                                      delete_packed=[x for p in parts for x in p[4]])
-            except StoreError as exc:  # the kernel has the bans; say loudly that they will not survive a restart
-                log.error("could not save %d changes: %s", len(batch), exc)
-            except Exception:
-                log.exception("saving %d changes failed", len(batch))
-            for _p, f in batch:
-                if not f.done():
-                    f.set_result(None)
+    def _persist_state(self, st: PersistStatus) -> None:
+        self.metrics.state_unsaved.set(st.unsaved_changes)
+        self.metrics.state_degraded.set(1 if st.degraded else 0)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -277,6 +252,8 @@ class Daemon:
                                      "reconcile"), name="reconcile")
                 tg.create_task(every(lambda: 60.0, self.stop, self._housekeeping_round, "housekeeping"),
                                name="housekeeping")
+                tg.create_task(every(lambda: 5.0, self.stop, self.persister.retry, "saving state changes"),
+                               name="persist-retry")
                 tg.create_task(self._reloads(), name="reload")
                 tg.create_task(watchdog_loop(self.notifier, self.stop, self._healthy), name="watchdog")
                 jail_tasks = [tg.create_task(j.run(), name=f"jail-{j.jail.name}") for j in self.jails]
@@ -303,8 +280,7 @@ class Daemon:
                 if self.metrics_server is not None:
                     await self.metrics_server.close()
         finally:
-            if self._persist_task is not None:
-                await self._persist_task
+            await self.persister.flush()
             await self.enforcer.close()
             if self.store is not None:
                 await self.store_call(self.store.close)
@@ -337,7 +313,10 @@ class Daemon:
                                       for s in j.sources]})
         store = None
         if self.store is not None:
-            store = {"path": str(Path(self.cfg.state_dir) / "state.db"), "persistent": self.store.persistent}
+            saving = self.persister.status()
+            store = {"path": str(Path(self.cfg.state_dir) / "state.db"), "persistent": self.store.persistent,
+                     "degraded": saving.degraded, "unsaved_changes": saving.unsaved_changes,
+                     "last_error": saving.last_error, "degraded_since": saving.degraded_since}
         return {"jails": jails, "tracker": {"tracked": self.tracker.tracked}, "store": store}
 
     def _changed(self, decisions: Sequence[Decision], results: Sequence[Result]) -> None:

@@ -34,16 +34,12 @@ from nftblockd.kernel.ruleset import Ruleset
 from nftblockd.kernel.setwriter import Features, SetWriter
 from nftblockd.service.logsetup import quote
 from nftblockd.service.metrics import Metrics
-from nftblockd.state.store import PackedBans
+from nftblockd.state.change import PackedBans, StateChange
 
 log = logging.getLogger("nftblockd.enforcer")
 audit_log = logging.getLogger("nftblockd.audit")
 T = TypeVar("T")
-# (bans to save, (blocklist, target) to delete, history rows, bulk saves, bulk deletes): written before a
-# request is acknowledged. Bulk forms carry packed addresses (store.PackedBans): building a million
-# ipaddress objects just to store them would cost seconds.
-Persist = Callable[[list[Ban], list[tuple[str, IPNet]], list[tuple[str, str, float, float | None]],
-                    list[PackedBans], list[tuple[str, list[bytes]]]], Awaitable[None]]
+Persist = Callable[[StateChange], Awaitable[None]]  # written before a request is acknowledged
 
 AUDIT_LINES_PER_REQUEST = 50  # beyond this, a bulk request gets one summary line instead of a flood
 AUDIT_LINES_PER_SECOND = 10.0  # and over time: a flood of small requests (a jail's burst) is summarised too
@@ -262,7 +258,7 @@ class Enforcer:
                 deletes.append((d.blocklist, d.target))
         if saves or deletes or history:
             assert self.persist is not None
-            await self.persist(saves, deletes, history, [], [])
+            await self.persist(StateChange(saves, deletes, history))
 
     async def ban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]], until: float | None, *,
                         origin: str = "cli", reason: str = "", jail: str = "", comment: str = "",
@@ -314,7 +310,7 @@ class Enforcer:
                 size = 4 if c.set_name.endswith("4") else 16
                 packed.append((blocklist, [k.to_bytes(size, "big") for part in (c.new, c.extended) for k in part
                                            if (c.set_name, k) not in out.failed], until, origin, reason, jail))
-            await self.persist([], [], list(history), packed, [])
+            await self.persist(StateChange(history=list(history), packed_saves=packed))
         if jail:
             # a jail's bans read like one-by-one ones in the audit log, within the same budget
             shown = 0
@@ -420,7 +416,7 @@ class Enforcer:
         if self.persist is not None and n:
             gone = [(blocklist, [k.to_bytes(4 if name.endswith("4") else 16, "big") for k in removed])
                     for name, removed, _missing in results]
-            await self.persist([], [], [], [], gone)
+            await self.persist(StateChange(packed_deletes=gone))
         self.counters.unbans += n
         if self.metrics is not None:
             self.metrics.unbans.labels("cli").inc(n)
@@ -597,7 +593,7 @@ class Enforcer:
             if adopted_bans:
                 self.metrics.adopted.inc(len(adopted_bans))
         if adopted_bans and self.persist is not None:
-            await self.persist(adopted_bans, [], [], [], [])
+            await self.persist(StateChange(adopted_bans))
         return repaired + len(adopted_bans)
 
     async def kernel_counts(self) -> dict[str, int | None]:

@@ -53,6 +53,10 @@ class Metrics:
         self.rebuilds = Counter("nftblock_rebuilds", "Times the table was rebuilt after outside changes",
                                 registry=r)
         self.drift = Counter("nftblock_drift_repaired", "Elements re-added or removed by reconcile", registry=r)
+        self.state_unsaved = Gauge("nftblock_state_unsaved_changes", "State changes enforced in the kernel but "
+                                   "not yet saved to the state database (retried every 5 s)", registry=r)
+        self.state_degraded = Gauge("nftblock_state_degraded", "1 while saving to the state database fails",
+                                    registry=r)
         self.adopted = Counter("nftblock_adopted", "Elements found in nftblockd's sets that its state did not know "
                                "(lost state database, clock jump), adopted with their kernel timeouts", registry=r)
         self.feed_fetch = Counter("nftblock_feed_fetch", "Feed fetches by result", ["feed", "result"], registry=r)

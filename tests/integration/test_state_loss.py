@@ -6,13 +6,15 @@ still holds every ban (and that the daemon knows them again, with their kernel t
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.daemon import DaemonProc
-from tests.helpers.netns import NetNS
+from tests.helpers.netns import NetNS, wait_for
 
 CONFIG = """
 blocklists:
@@ -64,3 +66,36 @@ def test_a_damaged_state_database_does_not_unban_what_the_kernel_holds(netns: Ne
         assert d.cli_json("status")["errors"]["adopted"] == 0
     finally:
         d.close()
+
+
+def test_disk_full_is_a_visible_degraded_state_that_catches_up(netns: NetNS, tmp_path: Path) -> None:
+    d = DaemonProc(netns, tmp_path / "d", CONFIG)
+    state = Path(d.state_dir)
+    state.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(state)], check=True)
+    try:
+        d.start()
+        filler = state / "filler"
+        with filler.open("wb", buffering=0) as f:  # fill the file system to the last block
+            with contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * 4096)
+        bans = [f"198.51.100.{i}" for i in range(1, 21)]
+        for b in bans:
+            r = d.cli("ban", "--timeout", "1h", b)
+            assert r.returncode == 0, r.stderr  # enforced and acknowledged: the kernel has it
+        assert len(netns.set_elements("nftblock", "default_ip4")) == 20
+        store = d.cli_json("status")["store"]
+        assert store["degraded"] and store["unsaved_changes"] >= 1 and "full" in store["last_error"]
+        assert "could not save state changes" in d.log()
+        filler.unlink()
+        wait_for(lambda: not d.cli_json("status")["store"]["degraded"], timeout=15, what="the retry to save")
+        assert d.cli_json("status")["store"]["unsaved_changes"] == 0
+        assert d.stop() == 0
+        d.start()
+        listed = {b["target"]: b for b in d.cli_json("list")["bans"]}
+        assert set(listed) == set(bans)
+        assert {b["origin"] for b in listed.values()} == {"cli"}  # saved, not merely adopted from the kernel
+    finally:
+        d.close()
+        subprocess.run(["umount", "-l", str(state)], check=False)

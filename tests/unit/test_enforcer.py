@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno as E
 import ipaddress
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -16,7 +15,7 @@ from nftblockd.events import Ban, IPNet, Unban, parse_target
 from nftblockd.kernel.bans import Outcome
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.ruleset import plan_ruleset
-from nftblockd.state.store import PackedBans
+from nftblockd.state.change import PackedBans, StateChange
 from tests.helpers.fakekernel import Element, FakeSetWriter
 
 CONFIG = """
@@ -37,12 +36,11 @@ class Saved:
         self.packed: list[PackedBans] = []
         self.packed_deletes: list[tuple[str, list[bytes]]] = []
 
-    async def __call__(self, saves: list[Ban], deletes: list[tuple[str, IPNet]], history: list[Any],
-                       packed: list[PackedBans], packed_deletes: list[tuple[str, list[bytes]]]) -> None:
-        self.saves += saves
-        self.deletes += deletes
-        self.packed += packed
-        self.packed_deletes += packed_deletes
+    async def __call__(self, change: StateChange) -> None:
+        self.saves += change.saves
+        self.deletes += change.deletes
+        self.packed += change.packed_saves
+        self.packed_deletes += change.packed_deletes
 
 
 class Rig:
