@@ -460,8 +460,10 @@ def _cmd_status(ctx: _Context, ns: argparse.Namespace) -> int:
         ctx.print("jails:")
         for j in jails:
             if isinstance(j, Mapping):
-                rest = {k: v for k, v in j.items() if k != "name"}
+                rest = {k: v for k, v in j.items() if k not in ("name", "missing")}
                 ctx.print(f"  {j.get('name', '?')}: {_kv(rest)}" if rest else f"  {j.get('name', '?')}")
+                for why in j.get("missing") or ():  # a jail reading nothing must not look healthy
+                    ctx.print(f"    not found: {why}")
             else:
                 ctx.print(f"  {j}")
     feeds = result.get("feeds") or []

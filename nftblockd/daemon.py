@@ -103,20 +103,42 @@ def _origin(text: str) -> Origin:
     return text if text in ("cli", "jail", "feed", "fail2ban", "store", "remote") else "store"  # type: ignore
 
 
-def build_filters(cfg: Config) -> dict[str, Filter]:
-    """Compile every enabled jail's filter; a bad one is a config error with the jail's file and line."""
+def compile_filters(cfg: Config) -> tuple[dict[str, Filter], list[Problem]]:
+    """Compile every enabled jail's filter; a bad one is a problem with the jail's file and line."""
     out: dict[str, Filter] = {}
     problems = []
     for j in cfg.jails:
-        if not j.enabled or j.recidive:
+        if not j.enabled or j.recidive or not j.filter:
             continue
         try:
             out[j.name] = load_filter(j.filter, search_dirs=(Path(cfg.file).parent / "filter.d",
                                                              Path("/etc/nftblockd/filter.d")))
         except FilterError as exc:
             problems.append(Problem(cfg.file, j.filter_line or j.line, f"jails.{j.name}.filter", str(exc)))
+    return out, problems
+
+
+def build_filters(cfg: Config) -> dict[str, Filter]:
+    """compile_filters, raising ConfigError for any problem."""
+    out, problems = compile_filters(cfg)
     if problems:
         raise ConfigError(problems)
+    return out
+
+
+def log_file_warnings(cfg: Config) -> list[Problem]:
+    """A warning for each log file (or glob) of an enabled jail that names nothing now: the daemon follows it
+    once it appears, but until then the jail reads nothing from it."""
+    from .sources.tail import missing_files
+
+    out = []
+    for j in cfg.jails:
+        if not j.enabled:
+            continue
+        for i, pattern in enumerate(j.files):
+            for why in missing_files([pattern]):
+                out.append(Problem(cfg.file, cfg.lines.get(("jails", j.name, "files", i), j.line),
+                                   f"jails.{j.name}.files", why + " (followed once it appears)", warning=True))
     return out
 
 
@@ -333,6 +355,7 @@ class Daemon:
                           "ignored": st.ignored, "rejected": st.rejected, "failures": st.failures,
                           "bans": st.bans, "already_banned": st.already_banned, "allowlisted": st.allowlisted,
                           "stale": st.stale, "banned_now": self.tracker.banned_count(j.jail.name),
+                          "missing": [why for s in j.sources for why in getattr(s, "missing", list)()],
                           "sources": [{"name": getattr(s, "name", ""), **dataclasses.asdict(s.stats)}
                                       for s in j.sources]})
         store = None
