@@ -180,6 +180,9 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
 
     add("status", _cmd_status, "show the daemon's state: sets, batches, errors, jails, feeds")
 
+    add("reload", _cmd_reload, "reload the daemon's config and wait for its verdict (exit 1 if refused); "
+        "systemd's ExecReload runs this")
+
     sp = add("check", _cmd_check, "is this address banned (where, why, for how long) or allowlisted?")
     sp.add_argument("target", metavar="ADDR")
 
@@ -429,6 +432,15 @@ def _cmd_feeds(ctx: _Context, ns: argparse.Namespace) -> int:
         ctx.print("no feeds configured")
         return EXIT_OK
     _table(ctx, _FEED_HEADER, _feed_rows(feeds, time.time()))
+    return EXIT_OK
+
+
+def _cmd_reload(ctx: _Context, ns: argparse.Namespace) -> int:
+    result = ctx.call("reload", {})  # a refusal is a RemoteError: its message, exit 1
+    if ctx.json:
+        ctx.print_json(result)
+    else:
+        ctx.print(str(result.get("message") or "configuration reloaded"))
     return EXIT_OK
 
 

@@ -55,6 +55,14 @@ STUCK_AFTER = 30.0  # seconds: kernel ops pending this long, or no successful ke
 
 
 @dataclass(frozen=True, slots=True)
+class Verdict:
+    """What became of a reload: `message` is one sentence (or a config error list) for the operator."""
+
+    ok: bool
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class Overrides:
     socket: str | None = None
     state_dir: str | None = None
@@ -151,6 +159,8 @@ class Daemon:
         self.notifier = notifier or Notifier.from_env()
         self.stop = asyncio.Event()
         self.reload_requested = asyncio.Event()
+        self._reload_lock = asyncio.Lock()
+        self.last_reload = Verdict(True, "not reloaded since start")
         self.plan = plan_ruleset(cfg)
         self.allow = self._allowlist(cfg)
         self.metrics = Metrics()
@@ -174,7 +184,7 @@ class Daemon:
             self.feeds = FeedManager(cfg, self.enforcer, Path(cfg.state_dir) / "feeds", self.metrics)
 
         self.api = ControlAPI(self.enforcer, default_blocklist=self._default_blocklist(cfg),
-                              status_extra=self._status_extra)
+                              status_extra=self._status_extra, reload=self._reload_for_api)
         if self.feeds is not None:
             self.api.set_feeds(self.feeds.status, self.feeds.refresh, self.feeds.blocklists())
         self.server: ControlServer | None = None
@@ -369,6 +379,10 @@ class Daemon:
             if isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
                 self.tracker.forget_ban(d.target)
 
+    async def _reload_for_api(self) -> tuple[bool, str]:
+        v = await self.reload_verdict()
+        return v.ok, v.message
+
     def _healthy(self) -> bool:
         """For the watchdog: the kernel thread answers (ops do not wait for ever, the generation check
         succeeds now and then). A stuck kernel thread or a lost netlink socket withholds the pings, so
@@ -507,28 +521,49 @@ class Daemon:
             if self.stop.is_set():
                 return
             self.reload_requested.clear()
+            await self.reload_verdict()
+
+    async def reload_verdict(self) -> Verdict:
+        """Reload (SIGHUP, or the control socket's `reload`, which hands the verdict to `nftblock reload` and
+        so to systemd's ExecReload); one at a time, and never raising: enforcement must survive any reload."""
+        async with self._reload_lock:
             try:
-                await self.reload()
-            except Exception:  # a failed reload must never take enforcement down with it
+                ok = await self.reload()
+            except Exception as exc:
                 log.exception("reload failed; the running configuration stays")
                 self.notifier.ready("reload failed; running the previous config")
+                self.last_reload = Verdict(False, f"reload failed: {exc}; the running configuration stays")
+            else:
+                if ok:
+                    self.last_reload = Verdict(True, f"configuration reloaded from {self.config_path}")
+            return self.last_reload
 
     async def reload(self) -> bool:
-        """Re-read the config; a broken one is refused and the running one stays."""
+        """Re-read the config; a broken one is refused (the reason in `last_reload`) and the running one stays.
+
+        "Changed" means changed in meaning: config values compare without their line numbers, so moving or
+        commenting the file does not refuse a reload."""
         if not self.config_path:
+            self.last_reload = Verdict(False, "no config file to reload (started without --config)")
             return False
         self.notifier.reloading()
         try:
             new = apply_overrides(load_config(self.config_path), self.overrides)
+            build_filters(new)  # a filter that does not compile refuses the reload, as it refuses a start
         except ConfigError as exc:
             log.error("reload refused, the running config stays:\n%s", exc)
             self.notifier.ready("reload refused: config invalid; running the previous config")
+            self.last_reload = Verdict(False, "reload refused, the running config stays: "
+                                              + "; ".join(str(p) for p in exc.problems))
             return False
-        changed_kernel = new.table != self.cfg.table or new.blocklists != self.cfg.blocklists \
-            or new.chain != self.cfg.chain
-        if changed_kernel:
-            log.error("reload refused: table, blocklists or chain changed; restart nftblockd to apply them")
+        changed = [what for what, a, b in (("table", new.table, self.cfg.table),
+                                           ("blocklists", new.blocklists, self.cfg.blocklists),
+                                           ("chain", new.chain, self.cfg.chain)) if a != b]
+        if changed:
+            why = f"{' and '.join(changed)} changed; restart nftblockd to apply"
+            log.error("reload refused: %s", why)
             self.notifier.ready("reload refused: kernel layout changed; restart to apply")
+            self.last_reload = Verdict(False, f"reload refused: {why}")
             return False
         self.cfg = new
         # pyroute2's IPRoute runs its own event loop: keep it off ours
