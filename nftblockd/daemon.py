@@ -33,6 +33,7 @@ from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.matcher import Filter, FilterError
 from nftblockd.detect.tracker import JailPolicy, Tracker
 from nftblockd.events import Ban, Decision, IPAddr, IPNet, Origin, Unban
+from nftblockd.kernel import ownaddr
 from nftblockd.kernel.bans import Outcome
 from nftblockd.kernel.enforcer import Enforcer, Result
 from nftblockd.kernel.ruleset import plan_ruleset
@@ -81,19 +82,11 @@ def apply_overrides(cfg: Config, o: Overrides) -> Config:
 
 def own_addresses() -> list[IPAddr]:
     """The machine's own addresses (never banned when allowlist_self is on), read over rtnetlink."""
-    from pyroute2 import IPRoute
-
-    out: list[IPAddr] = []
     try:
-        with IPRoute() as ipr:
-            for msg in ipr.get_addr():
-                addr = msg.get_attr("IFA_ADDRESS") or msg.get_attr("IFA_LOCAL")
-                if addr:
-                    with contextlib.suppress(ValueError):
-                        out.append(ipaddress.ip_address(addr))
-    except OSError as exc:
+        return ownaddr.own_addresses()
+    except (OSError, ownaddr.DumpError) as exc:
         log.warning("could not read the machine's own addresses: %s", exc)
-    return out
+        return []
 
 
 def _unpack_keys(blob: bytes, size: int) -> list[int]:
@@ -137,7 +130,7 @@ def build_filters(cfg: Config) -> dict[str, Filter]:
 def log_file_warnings(cfg: Config) -> list[Problem]:
     """A warning for each log file (or glob) of an enabled jail that names nothing now: the daemon follows it
     once it appears, but until then the jail reads nothing from it."""
-    from .sources.tail import missing_files
+    from nftblockd.sources.tail import missing_files
 
     out = []
     for j in cfg.jails:
@@ -566,8 +559,7 @@ class Daemon:
             self.last_reload = Verdict(False, f"reload refused: {why}")
             return False
         self.cfg = new
-        # pyroute2's IPRoute runs its own event loop: keep it off ours
-        self.allow = await asyncio.to_thread(self._allowlist, new)
+        self.allow = await asyncio.to_thread(self._allowlist, new)  # a blocking netlink dump: off the loop
         self.enforcer.allow = self.allow
         self.enforcer.cfg = new
         lifted = self.tracker.replace_allowlist(self.allow)
