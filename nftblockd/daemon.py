@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
 import dataclasses
 import gc
 import ipaddress
@@ -184,7 +183,6 @@ class Daemon:
         self._hooks: list[Callable[[], Awaitable[None]]] = []
         self.watch_interval = 0.5
         self._rounds = 0
-        self._evicted = 0
 
     @staticmethod
     def _default_blocklist(cfg: Config) -> str:
@@ -284,6 +282,7 @@ class Daemon:
                                     group=self.cfg.control.group)
         await self.server.start()
         if self.cfg.metrics_listen:
+            self._live_metrics()
             self.metrics_server = MetricsServer(self.metrics, self.cfg.metrics_listen)
             await self.metrics_server.start()
         await self.refresh_gauges()
@@ -468,22 +467,17 @@ class Daemon:
         return n
 
     async def _housekeeping_round(self) -> None:
-        """Once a minute: forget ended bans, export tracker figures; every 15 minutes prune the database (a
-        scan of every saved ban: with a million of them, doing it each minute cost ~1 % CPU while idle)."""
+        """Once a minute: forget ended bans; every 15 minutes prune the database (a scan of every saved ban:
+        with a million of them, doing it each minute cost ~1 % CPU while idle)."""
         now = time.time()
         self._rounds += 1
         self.tracker.sweep(now)
         self.enforcer.state.expire(now)
-        if self.tracker.evictions > self._evicted:
-            self.metrics.tracker_evictions.inc(self.tracker.evictions - self._evicted)
-            self._evicted = self.tracker.evictions
         if self.store is not None and self._rounds % 15 == 0:
             try:
                 await self.store_call(self.store.prune, now, 30 * 86400)
             except StoreError as exc:
                 log.error("pruning the state database failed: %s", exc)
-        for j in self.jails:
-            self.metrics.tracker_addresses.labels(j.jail.name).set(self.tracker.tracked)
 
     async def _check_kernel(self) -> None:
         await self.enforcer.check_kernel()
@@ -494,15 +488,37 @@ class Daemon:
         await self.refresh_gauges()
 
     async def refresh_gauges(self) -> None:
-        """Set sizes as the kernel reports them (what is enforced), next to what nftblockd tracks."""
+        """Set sizes as the kernel reports them (what is enforced), next to what nftblockd tracks. Runs before
+        every scrape: one GETSET dump of our table, whose cost does not grow with the elements (measured
+        in tests/integration/test_metrics.py). A kernel that does not report NFTA_SET_COUNT gets the count
+        of elements it acknowledged."""
         counts = await self.enforcer.kernel_counts()
         tracked = self.enforcer.state.counts()
         for s in self.plan.sets:
             n = counts.get(s.name)
+            if n is None:
+                n = tracked.get(s.name)
             if n is not None:
                 self.metrics.set_elements.labels(s.name, s.blocklist or "allow", f"ipv{s.version}").set(n)
             if s.name in tracked:
                 self.metrics.set_tracked.labels(s.name).set(tracked[s.name])
+
+    def _live_metrics(self) -> None:
+        """Figures other components own, read at scrape time (see service/metrics.py)."""
+        mx = self.metrics
+        mx.before_scrape.append(self.refresh_gauges)
+        mx.tracker_addresses.read = lambda: [((jail,), n) for jail, n in self.tracker.tracked_by_jail().items()]
+        mx.tracker_evictions.read = lambda: [((), self.tracker.evictions)]
+
+        def invalid_lines() -> list[tuple[tuple[str, ...], float]]:
+            by: dict[tuple[str, ...], float] = {}
+            for j in self.jails:
+                for src in j.sources:
+                    for reason, n in (("overlong", src.stats.overlong), ("invalid_utf8", src.stats.invalid_utf8)):
+                        by[(j.jail.name, reason)] = by.get((j.jail.name, reason), 0) + n
+            return list(by.items())
+
+        mx.lines_invalid.read = invalid_lines
 
     async def _reloads(self) -> None:
         while not self.stop.is_set():
