@@ -4,6 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban
 STAMP := $(VENV)/.installed
+PROMTOOL := $(VENV)/bin/promtool
 
 .PHONY: all venv deps demo test bench lint deb clean
 
@@ -23,7 +24,18 @@ $(STAMP): pyproject.toml | deps
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-venv: deps $(STAMP)
+# promtool checks a real metrics scrape and every query of the Grafana dashboard in `make test`. Only the
+# binary is taken from Debian's prometheus package (it depends on libc alone): the package itself would pull
+# ~96 MB of web assets and start a Prometheus server. Put next to the venv's python, where the tests look.
+$(PROMTOOL): | $(STAMP)
+	@echo "extracting promtool from Debian's prometheus package"
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cd "$$tmp" && \
+	{ apt-get download -qq -o APT::Sandbox::User=root prometheus 2>/dev/null || \
+	  { apt-get update -qq && apt-get download -qq -o APT::Sandbox::User=root prometheus; }; } && \
+	dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/promtool > promtool && \
+	chmod 755 promtool && ./promtool --version >/dev/null && mv promtool "$(abspath $(PROMTOOL))"
+
+venv: deps $(STAMP) $(PROMTOOL)
 
 demo: venv
 	$(PY) tools/demo.py

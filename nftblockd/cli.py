@@ -180,6 +180,9 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
 
     add("status", _cmd_status, "show the daemon's state: sets, batches, errors, jails, feeds")
 
+    add("reload", _cmd_reload, "reload the daemon's config and wait for its verdict (exit 1 if refused); "
+        "systemd's ExecReload runs this")
+
     sp = add("check", _cmd_check, "is this address banned (where, why, for how long) or allowlisted?")
     sp.add_argument("target", metavar="ADDR")
 
@@ -432,6 +435,15 @@ def _cmd_feeds(ctx: _Context, ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_reload(ctx: _Context, ns: argparse.Namespace) -> int:
+    result = ctx.call("reload", {})  # a refusal is a RemoteError: its message, exit 1
+    if ctx.json:
+        ctx.print_json(result)
+    else:
+        ctx.print(str(result.get("message") or "configuration reloaded"))
+    return EXIT_OK
+
+
 def _cmd_status(ctx: _Context, ns: argparse.Namespace) -> int:
     result = ctx.call("status", {})
     if ctx.json:
@@ -460,8 +472,10 @@ def _cmd_status(ctx: _Context, ns: argparse.Namespace) -> int:
         ctx.print("jails:")
         for j in jails:
             if isinstance(j, Mapping):
-                rest = {k: v for k, v in j.items() if k != "name"}
+                rest = {k: v for k, v in j.items() if k not in ("name", "missing")}
                 ctx.print(f"  {j.get('name', '?')}: {_kv(rest)}" if rest else f"  {j.get('name', '?')}")
+                for why in j.get("missing") or ():  # a jail reading nothing must not look healthy
+                    ctx.print(f"    not found: {why}")
             else:
                 ctx.print(f"  {j}")
     feeds = result.get("feeds") or []

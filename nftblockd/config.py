@@ -23,20 +23,35 @@ HOOK_PRIORITIES = {"raw": -300, "mangle": -150, "dstnat": -100, "filter": 0}
 
 @dataclass(frozen=True, slots=True)
 class Problem:
+    """One finding about the operator's config. `line` 0 means the file as a whole (it cannot be read).
+
+    A warning (`warning=True`) does not make the config invalid: it names something that will not work yet,
+    such as a log file that does not exist.
+    """
+
     file: str
     line: int
     where: str
     reason: str
+    warning: bool = False
 
     def __str__(self) -> str:
         where = f"{self.where}: " if self.where else ""
-        return f"{self.file}:{self.line}: {where}{self.reason}"
+        level = "warning: " if self.warning else ""
+        at = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{at}: {level}{where}{self.reason}"
+
+
+def in_file_order(problems: list[Problem]) -> list[Problem]:
+    """Problems sorted by line (stable: findings on one line keep the order they were found in)."""
+    return sorted(problems, key=lambda p: p.line)
 
 
 class ConfigError(Exception):
-    """The operator's config is wrong; `problems` lists every finding."""
+    """The operator's config is wrong; `problems` lists every finding, in file order."""
 
     def __init__(self, problems: list[Problem]) -> None:
+        problems = in_file_order(problems)
         super().__init__("\n".join(str(p) for p in problems))
         self.problems = problems
 
@@ -46,7 +61,9 @@ class BlocklistConfig:
     name: str
     timeout: float | None = 3600.0  # default ban duration for bans that do not say
     size: int = 262144  # per kernel set; the kernel answers ENFILE beyond it
-    line: int = 0
+    # Where it was written: for messages only, never for equality (a reload compares meaning, and a comment
+    # added above must not make the same blocklist look changed).
+    line: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +112,8 @@ class JailConfig:
     enabled: bool = True
     recidive: bool = False  # counts bans of other jails (`watch`, or all) instead of log lines
     watch: tuple[str, ...] = ()
-    line: int = 0
-    filter_line: int = 0
+    line: int = field(default=0, compare=False)  # for messages only, as BlocklistConfig.line
+    filter_line: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +133,7 @@ class FeedConfig:
     min_prefix_v4: int = 8
     min_prefix_v6: int = 16
     allow_special: bool = False
-    line: int = 0
+    line: int = field(default=0, compare=False)  # for messages only, as BlocklistConfig.line
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,20 +166,41 @@ class Config:
 
 def load_config(path: str | Path) -> Config:
     """Read and validate `path`; raises ConfigError listing every problem."""
+    cfg, problems = examine_config(path)
+    if problems or cfg is None:
+        raise ConfigError(problems)
+    return cfg
+
+
+def parse_config(text: str, file: str = "<config>") -> Config:
+    cfg, problems = examine_text(text, file)
+    if problems or cfg is None:
+        raise ConfigError(problems)
+    return cfg
+
+
+def examine_config(path: str | Path) -> tuple[Config | None, list[Problem]]:
+    """Every problem of the config at `path`, plus the config as far as it could be built (None when the
+    file cannot be read or is not YAML). `--check-config` takes the partial config on to find the problems
+    that need more than the file (filters that do not compile), so that one run reports them all."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([Problem(str(p), 0, "", f"cannot read the config: {exc}")]) from None
-    return parse_config(text, str(p))
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return None, [Problem(str(p), 0, "", f"cannot read the config: {reason}")]
+    return examine_text(text, str(p))
 
 
-def parse_config(text: str, file: str = "<config>") -> Config:
+def examine_text(text: str, file: str = "<config>") -> tuple[Config | None, list[Problem]]:
     try:
         doc = load_yaml(text, file)
     except YamlError as exc:
-        raise ConfigError([Problem(exc.file, exc.line, "", exc.reason)]) from None
-    return _Builder(doc).build()
+        return None, [Problem(exc.file, exc.line, "", exc.reason)]
+    b = _Builder(doc)
+    b.problems += [Problem(e.file, e.line, "", e.reason) for e in doc.problems]
+    cfg = b.build()
+    return cfg, in_file_order(b.problems)
 
 
 class _Builder:
@@ -230,6 +268,9 @@ class _Builder:
         return int(v)
 
     def addresses(self, value: Any, path: Path_) -> tuple[IPNet, ...]:
+        """A list of addresses or CIDRs. A CIDR with host bits set (`10.0.0.1/8`) is refused, as the CLI
+        refuses it: the operator meant either the address or the network, and guessing could allow a whole
+        /8 where one host was meant."""
         if value is None:
             return ()
         if not isinstance(value, list):
@@ -238,7 +279,7 @@ class _Builder:
         out = []
         for i, item in enumerate(value):
             try:
-                out.append(parse_target(str(item)))
+                out.append(parse_target(str(item), strict=True))
             except AddressError as exc:
                 self.fail((*path, i), str(exc))
         return tuple(out)
@@ -283,8 +324,6 @@ class _Builder:
             if j.blocklist in owned:
                 self.fail(("jails", j.name, "blocklist"), f"blocklist {j.blocklist!r} is filled by feeds (its sets "
                           "hold exactly the feeds' entries); give the jail another blocklist")
-        if self.problems:
-            raise ConfigError(self.problems)
         return cfg
 
     def log_level(self, top: dict[str, Any]) -> str:
@@ -532,6 +571,7 @@ class _Builder:
 
 __all__ = [
     "BatchConfig", "BlocklistConfig", "ChainConfig", "Config", "ConfigError", "ControlConfig", "Escalation",
-    "FeedConfig", "JailConfig", "Problem", "load_config", "parse_config",
+    "FeedConfig", "JailConfig", "Problem", "examine_config", "examine_text", "in_file_order", "load_config",
+    "parse_config",
 ]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
 import dataclasses
 import gc
 import ipaddress
@@ -33,6 +32,7 @@ from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.matcher import Filter, FilterError
 from nftblockd.detect.tracker import JailPolicy, Tracker
 from nftblockd.events import Ban, Decision, IPAddr, Origin, Unban
+from nftblockd.kernel import ownaddr
 from nftblockd.kernel.bans import Outcome
 from nftblockd.kernel.enforcer import Enforcer, Result
 from nftblockd.kernel.ruleset import plan_ruleset
@@ -57,6 +57,14 @@ STUCK_AFTER = 30.0  # seconds: kernel ops pending this long, or no successful ke
 
 
 @dataclass(frozen=True, slots=True)
+class Verdict:
+    """What became of a reload: `message` is one sentence (or a config error list) for the operator."""
+
+    ok: bool
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class Overrides:
     socket: str | None = None
     state_dir: str | None = None
@@ -75,19 +83,11 @@ def apply_overrides(cfg: Config, o: Overrides) -> Config:
 
 def own_addresses() -> list[IPAddr]:
     """The machine's own addresses (never banned when allowlist_self is on), read over rtnetlink."""
-    from pyroute2 import IPRoute
-
-    out: list[IPAddr] = []
     try:
-        with IPRoute() as ipr:
-            for msg in ipr.get_addr():
-                addr = msg.get_attr("IFA_ADDRESS") or msg.get_attr("IFA_LOCAL")
-                if addr:
-                    with contextlib.suppress(ValueError):
-                        out.append(ipaddress.ip_address(addr))
-    except OSError as exc:
+        return ownaddr.own_addresses()
+    except (OSError, ownaddr.DumpError) as exc:
         log.warning("could not read the machine's own addresses: %s", exc)
-    return out
+        return []
 
 
 def _unpack_keys(blob: bytes, size: int) -> list[int]:
@@ -105,20 +105,42 @@ def _origin(text: str) -> Origin:
     return text if text in ("cli", "jail", "feed", "fail2ban", "store", "remote") else "store"  # type: ignore
 
 
-def build_filters(cfg: Config) -> dict[str, Filter]:
-    """Compile every enabled jail's filter; a bad one is a config error with the jail's file and line."""
+def compile_filters(cfg: Config) -> tuple[dict[str, Filter], list[Problem]]:
+    """Compile every enabled jail's filter; a bad one is a problem with the jail's file and line."""
     out: dict[str, Filter] = {}
     problems = []
     for j in cfg.jails:
-        if not j.enabled or j.recidive:
+        if not j.enabled or j.recidive or not j.filter:
             continue
         try:
             out[j.name] = load_filter(j.filter, search_dirs=(Path(cfg.file).parent / "filter.d",
                                                              Path("/etc/nftblockd/filter.d")))
         except FilterError as exc:
             problems.append(Problem(cfg.file, j.filter_line or j.line, f"jails.{j.name}.filter", str(exc)))
+    return out, problems
+
+
+def build_filters(cfg: Config) -> dict[str, Filter]:
+    """compile_filters, raising ConfigError for any problem."""
+    out, problems = compile_filters(cfg)
     if problems:
         raise ConfigError(problems)
+    return out
+
+
+def log_file_warnings(cfg: Config) -> list[Problem]:
+    """A warning for each log file (or glob) of an enabled jail that names nothing now: the daemon follows it
+    once it appears, but until then the jail reads nothing from it."""
+    from nftblockd.sources.tail import missing_files
+
+    out = []
+    for j in cfg.jails:
+        if not j.enabled:
+            continue
+        for i, pattern in enumerate(j.files):
+            for why in missing_files([pattern]):
+                out.append(Problem(cfg.file, cfg.lines.get(("jails", j.name, "files", i), j.line),
+                                   f"jails.{j.name}.files", why + " (followed once it appears)", warning=True))
     return out
 
 
@@ -131,6 +153,8 @@ class Daemon:
         self.notifier = notifier or Notifier.from_env()
         self.stop = asyncio.Event()
         self.reload_requested = asyncio.Event()
+        self._reload_lock = asyncio.Lock()
+        self.last_reload = Verdict(True, "not reloaded since start")
         self.plan = plan_ruleset(cfg)
         self.allow = self._allowlist(cfg)
         self.metrics = Metrics()
@@ -153,14 +177,13 @@ class Daemon:
             self.feeds = FeedManager(cfg, self.enforcer, Path(cfg.state_dir) / "feeds", self.metrics)
 
         self.api = ControlAPI(self.enforcer, default_blocklist=self._default_blocklist(cfg),
-                              status_extra=self._status_extra)
+                              status_extra=self._status_extra, reload=self._reload_for_api)
         if self.feeds is not None:
             self.api.set_feeds(self.feeds.status, self.feeds.refresh, self.feeds.blocklists())
         self.server: ControlServer | None = None
         self._hooks: list[Callable[[], Awaitable[None]]] = []
         self.watch_interval = 0.5
         self._rounds = 0
-        self._evicted = 0
 
     @staticmethod
     def _default_blocklist(cfg: Config) -> str:
@@ -234,6 +257,7 @@ class Daemon:
                                     group=self.cfg.control.group)
         await self.server.start()
         if self.cfg.metrics_listen:
+            self._live_metrics()
             self.metrics_server = MetricsServer(self.metrics, self.cfg.metrics_listen)
             await self.metrics_server.start()
         await self.refresh_gauges()
@@ -309,6 +333,7 @@ class Daemon:
                           "ignored": st.ignored, "rejected": st.rejected, "failures": st.failures,
                           "bans": st.bans, "already_banned": st.already_banned, "allowlisted": st.allowlisted,
                           "stale": st.stale, "banned_now": self.tracker.banned_count(j.jail.name),
+                          "missing": [why for s in j.sources for why in getattr(s, "missing", list)()],
                           "sources": [{"name": getattr(s, "name", ""), **dataclasses.asdict(s.stats)}
                                       for s in j.sources]})
         store = None
@@ -324,6 +349,10 @@ class Daemon:
         for d, r in zip(decisions, results, strict=False):
             if isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
                 self.tracker.forget_ban(d.target)
+
+    async def _reload_for_api(self) -> tuple[bool, str]:
+        v = await self.reload_verdict()
+        return v.ok, v.message
 
     def _healthy(self) -> bool:
         """For the watchdog: the kernel thread answers (ops do not wait for ever, the generation check
@@ -417,22 +446,17 @@ class Daemon:
         return n
 
     async def _housekeeping_round(self) -> None:
-        """Once a minute: forget ended bans, export tracker figures; every 15 minutes prune the database (a
-        scan of every saved ban: with a million of them, doing it each minute cost ~1 % CPU while idle)."""
+        """Once a minute: forget ended bans; every 15 minutes prune the database (a scan of every saved ban:
+        with a million of them, doing it each minute cost ~1 % CPU while idle)."""
         now = time.time()
         self._rounds += 1
         self.tracker.sweep(now)
         self.enforcer.state.expire(now)
-        if self.tracker.evictions > self._evicted:
-            self.metrics.tracker_evictions.inc(self.tracker.evictions - self._evicted)
-            self._evicted = self.tracker.evictions
         if self.store is not None and self._rounds % 15 == 0:
             try:
                 await self.store_call(self.store.prune, now, 30 * 86400)
             except StoreError as exc:
                 log.error("pruning the state database failed: %s", exc)
-        for j in self.jails:
-            self.metrics.tracker_addresses.labels(j.jail.name).set(self.tracker.tracked)
 
     async def _check_kernel(self) -> None:
         await self.enforcer.check_kernel()
@@ -443,15 +467,37 @@ class Daemon:
         await self.refresh_gauges()
 
     async def refresh_gauges(self) -> None:
-        """Set sizes as the kernel reports them (what is enforced), next to what nftblockd tracks."""
+        """Set sizes as the kernel reports them (what is enforced), next to what nftblockd tracks. Runs before
+        every scrape: one GETSET dump of our table, whose cost does not grow with the elements (measured
+        in tests/integration/test_metrics.py). A kernel that does not report NFTA_SET_COUNT gets the count
+        of elements it acknowledged."""
         counts = await self.enforcer.kernel_counts()
         tracked = self.enforcer.state.counts()
         for s in self.plan.sets:
             n = counts.get(s.name)
+            if n is None:
+                n = tracked.get(s.name)
             if n is not None:
                 self.metrics.set_elements.labels(s.name, s.blocklist or "allow", f"ipv{s.version}").set(n)
             if s.name in tracked:
                 self.metrics.set_tracked.labels(s.name).set(tracked[s.name])
+
+    def _live_metrics(self) -> None:
+        """Figures other components own, read at scrape time (see service/metrics.py)."""
+        mx = self.metrics
+        mx.before_scrape.append(self.refresh_gauges)
+        mx.tracker_addresses.read = lambda: [((jail,), n) for jail, n in self.tracker.tracked_by_jail().items()]
+        mx.tracker_evictions.read = lambda: [((), self.tracker.evictions)]
+
+        def invalid_lines() -> list[tuple[tuple[str, ...], float]]:
+            by: dict[tuple[str, ...], float] = {}
+            for j in self.jails:
+                for src in j.sources:
+                    for reason, n in (("overlong", src.stats.overlong), ("invalid_utf8", src.stats.invalid_utf8)):
+                        by[(j.jail.name, reason)] = by.get((j.jail.name, reason), 0) + n
+            return list(by.items())
+
+        mx.lines_invalid.read = invalid_lines
 
     async def _reloads(self) -> None:
         while not self.stop.is_set():
@@ -463,32 +509,52 @@ class Daemon:
             if self.stop.is_set():
                 return
             self.reload_requested.clear()
+            await self.reload_verdict()
+
+    async def reload_verdict(self) -> Verdict:
+        """Reload (SIGHUP, or the control socket's `reload`, which hands the verdict to `nftblock reload` and
+        so to systemd's ExecReload); one at a time, and never raising: enforcement must survive any reload."""
+        async with self._reload_lock:
             try:
-                await self.reload()
-            except Exception:  # a failed reload must never take enforcement down with it
+                ok = await self.reload()
+            except Exception as exc:
                 log.exception("reload failed; the running configuration stays")
                 self.notifier.ready("reload failed; running the previous config")
+                self.last_reload = Verdict(False, f"reload failed: {exc}; the running configuration stays")
+            else:
+                if ok:
+                    self.last_reload = Verdict(True, f"configuration reloaded from {self.config_path}")
+            return self.last_reload
 
     async def reload(self) -> bool:
-        """Re-read the config; a broken one is refused and the running one stays."""
+        """Re-read the config; a broken one is refused (the reason in `last_reload`) and the running one stays.
+
+        "Changed" means changed in meaning: config values compare without their line numbers, so moving or
+        commenting the file does not refuse a reload."""
         if not self.config_path:
+            self.last_reload = Verdict(False, "no config file to reload (started without --config)")
             return False
         self.notifier.reloading()
         try:
             new = apply_overrides(load_config(self.config_path), self.overrides)
+            build_filters(new)  # a filter that does not compile refuses the reload, as it refuses a start
         except ConfigError as exc:
             log.error("reload refused, the running config stays:\n%s", exc)
             self.notifier.ready("reload refused: config invalid; running the previous config")
+            self.last_reload = Verdict(False, "reload refused, the running config stays: "
+                                              + "; ".join(str(p) for p in exc.problems))
             return False
-        changed_kernel = new.table != self.cfg.table or new.blocklists != self.cfg.blocklists \
-            or new.chain != self.cfg.chain
-        if changed_kernel:
-            log.error("reload refused: table, blocklists or chain changed; restart nftblockd to apply them")
+        changed = [what for what, a, b in (("table", new.table, self.cfg.table),
+                                           ("blocklists", new.blocklists, self.cfg.blocklists),
+                                           ("chain", new.chain, self.cfg.chain)) if a != b]
+        if changed:
+            why = f"{' and '.join(changed)} changed; restart nftblockd to apply"
+            log.error("reload refused: %s", why)
             self.notifier.ready("reload refused: kernel layout changed; restart to apply")
+            self.last_reload = Verdict(False, f"reload refused: {why}")
             return False
         self.cfg = new
-        # pyroute2's IPRoute runs its own event loop: keep it off ours
-        self.allow = await asyncio.to_thread(self._allowlist, new)
+        self.allow = await asyncio.to_thread(self._allowlist, new)  # a blocking netlink dump: off the loop
         self.enforcer.allow = self.allow
         self.enforcer.cfg = new
         lifted = self.tracker.replace_allowlist(self.allow)

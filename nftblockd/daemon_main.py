@@ -5,9 +5,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nftblockd.config import ConfigError, load_config
-from nftblockd.daemon import Overrides, apply_overrides, build_filters, run
+from nftblockd.config import ConfigError, examine_config, in_file_order, load_config
+from nftblockd.daemon import Overrides, apply_overrides, compile_filters, log_file_warnings, run
 from nftblockd.service.logsetup import setup_logging
+
+
+def check_config(path: str) -> int:
+    """Every problem in one run, in file order: the file's own (types, unknown and duplicate keys), the
+    filters that do not compile, and as warnings the log files that do not exist. 0 valid, 1 invalid."""
+    cfg, problems = examine_config(path)
+    if cfg is not None:
+        problems = problems + compile_filters(cfg)[1] + log_file_warnings(cfg)
+    problems = in_file_order(problems)
+    for p in problems:
+        print(p, file=sys.stderr)
+    errors = sum(not p.warning for p in problems)
+    if errors:
+        return 1
+    warnings = len(problems)
+    print(f"{path}: valid" + (f" ({warnings} warning{'s' if warnings > 1 else ''})" if warnings else ""))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,13 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     a = p.parse_args(argv)
     if a.check_config:
-        try:
-            build_filters(load_config(a.check_config))
-        except ConfigError as exc:
-            print(exc, file=sys.stderr)
-            return 1
-        print(f"{a.check_config}: valid")
-        return 0
+        return check_config(a.check_config)
     try:
         cfg = load_config(a.config)
     except ConfigError as exc:

@@ -21,6 +21,9 @@ class Located:
     value: Any
     file: str
     lines: dict[Path_, int] = field(default_factory=dict)
+    # Duplicate keys, every one of them (the first value is kept): a caller that reports all problems at
+    # once adds these to its own; one that stops at the first raises `problems[0]`.
+    problems: list[YamlError] = field(default_factory=list)
 
     def line(self, path: Path_) -> int:
         """The line of `path`, or of its nearest ancestor that has one."""
@@ -51,11 +54,11 @@ def load_yaml(text: str, file: str) -> Located:
     if node is None:
         out.value = {}
         return out
-    out.value = _convert(node, (), out.lines, file)
+    out.value = _convert(node, (), out.lines, file, out.problems)
     return out
 
 
-def _convert(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str) -> Any:
+def _convert(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str, problems: list[YamlError]) -> Any:
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
@@ -67,15 +70,18 @@ def _convert(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str) -
                 raise YamlError(file, knode.start_mark.line + 1, f"mapping keys must be text, got {key!r}")
             skey = str(key)
             if skey in result:
-                raise YamlError(file, knode.start_mark.line + 1, f"duplicate key {skey!r}")
+                first = lines[(*path, skey)]
+                problems.append(YamlError(file, knode.start_mark.line + 1,
+                                          f"duplicate key {skey!r} (first on line {first}); this one is ignored"))
+                continue
             lines[(*path, skey)] = knode.start_mark.line + 1
-            result[skey] = _convert(vnode, (*path, skey), lines, file)
+            result[skey] = _convert(vnode, (*path, skey), lines, file, problems)
         return result
     if isinstance(node, yaml.SequenceNode):
         items = []
         for i, item in enumerate(node.value):
             lines[(*path, i)] = item.start_mark.line + 1
-            items.append(_convert(item, (*path, i), lines, file))
+            items.append(_convert(item, (*path, i), lines, file, problems))
         return items
     assert isinstance(node, yaml.ScalarNode)
     return _scalar(node)

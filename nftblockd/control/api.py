@@ -71,8 +71,10 @@ class ControlAPI:
     def __init__(self, enforcer: Enforcer, *, default_blocklist: str,
                  status_extra: Extra | None = None,
                  feeds: Callable[[], list[dict[str, Any]]] | None = None,
-                 feeds_refresh: Callable[[str, bool], Awaitable[dict[str, Any]]] | None = None) -> None:
+                 feeds_refresh: Callable[[str, bool], Awaitable[dict[str, Any]]] | None = None,
+                 reload: Callable[[], Awaitable[tuple[bool, str]]] | None = None) -> None:
         self.enforcer = enforcer
+        self._reload = reload
         self.default_blocklist = default_blocklist
         self.started = time.time()
         self._status_extra = status_extra
@@ -100,6 +102,13 @@ class ControlAPI:
             return await self.status()
         if cmd == "feeds":
             return {"feeds": self._feeds() if self._feeds else []}
+        if cmd == "reload":
+            if self._reload is None:
+                raise ControlError("unavailable", "this daemon cannot reload (started without a config file)")
+            ok, message = await self._reload()
+            if not ok:
+                raise ControlError("refused", message)
+            return {"reloaded": True, "message": message}
         if cmd in ("feeds_refresh", "feeds_accept"):
             assert isinstance(parsed, FeedsRefreshArgs)
             if self._feeds_refresh is None:

@@ -42,11 +42,12 @@ ERROR_CODES: Final = frozenset({
     "internal",  # a bug in the daemon; details are in its log
     "unavailable",  # the daemon cannot serve this now (starting, stopping, kernel unreachable, busy)
     "forbidden",  # the peer's credentials do not allow using the socket
+    "refused",  # the daemon refused what was asked as it stands (a reload of an invalid config)
 })
 
 ErrorCode: TypeAlias = Literal[
     "invalid_address", "allowlisted", "unknown_set", "bad_request", "not_found", "internal", "unavailable",
-    "forbidden",
+    "forbidden", "refused",
 ]
 
 
@@ -522,6 +523,7 @@ _PARSERS: Final = {
     "feeds": _no_args("feeds"),
     "feeds_refresh": _parse_feeds_refresh,
     "feeds_accept": _parse_feeds_accept,
+    "reload": _no_args("reload"),
 }
 COMMANDS: Final = frozenset(_PARSERS)
 

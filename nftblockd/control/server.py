@@ -309,8 +309,11 @@ class ControlServer:
         await writer.drain()
 
     def _refusal(self, peer: Peer, sock: Any) -> str | None:
-        """None if `peer` may use the socket, else the reason (one line, shown to the client)."""
-        if peer.uid == 0:
+        """None if `peer` may use the socket, else the reason (one line, shown to the client).
+
+        The daemon's own user is admitted: under the unit that is a dedicated system user, and the process
+        asking is the unit's ExecReload (`nftblock reload`), which runs as that user."""
+        if peer.uid == 0 or peer.uid == os.geteuid():
             return None
         if self._gid is None:
             return "run as root"

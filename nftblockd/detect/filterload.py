@@ -149,9 +149,12 @@ def load_yaml_filter(path: Path, opts: Mapping[str, str] | None = None) -> Filte
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise FilterError(str(path), f"cannot read the filter: {exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise FilterError(str(path), f"cannot read the filter: {reason}") from None
     try:
         doc = load_yaml(text, str(path))
+        if doc.problems:
+            raise doc.problems[0]
     except YamlError as exc:
         raise FilterError(f"{exc.file}:{exc.line}", exc.reason) from None
     return filter_from_yaml(doc.value, str(path), doc.line, opts or {})

@@ -731,6 +731,10 @@ class Tracker:
         """Counting records held (all jails), the figure `max_tracked` caps."""
         return self._tracked
 
+    def tracked_by_jail(self) -> dict[str, int]:
+        """Counting records held per jail (they sum to `tracked`); O(jails), for metrics at scrape time."""
+        return {name: len(j.cur) + len(j.old) for name, j in self._jails.items()}
+
     @property
     def jails(self) -> tuple[str, ...]:
         return tuple(self._jails)

@@ -61,6 +61,10 @@ class FeedManager:
         self._sync_lock = asyncio.Lock()
         self.syncs = 0
         self.last_sync: dict[str, dict[str, Any]] = {}
+        if metrics is not None:  # the fetchers' own figures, read at scrape time: no status call needed
+            metrics.feed_last_success.read = lambda: [((n, ), t) for n, f in self.fetchers.items()
+                                                      if (t := f.status().last_success) is not None]
+            metrics.feed_entries.read = lambda: [((n, ), f.status().entries) for n, f in self.fetchers.items()]
 
     def blocklists(self) -> set[str]:
         return {f.blocklist for f in self.cfg.feeds}
@@ -109,7 +113,6 @@ class FeedManager:
 
     def status(self) -> list[dict[str, Any]]:
         out = []
-        now = time.time()
         for name, f in self.fetchers.items():
             st = f.status()
             d = {
@@ -120,10 +123,6 @@ class FeedManager:
                 "counters": asdict(st.counters),
             }
             out.append(d)
-            if self.metrics is not None:
-                self.metrics.feed_entries.labels(name).set(st.entries)
-                if st.last_success is not None:
-                    self.metrics.feed_age.labels(name).set(now - st.last_success)
         return out
 
     async def refresh(self, name: str, accept: bool = False) -> dict[str, Any]:

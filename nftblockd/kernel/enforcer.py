@@ -302,7 +302,7 @@ class Enforcer:
             self.metrics.bans.labels(jail, origin).inc(applied)
             self.metrics.allowlist_hits.inc(sum(len(v) for v in out.allowlisted.values()))
             if started is not None and applied:
-                self.metrics.ban_latency.labels(origin).observe(time.monotonic() - started)
+                self.metrics.ban_latency.observe((origin,), time.monotonic() - started, applied)
         self.counters.refused += len(out.failed) + sum(len(v) for v in out.allowlisted.values())
         if persist and self.persist is not None and (applied or history):
             packed: list[PackedBans] = []
@@ -444,19 +444,18 @@ class Enforcer:
     def _count(self, decisions: Sequence[Decision], results: Sequence[Result], latency: float) -> None:
         mx = self.metrics
         assert mx is not None
-        banned = False
+        banned: dict[str, int] = {}  # origin -> bans applied: each ban is one latency observation
         for d, r in zip(decisions, results, strict=False):
             if r.code == "allowlisted":
                 mx.allowlist_hits.inc()
             elif r.code is None and isinstance(d, Ban) and r.outcome in (Outcome.ADDED, Outcome.EXTENDED,
                                                                           Outcome.ABSORBED):
                 mx.bans.labels(d.jail or "", d.origin).inc()
-                banned = True
+                banned[d.origin] = banned.get(d.origin, 0) + 1
             elif r.code is None and isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
                 mx.unbans.labels(d.origin).inc()
-        if banned:
-            origin = next((d.origin for d in decisions if isinstance(d, Ban)), "cli")
-            mx.ban_latency.labels(origin).observe(latency)
+        for origin, n in banned.items():
+            mx.ban_latency.observe((origin,), latency, n)
 
     def _result(self, d: Decision, ch: Change) -> Result:
         set_name = ch.ops[-1].set_name if ch.ops else ""

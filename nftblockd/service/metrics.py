@@ -1,44 +1,151 @@
 """Prometheus metrics on a registry the daemon creates (no global registry), served by a tiny asyncio HTTP
 endpoint (prometheus_client's own server polls twice a second; ours sleeps until a scrape arrives).
 
-Names carry the `nftblock_` prefix and base units. Gauges that describe the kernel (set sizes) are read back
-from the kernel periodically by the daemon, not counted here, so they show what is enforced.
+Names carry the `nftblock_` prefix and base units. A scrape shows the state at the moment of the scrape:
+
+- Counters and histograms are counted where the event happens (a batch flushed, a ban acknowledged).
+- Figures another component owns (tracked addresses per jail, skipped log lines, a feed's last success) are
+  `Live` metrics: read from their owner while the scrape is being rendered, never copied on a timer.
+- Kernel set sizes need a netlink round trip on the kernel thread: the daemon registers an async hook in
+  `before_scrape`, which every scrape awaits (bounded by SCRAPE_REFRESH_LIMIT; past it the scrape shows the
+  values of the previous refresh rather than fail).
+
+Nothing here touches the kernel or a file, and nothing reads another component's state except through the
+callables it was given. No `lines_dropped` metric: a source never drops a line, a full queue stops it
+reading (its file offset or journal cursor makes waiting safe), see sources/base.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import math
 import time
+from bisect import bisect_left
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString as _untyped_go_float
 
 log = logging.getLogger("nftblockd.metrics")
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _SIZE_BUCKETS = (1, 10, 100, 1000, 2500, 5000, 10000, 25000, 100000, 1000000)
+SCRAPE_REFRESH_LIMIT = 2.0  # seconds a scrape waits for the kernel's set sizes (Prometheus' default timeout: 10)
+
+Sample = tuple[tuple[str, ...], float]  # label values, value
+_go_float: Callable[[float], str] = _untyped_go_float  # how prometheus_client spells a bucket bound
+
+
+def _nothing() -> Iterable[Sample]:
+    return ()
+
+
+class Live:
+    """A gauge or counter whose samples are read from their owner at scrape time: `read` returns
+    (label values, value) pairs. The owner keeps the figure (a plain int); nobody has to remember to copy it.
+    A failing `read` costs its own samples, not the scrape."""
+
+    def __init__(self, kind: Literal["gauge", "counter"], name: str, documentation: str,
+                 labelnames: Sequence[str] = (), *, registry: CollectorRegistry) -> None:
+        self.kind = kind
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = list(labelnames)
+        self.read: Callable[[], Iterable[Sample]] = _nothing
+        self._failing = False
+        registry.register(self)
+
+    def _family(self) -> GaugeMetricFamily | CounterMetricFamily:
+        if self.kind == "gauge":
+            return GaugeMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def describe(self) -> list[Metric]:
+        return [self._family()]
+
+    def collect(self) -> list[Metric]:
+        fam = self._family()
+        try:
+            for labels, value in self.read():
+                fam.add_metric(list(labels), value)
+        except Exception:
+            if not self._failing:  # once per failure streak: a scrape every 15 s must not flood the log
+                log.exception("metrics: reading %s failed; it is left out of scrapes until it works", self.name)
+            self._failing = True
+            return [self._family()]
+        self._failing = False
+        return [fam]
+
+
+class PerBanHistogram:
+    """A histogram that takes `count` equal observations in one call.
+
+    All bans of one request are acknowledged by the same kernel transaction, so they share one latency;
+    observing them one by one would cost a call per ban during a burst of thousands. Same buckets, `le`
+    rule (value <= bound) and exposition as prometheus_client's Histogram (tested against it).
+    Not thread-safe: the event loop is its only writer.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float], *,
+                 registry: CollectorRegistry) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = list(labelnames)
+        self.bounds = (*(float(b) for b in buckets), math.inf)
+        self._data: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
+        registry.register(self)
+
+    def observe(self, labels: tuple[str, ...], value: float, count: int = 1) -> None:
+        if count <= 0:
+            return
+        d = self._data.get(labels)
+        if d is None:
+            d = self._data[labels] = ([0] * len(self.bounds), [0.0])
+        d[0][bisect_left(self.bounds, value)] += count
+        d[1][0] += value * count
+
+    def describe(self) -> list[Metric]:
+        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+
+    def collect(self) -> list[Metric]:
+        fam = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, (counts, total) in self._data.items():
+            cumulative = itertools.accumulate(counts)
+            fam.add_metric(list(labels), [(_go_float(b), c) for b, c in zip(self.bounds, cumulative,
+                                                                                 strict=True)], total[0])
+        return [fam]
 
 
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.set_elements = Gauge("nftblock_set_elements", "Elements in each kernel set (read from the kernel)",
-                                  ["set", "blocklist", "family"], registry=r)
+        # async refreshers every scrape awaits first (the daemon's kernel set sizes)
+        self.before_scrape: list[Callable[[], Awaitable[None]]] = []
+        self._refresh_failing = False
+        self.set_elements = Gauge(
+            "nftblock_set_elements", "Elements in each kernel set, read from the kernel at scrape time "
+            "(NFTA_SET_COUNT; on kernels that do not report it, the elements the kernel acknowledged)",
+            ["set", "blocklist", "family"], registry=r)
         self.set_tracked = Gauge("nftblock_set_tracked_elements", "Active bans nftblockd tracks per set",
                                  ["set"], registry=r)
         self.batch_seconds = Histogram("nftblock_netlink_batch_seconds", "Time to apply one flushed batch",
                                        buckets=_LATENCY_BUCKETS, registry=r)
         self.batch_elements = Histogram("nftblock_netlink_batch_elements", "Element operations per flushed batch",
                                         buckets=_SIZE_BUCKETS, registry=r)
-        self.ban_latency = Histogram("nftblock_ban_latency_seconds",
-                                     "From the decision (log line, request) to the kernel's acknowledgement",
-                                     ["origin"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.ban_latency = PerBanHistogram(
+            "nftblock_ban_latency_seconds", "Per ban: from its cause (the log line read, the request received) "
+            "to the kernel's acknowledgement of the transaction that carried it",
+            ["origin"], _LATENCY_BUCKETS, registry=r)
         self.lines = Counter("nftblock_lines", "Log lines read", ["source"], registry=r)
-        self.lines_invalid = Counter("nftblock_lines_invalid", "Log lines skipped (overlong, undecodable)",
-                                     ["source"], registry=r)
-        self.lines_dropped = Counter("nftblock_lines_dropped", "Log lines dropped by a full queue",
-                                     ["source"], registry=r)
+        self.lines_invalid = Live(
+            "counter", "nftblock_lines_invalid", "Log lines that were not read as written: reason overlong "
+            "(longer than the line limit, skipped) or invalid_utf8 (undecodable bytes replaced, then matched)",
+            ["source", "reason"], registry=r)
         self.matched = Counter("nftblock_lines_matched", "Lines a jail's filter matched", ["jail"], registry=r)
         self.ignored = Counter("nftblock_lines_ignored", "Lines matched but ignored (ignoreregex, bad host)",
                                ["jail"], registry=r)
@@ -60,14 +167,16 @@ class Metrics:
         self.adopted = Counter("nftblock_adopted", "Elements found in nftblockd's sets that its state did not know "
                                "(lost state database, clock jump), adopted with their kernel timeouts", registry=r)
         self.feed_fetch = Counter("nftblock_feed_fetch", "Feed fetches by result", ["feed", "result"], registry=r)
-        self.feed_age = Gauge("nftblock_feed_age_seconds", "Seconds since a feed was last loaded successfully",
-                              ["feed"], registry=r)
-        self.feed_entries = Gauge("nftblock_feed_entries", "Entries in a feed's last good copy", ["feed"],
-                                  registry=r)
-        self.tracker_addresses = Gauge("nftblock_tracker_addresses", "Addresses with failures being tracked",
-                                       ["jail"], registry=r)
-        self.tracker_evictions = Counter("nftblock_tracker_evictions", "Tracked addresses evicted by the cap",
-                                         registry=r)
+        self.feed_last_success = Live(
+            "gauge", "nftblock_feed_last_success_timestamp_seconds",
+            "Unix time the copy of a feed in force was fetched (or confirmed unchanged)", ["feed"], registry=r)
+        self.feed_entries = Live("gauge", "nftblock_feed_entries", "Entries in a feed's copy in force", ["feed"],
+                                 registry=r)
+        self.tracker_addresses = Live("gauge", "nftblock_tracker_addresses",
+                                      "Addresses (IPv6: prefixes) with failures being counted, per jail", ["jail"],
+                                      registry=r)
+        self.tracker_evictions = Live("counter", "nftblock_tracker_evictions",
+                                      "Counting records dropped because the tracker's cap was reached", registry=r)
         self.up = Gauge("nftblock_up", "1 while the daemon runs", registry=r)
         self.start_time = Gauge("nftblock_start_time_seconds", "Unix time the daemon started", registry=r)
         self.up.set(1)
@@ -75,6 +184,22 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def scrape(self, limit: float = SCRAPE_REFRESH_LIMIT) -> bytes:
+        """Run the refreshers (bounded by `limit` seconds), then render."""
+        if self.before_scrape:
+            try:
+                async with asyncio.timeout(limit):
+                    for refresh in self.before_scrape:
+                        await refresh()
+            except Exception as exc:  # TimeoutError included: the previous values are shown
+                if not self._refresh_failing:
+                    log.warning("metrics: refreshing before a scrape failed (%s); showing earlier values",
+                                exc or type(exc).__name__)
+                self._refresh_failing = True
+            else:
+                self._refresh_failing = False
+        return self.render()
 
 
 class MetricsServer:
@@ -107,7 +232,7 @@ class MetricsServer:
                     break
             parts = request.decode("latin-1").split()
             if len(parts) >= 2 and parts[0] in ("GET", "HEAD") and parts[1].split("?")[0] in ("/metrics", "/"):
-                body = self.metrics.render()
+                body = await self.metrics.scrape()
                 head = (f"HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE_LATEST}\r\n"
                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
                 writer.write(head + (body if parts[0] == "GET" else b""))

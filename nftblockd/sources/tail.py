@@ -50,7 +50,7 @@ from nftblockd.events import LogLine
 from nftblockd.sources.base import LineBatch, PositionStore, SourceError, SourceStats
 from nftblockd.sources.linesplit import DEFAULT_MAX_LINE, Lines, LineSplitter
 
-__all__ = ["FilePosition", "FileTail"]
+__all__ = ["FilePosition", "FileTail", "missing_files"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,36 @@ def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
+def _why_missing(pattern: str, d: str, base: str, present: Sequence[str]) -> str | None:
+    """Why `pattern` (directory `d`, file name or glob `base`) names nothing, given the file names of `d`
+    that exist; None if it names something."""
+    if not os.path.isdir(d):
+        return f"{pattern}: its directory {d} does not exist"
+    if _GLOB.search(base):
+        rx = re.compile(fnmatch.translate(base))
+        if any(rx.match(n) and (base.startswith(".") or n[0] != ".") for n in present):
+            return None
+        return f"{pattern}: no file matches"
+    return None if base in present else f"{pattern} does not exist"
+
+
+def missing_files(patterns: Sequence[str]) -> list[str]:
+    """One sentence for each configured name or glob that names no regular file now (for `--check-config`:
+    the daemon follows such a name as soon as it appears, but until then reads nothing from it)."""
+    out = []
+    for p in patterns:
+        d, base = os.path.split(os.path.abspath(p))
+        try:
+            with os.scandir(d) as it:
+                present = [e.name for e in it if e.is_file()]
+        except OSError:
+            present = []
+        why = _why_missing(p, d, base, present)
+        if why is not None:
+            out.append(why)
+    return out
+
+
 class _File:
     """One open file (mutable, private to FileTail)."""
 
@@ -147,6 +177,7 @@ class FileTail:
         self.name = name
         self.stats = SourceStats()
         self.ready = asyncio.Event()
+        self._configured = [(p, *os.path.split(os.path.abspath(p))) for p in paths]
         self._store = store
         self._start = start
         self._max_line = max_line
@@ -225,6 +256,10 @@ class FileTail:
                     await self._recover(path, saved, out)
         for d in self._patterns:
             await self._reconcile(d, out, initial=True)
+        for why in self.missing():
+            # Said once at start: a jail that silently reads nothing is the worst failure a tailer can have.
+            log.warning("source %s: %s; it will be followed as soon as it appears, nothing is read from it "
+                        "until then", self.name, why)
 
     # --------------------------------------------------------------- events
 
@@ -629,6 +664,15 @@ class FileTail:
         if key not in self._warned:  # once per name until it works again: no log flood on every event
             self._warned.add(key)
             log.warning("source %s: %s", self.name, message)
+
+    def missing(self) -> list[str]:
+        """A sentence for each configured name or glob that this tailer follows no file for (status)."""
+        active: dict[str, list[str]] = {}
+        for path in self._active:
+            d, base = os.path.split(path)
+            active.setdefault(d, []).append(base)
+        return [why for p, d, base in self._configured
+                if (why := _why_missing(p, d, base, active.get(d, []))) is not None]
 
     def followed(self) -> dict[str, int]:
         """Followed name -> read offset (for status output and tests)."""

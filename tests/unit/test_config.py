@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nftblockd.config import ConfigError, load_config, parse_config
+from nftblockd.config import ConfigError, examine_text, load_config, parse_config
 from nftblockd.daemon import build_filters
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,3 +64,85 @@ def test_feed_blocklists_are_not_for_jails() -> None:
     with pytest.raises(ConfigError, match="filled by feeds"):
         parse_config("blocklists: {default: {}, f: {}}\nfeeds: {x: {path: /tmp/x, blocklist: f}}\n"
                      "jails: {s: {files: [/tmp/l], filter: sshd, blocklist: f}}\n")
+
+
+def check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--check-config", str(path)],
+                          capture_output=True, text=True, cwd=REPO)
+
+
+def test_check_config_reports_everything_in_one_run_in_file_order(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""jails:
+  web:
+    files: [{tmp_path}/present.log]
+    filter: {tmp_path}/no-such-filter.yaml
+    maxretry: lots
+    maxretry: 4
+allowlist: [10.0.0.1/8]
+log_level: chatty
+log_level: info
+""")
+    (tmp_path / "present.log").write_text("")
+    r = check_config(cfg)
+    assert r.returncode == 1
+    lines = r.stderr.splitlines()
+    # the filter that cannot be read is reported together with the type errors, and by line
+    assert [line.split(":")[1] for line in lines] == ["4", "5", "6", "7", "8", "9"], r.stderr
+    assert "jails.web.filter" in lines[0] and "no-such-filter.yaml" in lines[0]
+    assert "duplicate key 'maxretry' (first on line 5)" in lines[2]
+    assert "10.0.0.1/8 has host bits set" in lines[3]
+    assert "duplicate key 'log_level' (first on line 8)" in lines[5]
+
+
+def test_every_duplicate_key_is_a_problem_and_the_first_value_stays() -> None:
+    cfg, problems = examine_text("log_level: info\njails: {}\nlog_level: debug\njails: {}\n", "d.yaml")
+    assert [str(p) for p in problems] == [
+        "d.yaml:3: duplicate key 'log_level' (first on line 1); this one is ignored",
+        "d.yaml:4: duplicate key 'jails' (first on line 2); this one is ignored",
+    ]
+    assert cfg is not None and cfg.log_level == "info"
+
+
+def test_a_missing_config_file_is_named_without_a_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "absent.yaml")
+    assert str(e.value) == f"{tmp_path}/absent.yaml: cannot read the config: No such file or directory"
+    r = check_config(tmp_path / "absent.yaml")
+    assert r.returncode == 1 and ":0:" not in r.stderr and "absent.yaml: cannot read" in r.stderr
+
+
+@pytest.mark.parametrize("where", ["allowlist: [{net}]",
+                                   "jails: {{s: {{files: [/l], filter: sshd, ignoreip: [{net}]}}}}"])
+@pytest.mark.parametrize("net", ["10.0.0.1/8", "2001:db8::1/64"])
+def test_an_allowlist_entry_with_host_bits_is_refused(where: str, net: str) -> None:
+    with pytest.raises(ConfigError, match="host bits set"):
+        parse_config(where.format(net=net))
+    ok = parse_config(where.format(net=net.replace("0.0.1/8", "0.0.0/8").replace("::1/64", "::/64")))
+    assert ok.allowlist or ok.jails[0].ignoreip
+
+
+def test_missing_log_files_are_warnings_not_errors(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"jails:\n  web:\n    files:\n      - {tmp_path}/later.log\n      - {tmp_path}/nodir/*.log\n"
+                   f"      - {tmp_path}/here.log\n    filter: sshd\n")
+    (tmp_path / "here.log").write_text("")
+    r = check_config(cfg)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [
+        f"{cfg}:4: warning: jails.web.files: {tmp_path}/later.log does not exist (followed once it appears)",
+        f"{cfg}:5: warning: jails.web.files: {tmp_path}/nodir/*.log: its directory {tmp_path}/nodir does not "
+        "exist (followed once it appears)",
+    ]
+    assert r.stdout == f"{cfg}: valid (2 warnings)\n"
+
+
+def test_values_compare_by_meaning_not_by_position() -> None:
+    """A reload compares blocklists, jails and feeds: a comment added above must not change them."""
+    text = ("blocklists: {default: {timeout: 1h}, f: {}}\nfeeds: {x: {path: /tmp/x, blocklist: f}}\n"
+            "jails: {s: {files: [/tmp/l], filter: sshd}}\n")
+    a, b = parse_config(text), parse_config("# a comment\n\n" + text)
+    assert a.blocklists[0].line != b.blocklists[0].line
+    assert (a.blocklists, a.jails, a.feeds, a.chain, a.table) == (b.blocklists, b.jails, b.feeds, b.chain, b.table)
+    c = parse_config(text.replace("timeout: 1h", "timeout: 2h"))
+    assert c.blocklists != a.blocklists

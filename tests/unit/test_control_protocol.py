@@ -266,7 +266,7 @@ def test_encoded_lines_are_single_lines() -> None:
 
 def test_control_error_codes() -> None:
     assert {"invalid_address", "allowlisted", "unknown_set", "bad_request", "not_found", "internal",
-            "unavailable", "forbidden"} == ERROR_CODES
+            "unavailable", "forbidden", "refused"} == ERROR_CODES
     e = ControlError("unknown_set", "no blocklist named 'x'\n(configured: a)")
     assert (e.code, e.message, str(e)) == ("unknown_set", "no blocklist named 'x' (configured: a)",
                                            "no blocklist named 'x' (configured: a)")

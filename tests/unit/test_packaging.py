@@ -32,7 +32,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ACTION_D = ROOT / "packaging" / "fail2ban" / "action.d"
 ACTION_PY = ACTION_D / "nftblock.py"
-DASHBOARD = ROOT / "packaging" / "grafana-dashboard.json"
 BOUND = 30.0
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
@@ -750,79 +749,3 @@ def test_entry_scripts_run(extracted: Path) -> None:
         proc = subprocess.run([str(extracted / "usr/bin/nftblockd"), "--check-config", str(config)],
                               capture_output=True, text=True, check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-# ==========================================================================================================
-# the Grafana dashboard
-# ==========================================================================================================
-
-# The metrics nftblockd exports (names and labels agreed with daemon/metrics.py).
-METRICS: dict[str, tuple[str, set[str]]] = {
-    "nftblock_set_elements": ("gauge", {"set", "blocklist", "family"}),
-    "nftblock_netlink_batch_seconds": ("histogram", set()),
-    "nftblock_netlink_batch_elements": ("histogram", set()),
-    "nftblock_ban_latency_seconds": ("histogram", set()),
-    "nftblock_lines_total": ("counter", {"source"}),
-    "nftblock_lines_matched_total": ("counter", {"jail"}),
-    "nftblock_failures_total": ("counter", {"jail"}),
-    "nftblock_bans_total": ("counter", {"jail", "origin"}),
-    "nftblock_unbans_total": ("counter", set()),
-    "nftblock_allowlist_hits_total": ("counter", set()),
-    "nftblock_netlink_errors_total": ("counter", {"errno"}),
-    "nftblock_feed_fetch_total": ("counter", {"feed", "result"}),
-    "nftblock_feed_age_seconds": ("gauge", {"feed"}),
-    "nftblock_tracker_addresses": ("gauge", set()),
-}
-SCRAPE_LABELS = {"instance", "job"}
-
-
-def dashboard_exprs(d: dict[str, Any]) -> list[str]:
-    return [t["expr"] for p in d["panels"] for t in p.get("targets", [])]
-
-
-def base_metric(name: str) -> str:
-    for suffix in ("_bucket", "_sum", "_count"):
-        if name.endswith(suffix) and METRICS.get(name.removesuffix(suffix), ("",))[0] == "histogram":
-            return name.removesuffix(suffix)
-    return name
-
-
-@pytest.fixture(scope="module")
-def dashboard() -> dict[str, Any]:
-    d: dict[str, Any] = json.loads(DASHBOARD.read_text())
-    return d
-
-
-def test_dashboard_uses_every_metric_and_only_known_ones(dashboard: dict[str, Any]) -> None:
-    used = {base_metric(m) for e in dashboard_exprs(dashboard) for m in re.findall(r"\bnftblock_\w+", e)}
-    assert used == set(METRICS)
-    for e in dashboard_exprs(dashboard):
-        for m in re.findall(r"\bnftblock_\w+", e):
-            if METRICS[base_metric(m)][0] == "histogram":
-                assert m != base_metric(m), f"a histogram is queried through _bucket/_sum/_count: {e}"
-
-
-def test_dashboard_groups_only_by_labels_the_metrics_have(dashboard: dict[str, Any]) -> None:
-    for e in dashboard_exprs(dashboard):
-        labels = set().union(*(METRICS[base_metric(m)][1] for m in re.findall(r"\bnftblock_\w+", e)))
-        allowed = labels | SCRAPE_LABELS | {"le"}
-        for group in re.findall(r"\bby \(([^)]*)\)", e):
-            assert {g.strip() for g in group.split(",")} <= allowed, e
-        for matcher in re.findall(r"\{([^}]*)\}", e):
-            assert {m.split("=")[0].strip(" !~") for m in matcher.split(",")} <= allowed, e
-
-
-def test_dashboard_is_documented_and_importable(dashboard: dict[str, Any]) -> None:
-    assert dashboard["title"] and dashboard["uid"] and dashboard["description"]
-    assert dashboard["__inputs"][0]["pluginId"] == "prometheus"
-    assert {v["name"] for v in dashboard["templating"]["list"]} >= {"datasource", "instance"}
-    ids = [p["id"] for p in dashboard["panels"]]
-    assert len(ids) == len(set(ids))
-    for p in dashboard["panels"]:
-        g = p["gridPos"]
-        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
-        if p["type"] in ("row", "text"):
-            continue
-        assert p["description"], p["title"]
-        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
-        assert all(t["datasource"] == p["datasource"] for t in p["targets"]), p["title"]

@@ -10,7 +10,7 @@ from typing import Any, BinaryIO
 import pytest
 
 from nftblockd.sources.base import MemoryPositionStore
-from nftblockd.sources.tail import FilePosition, FileTail
+from nftblockd.sources.tail import FilePosition, FileTail, missing_files
 from tests.helpers.sources import running, wait_for_condition
 
 
@@ -194,6 +194,45 @@ async def test_directory_that_does_not_exist_yet(tmp_path: Path) -> None:
         assert await c.wait_lines(1) == ["appeared"]
         append(log, "and grows")
         assert await c.wait_lines(2) == ["appeared", "and grows"]
+
+
+async def test_missing_names_are_warned_at_start_reported_until_they_appear_then_read(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Debian 12 without rsyslog has no /var/log/auth.log: a jail on it must not silently read nothing."""
+    here = tmp_path / "here.log"
+    here.write_text("")
+    later = tmp_path / "later.log"
+    nested = tmp_path / "app" / "error.log"
+    glob = tmp_path / "vhosts" / "*.log"
+    (tmp_path / "vhosts").mkdir()
+    caplog.set_level("INFO", logger="nftblockd.sources.tail")
+    async with running(src := tail([here, later, nested, glob])) as c:
+        expect = [f"{later} does not exist", f"{nested}: its directory {nested.parent} does not exist",
+                  f"{glob}: no file matches"]
+        assert src.missing() == expect
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 3 and all("followed as soon as it appears" in w for w in warned)
+        assert [w.split("; ")[0] for w in warned] == [f"source web: {e}" for e in expect]
+        append(later, "one")
+        (tmp_path / "app").mkdir()
+        append(nested, "two")
+        append(tmp_path / "vhosts" / "a.log", "three")
+        await c.wait_lines(3)
+        assert sorted(c.texts) == ["one", "three", "two"]
+        assert src.missing() == []
+
+
+def test_missing_files_names_what_a_config_would_not_find(tmp_path: Path) -> None:
+    (tmp_path / "x.log").write_text("")
+    (tmp_path / "hid").mkdir()
+    (tmp_path / "hid" / ".hidden.log").write_text("")
+    (tmp_path / "adir.log").mkdir()  # not a regular file
+    assert missing_files([str(tmp_path / "x.log"), str(tmp_path / "x*.log"), str(tmp_path / "hid/.*.log")]) == []
+    assert missing_files([str(tmp_path / "adir.log"), str(tmp_path / "*.gz"), str(tmp_path / "hid" / "*.log"),
+                          str(tmp_path / "no" / "x.log")]) == [
+        f"{tmp_path}/adir.log does not exist", f"{tmp_path}/*.gz: no file matches",
+        f"{tmp_path}/hid/*.log: no file matches",  # as glob(): `*` does not match a leading dot
+        f"{tmp_path}/no/x.log: its directory {tmp_path}/no does not exist"]
 
 
 async def test_directory_deleted_and_recreated_without_spinning(tmp_path: Path) -> None:

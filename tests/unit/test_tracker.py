@@ -80,6 +80,22 @@ def test_offenders_are_counted_separately() -> None:
     assert tr.tracked == 2
 
 
+def test_tracked_addresses_are_counted_per_jail() -> None:
+    """The metric nftblock_tracker_addresses{jail}: two jails tracking 10 and 3 show 10 and 3, not 13 each."""
+    tr = Tracker([sshd(), sshd(name="web")])
+    for i in range(10):
+        fail(tr, f"192.0.2.{i}", 1, T0)
+    for i in range(3):
+        fail(tr, f"198.51.100.{i}", 1, T0, jail="web")
+    fail(tr, "192.0.2.0", 4, T0 + 1)  # its fifth failure: banned, no longer counted
+    assert tr.tracked_by_jail() == {"sshd": 9, "web": 3}
+    tr.observe(hit("sshd", "203.0.113.1", T0 + 700), T0 + 700)  # a generation later: the old ones are still held
+    assert tr.tracked_by_jail() == {"sshd": 10, "web": 3} and tr.tracked == 13
+    tr.observe(hit("sshd", "203.0.113.2", T0 + 1900), T0 + 1900)  # two generations later: dropped
+    tr.observe(hit("web", "203.0.113.2", T0 + 1900), T0 + 1900)
+    assert tr.tracked_by_jail() == {"sshd": 1, "web": 1} and tr.tracked == 2
+
+
 def test_maxretry_one_bans_on_the_first_failure() -> None:
     tr = Tracker([sshd(maxretry=1)])
     assert fail(tr, "192.0.2.1", 1, T0).kind is Kind.BANNED

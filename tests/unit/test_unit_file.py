@@ -56,12 +56,12 @@ def one(key: str) -> str:
 
 
 def checkable_copy(tmp_path: Path, *, dropin: Path | None = None) -> Path:
-    """The unit with /usr/bin/nftblockd (not installed here) replaced by /usr/bin/true, since verify checks
+    """The unit with /usr/bin/nftblockd and nftblock (not installed here) replaced by /usr/bin/true, since verify checks
     that each Exec*= command exists; everything else is unchanged."""
     true = shutil.which("true")
     assert true, "no `true` binary"
     unit = tmp_path / "nftblockd.service"
-    unit.write_text(UNIT_TEXT.replace("=/usr/bin/nftblockd ", f"={true} "))
+    unit.write_text(re.sub(r"=/usr/bin/nftblockd? ", f"={true} ", UNIT_TEXT))
     if dropin is not None:
         (tmp_path / "nftblockd.service.d").mkdir()
         shutil.copy(dropin, tmp_path / "nftblockd.service.d" / dropin.name)
@@ -116,8 +116,8 @@ def test_service_lifecycle() -> None:
     assert one("NotifyAccess") == "main"
     assert one("WatchdogSec") == "30s"
     assert one("ExecStart") == "/usr/bin/nftblockd --config /etc/nftblockd/nftblockd.yaml"
-    assert SERVICE["ExecReload"] == ["/usr/bin/nftblockd --check-config /etc/nftblockd/nftblockd.yaml",
-                                     "/bin/kill -HUP $MAINPID"]
+    # the daemon's own verdict, so that a refused reload fails `systemctl reload` (a SIGHUP cannot fail)
+    assert SERVICE["ExecReload"] == ["/usr/bin/nftblock reload"]
     assert one("Restart") == "on-failure"
 
 
