@@ -76,10 +76,9 @@ def test_disk_full_is_a_visible_degraded_state_that_catches_up(netns: NetNS, tmp
     try:
         d.start()
         filler = state / "filler"
-        with filler.open("wb", buffering=0) as f:  # fill the file system to the last block
-            with contextlib.suppress(OSError):
-                while True:
-                    f.write(b"\0" * 4096)
+        with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):  # to the last block
+            while True:
+                f.write(b"\0" * 4096)
         bans = [f"198.51.100.{i}" for i in range(1, 21)]
         for b in bans:
             r = d.cli("ban", "--timeout", "1h", b)
