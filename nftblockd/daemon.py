@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from nftblockd.allowlist import Allowlist, build_allowlist
-from nftblockd.config import Config, ConfigError, Problem, load_config
+from nftblockd.config import Config, ConfigError, JailConfig, Problem, load_config
 from nftblockd.control.api import ControlAPI
 from nftblockd.control.server import ControlServer
 from nftblockd.detect.filterload import load_filter
@@ -41,7 +41,7 @@ from nftblockd.kernel.writer import KernelWriter
 from nftblockd.service.loops import every
 from nftblockd.service.metrics import Metrics, MetricsServer
 from nftblockd.service.sdnotify import Notifier, watchdog_loop
-from nftblockd.sources.base import MemoryPositionStore
+from nftblockd.sources.base import MemoryPositionStore, PositionStore
 from nftblockd.state.change import StateChange
 from nftblockd.state.persister import Persister, PersistStatus
 from nftblockd.state.store import CompactBans, Store, StoreError, StoreProblem, unpack_target
@@ -160,6 +160,8 @@ class Daemon:
         self.metrics = Metrics()
         self.metrics_server: MetricsServer | None = None
         self.filters = build_filters(cfg)
+        self._filter_defs = {n: f.definition for n, f in self.filters.items()}
+        self.reload_changes = ""
         self.store: Store | None = None
         self.persister = Persister(self._write_change, on_state=self._persist_state)
         self._saved: tuple[CompactBans, float, float] | None = None
@@ -184,15 +186,21 @@ class Daemon:
         self._hooks: list[Callable[[], Awaitable[None]]] = []
         self.watch_interval = 0.5
         self._rounds = 0
+        self._positions: PositionStore = MemoryPositionStore()
+        self._tg: asyncio.TaskGroup | None = None  # set while running: reloads start and stop jails in it
+        self._jail_tasks: dict[str, asyncio.Task[None]] = {}
 
     @staticmethod
     def _default_blocklist(cfg: Config) -> str:
         names = [b.name for b in cfg.blocklists]
         return "default" if "default" in names else names[0]
 
+    @staticmethod
+    def _policies(cfg: Config) -> list[JailPolicy]:
+        return [JailPolicy.from_config(j, recidive=j.recidive, watch=j.watch) for j in cfg.jails if j.enabled]
+
     def _tracker(self, cfg: Config) -> Tracker:
-        policies = [JailPolicy.from_config(j, recidive=j.recidive, watch=j.watch) for j in cfg.jails if j.enabled]
-        return Tracker(policies, self.allow)
+        return Tracker(self._policies(cfg), self.allow)
 
     def _allowlist(self, cfg: Config) -> Allowlist:
         self._own = own_addresses() if cfg.allowlist_self else []
@@ -280,7 +288,9 @@ class Daemon:
                                name="persist-retry")
                 tg.create_task(self._reloads(), name="reload")
                 tg.create_task(watchdog_loop(self.notifier, self.stop, self._healthy), name="watchdog")
-                jail_tasks = [tg.create_task(j.run(), name=f"jail-{j.jail.name}") for j in self.jails]
+                self._tg = tg
+                for j in self.jails:
+                    self._jail_tasks[j.jail.name] = tg.create_task(j.run(), name=f"jail-{j.jail.name}")
                 if self.feeds is not None:
                     tg.create_task(self.feeds.run(self.stop), name="feeds")
                 await self._sources_ready()
@@ -293,9 +303,10 @@ class Daemon:
                          len(self.jails), self.cfg.control.socket)
                 await self.stop.wait()
                 self.notifier.stopping()
-                for t in jail_tasks:  # sources save their positions when cancelled
+                self._tg = None
+                for t in self._jail_tasks.values():  # sources save their positions when cancelled
                     t.cancel()
-                await asyncio.gather(*jail_tasks, return_exceptions=True)
+                await asyncio.gather(*self._jail_tasks.values(), return_exceptions=True)
                 log.info("stopping: closing the control socket, flushing pending bans")
                 await self.sink.close()
                 await sink
@@ -381,12 +392,14 @@ class Daemon:
         if self.store is not None:
             history = await self.store_call(self.store.load_history, now - 30 * 86400)
             self.tracker.load_history(history, now)
-        positions = self.store.positions() if self.store is not None else MemoryPositionStore()
+        self._positions = self.store.positions() if self.store is not None else MemoryPositionStore()
         for j in self.cfg.jails:
             if j.enabled and not j.recidive:
-                self.jails.append(JailRunner(j, self.filters[j.name], self.tracker, self.sink, positions,
-                                             self.metrics))
+                self.jails.append(self._runner(j))
         return n
+
+    def _runner(self, j: JailConfig) -> JailRunner:
+        return JailRunner(j, self.filters[j.name], self.tracker, self.sink, self._positions, self.metrics)
 
     async def _load_saved(self) -> tuple[CompactBans, float, float] | None:
         if self.store is None:
@@ -537,7 +550,9 @@ class Daemon:
         self.notifier.reloading()
         try:
             new = apply_overrides(load_config(self.config_path), self.overrides)
-            build_filters(new)  # a filter that does not compile refuses the reload, as it refuses a start
+            filters = build_filters(new)  # a filter that does not compile refuses the reload, as at a start
+            policies = self._policies(new)
+            Tracker(policies, self.allow)  # policies the tracker refuses (a bad watch list) refuse the reload
         except ConfigError as exc:
             log.error("reload refused, the running config stays:\n%s", exc)
             self.notifier.ready("reload refused: config invalid; running the previous config")
@@ -553,6 +568,7 @@ class Daemon:
             self.notifier.ready("reload refused: kernel layout changed; restart to apply")
             self.last_reload = Verdict(False, f"reload refused: {why}")
             return False
+        old_cfg = self.cfg
         self.cfg = new
         self.allow = await asyncio.to_thread(self._allowlist, new)  # a blocking netlink dump: off the loop
         self.enforcer.allow = self.allow
@@ -563,9 +579,38 @@ class Daemon:
             await self.enforcer.apply([Unban(b.target, b.blocklist, "cli", "allowlisted on reload")
                                        for b in lifted])
         await self.enforcer.reinstall()
-        log.info("configuration reloaded from %s", self.config_path)
+        jails = await self._reload_jails(old_cfg, new, filters, policies)
+        log.info("configuration reloaded from %s%s", self.config_path, f" ({jails})" if jails else "")
         self.notifier.ready("configuration reloaded")
+        self.reload_changes = jails
         return True
+
+    async def _reload_jails(self, old: Config, new: Config, filters: dict[str, Filter],
+                            policies: list[JailPolicy]) -> str:
+        """Apply jail changes: the tracker takes the new policies (keeping what it counted for jails that
+        stay), and runners whose jail changed are restarted on their saved positions. Returns a summary."""
+        added, removed, changed = self.tracker.reconfigure(policies)
+        self.filters = filters
+        before = {j.name: j for j in old.jails if j.enabled and not j.recidive}
+        after = {j.name: j for j in new.jails if j.enabled and not j.recidive}
+        restart = [n for n in after if n in before and (after[n] != before[n] or
+                                                         filters[n].definition != self._filter_defs.get(n))]
+        for name in [n for n in before if n not in after] + restart:
+            task = self._jail_tasks.pop(name, None)
+            if task is not None:
+                task.cancel()  # the sources save their positions
+                await asyncio.gather(task, return_exceptions=True)
+        self.jails = [r for r in self.jails if r.jail.name in after and r.jail.name not in restart]
+        for name in [n for n in after if n not in before] + restart:
+            runner = self._runner(after[name])
+            self.jails.append(runner)
+            if self._tg is not None:
+                self._jail_tasks[name] = self._tg.create_task(runner.run(), name=f"jail-{name}")
+        self._filter_defs = {n: f.definition for n, f in filters.items()}
+        parts = [f"{what}: {', '.join(sorted(names))}" for what, names in
+                 (("jails added", added), ("jails removed", removed), ("jails changed", changed),
+                  ("jails restarted", restart)) if names]
+        return "; ".join(parts)
 
 
 GC_THRESHOLDS = (50_000, 20, 50)

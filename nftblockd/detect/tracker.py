@@ -594,6 +594,33 @@ class Tracker:
                     changed.append((j.name, _net_of_key(key)))
         return changed
 
+    def reconfigure(self, policies: Iterable[JailPolicy]) -> tuple[list[str], list[str], list[str]]:
+        """Replace the jails' policies (a reload): returns the jails (added, removed, changed).
+
+        A jail that stays keeps its failure counts, bans and history under its new policy (a changed
+        maxretry applies to the next failure), unless its IPv6 grouping changed: its records are keyed by
+        the old prefix, so they start afresh (the kernel keeps enforcing its bans). A removed jail's
+        records go. Raises ValueError for policies the constructor would refuse, changing nothing.
+        """
+        fresh = Tracker(policies, self._allow, max_tracked=self.max_tracked, max_skew=self.max_skew)
+        added, changed = [], []
+        for name, new in fresh._jails.items():
+            old = self._jails.get(name)
+            if old is None:
+                added.append(name)
+                continue
+            if old.policy != new.policy:
+                changed.append(name)
+            if old.policy.ipv6_prefix != new.policy.ipv6_prefix:
+                continue
+            new.cur, new.old, new.banned, new.history = old.cur, old.old, old.banned, old.history
+            new.anchor(old.gen_start)
+        removed = [name for name in self._jails if name not in fresh._jails]
+        self._jails = fresh._jails
+        self._recidive = fresh._recidive
+        self._tracked = sum(len(j.cur) + len(j.old) for j in self._jails.values())
+        return added, removed, changed
+
     def replace_allowlist(self, allowlist: Allowlist) -> list[Ban]:
         """Swap the global allowlist (reload, own addresses changed); jails keep their `ignoreip`.
 
