@@ -536,7 +536,8 @@ class Daemon:
                 self.last_reload = Verdict(False, f"reload failed: {exc}; the running configuration stays")
             else:
                 if ok:
-                    self.last_reload = Verdict(True, f"configuration reloaded from {self.config_path}")
+                    changes = f" ({self.reload_changes})" if self.reload_changes else ""
+                    self.last_reload = Verdict(True, f"configuration reloaded from {self.config_path}{changes}")
             return self.last_reload
 
     async def reload(self) -> bool:
