@@ -245,6 +245,16 @@ class NftSocket:
             raise
         return len(parts)
 
+    def list_rules(self, table: str) -> list[tuple[str, str | None]]:
+        """(chain, comment) of every rule in `table`."""
+        try:
+            parts = self.dump(m.NFT_MSG_GETRULE, m.NFPROTO_INET, m.strz(m.NFTA_RULE_TABLE, table))
+        except KernelError as exc:
+            if exc.errno == errno_mod.ENOENT:
+                return []
+            raise
+        return [m.parse_rule_comment(r.payload) for r in parts]
+
     def dump_elements(self, table: str, set_name: str) -> list[m.DumpedElement]:
         """Every element of a set. Cost grows with the square of the size (F6.5): not for polling.
 

@@ -425,6 +425,20 @@ def read_strz(b: bytes) -> str:
     return b.split(b"\0", 1)[0].decode(errors="replace")
 
 
+def parse_rule_comment(payload: bytes) -> tuple[str, str | None]:
+    """A dumped rule's (chain, comment): the comment is the libnftnl userdata TLV comment_udata writes."""
+    a = attrs_dict(payload[4:])
+    chain = read_strz(a[NFTA_RULE_CHAIN]) if NFTA_RULE_CHAIN in a else ""
+    udata = a.get(NFTA_RULE_USERDATA, b"")
+    i = 0
+    while i + 2 <= len(udata):
+        kind, length = udata[i], udata[i + 1]
+        if kind == NFTNL_UDATA_RULE_COMMENT:
+            return chain, read_strz(udata[i + 2:i + 2 + length])
+        i += 2 + length
+    return chain, None
+
+
 def read_be32(b: bytes) -> int:
     return int(_BE32.unpack_from(b)[0])
 

@@ -29,6 +29,7 @@ from nftblockd.kernel.setwriter import ApplyResult, Features
 
 log = logging.getLogger("nftblockd.kernel")
 
+RULE_COMMENT_PREFIX = "nftblockd"  # every rule ruleset.py writes carries a comment starting with this
 ADD_FLAGS = m.NLM_F_REQUEST | m.NLM_F_CREATE  # no EXCL: re-adding an existing element is not an error
 
 
@@ -58,6 +59,7 @@ class KernelWriter:
         One transaction, so a reload never leaves a gap. Raises KernelStateError for unusable objects.
         """
         self.sock.get_generation()
+        self._refuse_foreign_table()
         existing = self.sock.list_sets(self.plan.table)
         self._verify_sets(existing)
         stale = tuple(name for name in existing if name not in self._specs)
@@ -83,6 +85,23 @@ class KernelWriter:
         owner = bool(self.table_flags & m.NFT_TABLE_F_OWNER)
         self.features = Features(kernel_release(), owner, bool(self.table_flags & m.NFT_TABLE_F_PERSIST),
                                  *self._probe_elements())
+
+    def _refuse_foreign_table(self) -> None:
+        """A table of our name that someone else wrote rules into is not ours to take over: setup replaces
+        the rules of our chains, so an admin's rule there would vanish without a word. Our own leftover table
+        (kept after a stop, no longer owned) holds only rules with our comments."""
+        exists, flags = self.sock.table_exists(self.plan.table)
+        if not exists or flags & m.NFT_TABLE_F_OWNER:
+            return  # absent, or owned (by us: a reload; by another process: setup says so)
+        foreign = [(chain, comment) for chain, comment in self.sock.list_rules(self.plan.table)
+                   if not (comment or "").startswith(RULE_COMMENT_PREFIX)]
+        if foreign:
+            shown = ", ".join(f"chain {c}: {cm or 'a rule without a comment'}" for c, cm in foreign[:3])
+            more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            raise KernelStateError(
+                f"table inet {self.plan.table} already exists and holds rules nftblockd did not write ({shown}"
+                f"{more}); nftblockd replaces the rules of its table, so it will not take this one over. "
+                "Give nftblockd a table of its own (`table:` in the config) or remove that table")
 
     def _verify_sets(self, existing: dict[str, KernelSetInfo]) -> None:
         problems = []
