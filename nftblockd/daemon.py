@@ -206,6 +206,48 @@ class Daemon:
         self._own = own_addresses() if cfg.allowlist_self else []
         return build_allowlist(cfg.allowlist, self._own, include_self=cfg.allowlist_self)
 
+    async def _apply_allowlist(self, allow: Allowlist, why: str) -> None:
+        """Install a new allowlist: decisions use it at once, bans it now protects are lifted, and the
+        kernel's allowlist sets are replaced in one transaction with the rules."""
+        self.allow = allow
+        self.enforcer.allow = allow
+        lifted = self.tracker.replace_allowlist(allow)
+        if lifted:
+            log.warning("the new allowlist protects %d banned addresses; lifting their bans", len(lifted))
+            await self.enforcer.apply([Unban(b.target, b.blocklist, "cli", f"allowlisted {why}") for b in lifted])
+        await self.enforcer.reinstall()
+
+    async def _follow_own_addresses(self) -> None:
+        """allowlist_self follows the machine: an address added at runtime is protected within a moment,
+        not at the next restart (rtnetlink address notifications; the list is then read again)."""
+        try:
+            changes = ownaddr.AddressChanges()
+        except OSError as exc:
+            log.warning("cannot follow address changes (%s); own addresses are read at start and reload", exc)
+            return
+        loop = asyncio.get_running_loop()
+        heard = asyncio.Event()
+        loop.add_reader(changes.fileno(), lambda: heard.set() if changes.drain() else None)
+        try:
+            while not self.stop.is_set():
+                stopping = asyncio.ensure_future(self.stop.wait())
+                hearing = asyncio.ensure_future(heard.wait())
+                await asyncio.wait({stopping, hearing}, return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                hearing.cancel()
+                if self.stop.is_set():
+                    return
+                heard.clear()
+                async with self._reload_lock:  # a reload installs an allowlist too: one at a time
+                    before = set(self._own)
+                    allow = await asyncio.to_thread(self._allowlist, self.cfg)
+                    if set(self._own) != before:
+                        log.info("own addresses changed (%d now); allowlist updated", len(self._own))
+                        await self._apply_allowlist(allow, "as an own address")
+        finally:
+            loop.remove_reader(changes.fileno())
+            changes.close()
+
     # -- state ---------------------------------------------------------------------------------------
 
     async def store_call(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
@@ -287,6 +329,8 @@ class Daemon:
                 tg.create_task(every(lambda: 5.0, self.stop, self.persister.retry, "saving state changes"),
                                name="persist-retry")
                 tg.create_task(self._reloads(), name="reload")
+                if self.cfg.allowlist_self:
+                    tg.create_task(self._follow_own_addresses(), name="own-addresses")
                 tg.create_task(watchdog_loop(self.notifier, self.stop, self._healthy), name="watchdog")
                 self._tg = tg
                 for j in self.jails:
@@ -571,15 +615,8 @@ class Daemon:
             return False
         old_cfg = self.cfg
         self.cfg = new
-        self.allow = await asyncio.to_thread(self._allowlist, new)  # a blocking netlink dump: off the loop
-        self.enforcer.allow = self.allow
         self.enforcer.cfg = new
-        lifted = self.tracker.replace_allowlist(self.allow)
-        if lifted:
-            log.warning("the new allowlist protects %d banned addresses; lifting their bans", len(lifted))
-            await self.enforcer.apply([Unban(b.target, b.blocklist, "cli", "allowlisted on reload")
-                                       for b in lifted])
-        await self.enforcer.reinstall()
+        await self._apply_allowlist(await asyncio.to_thread(self._allowlist, new), "on reload")
         jails = await self._reload_jails(old_cfg, new, filters, policies)
         log.info("configuration reloaded from %s%s", self.config_path, f" ({jails})" if jails else "")
         self.notifier.ready("configuration reloaded")

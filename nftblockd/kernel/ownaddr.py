@@ -6,11 +6,13 @@ Why not pyroute2: importing any part of it imports the whole package, tc layer i
 for addresses: a request of 24 bytes and a small decoder.
 
 `parse_dump` is pure (bytes in, addresses out) and tested alone; `own_addresses` is the IO edge. This module
-reads addresses only: it never changes links, routes or addresses, and never touches nf_tables.
+reads addresses (and, with `AddressChanges`, hears that they changed): it never changes links, routes or
+addresses, and never touches nf_tables.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import socket
@@ -19,11 +21,11 @@ from collections.abc import Iterable
 
 from nftblockd.events import IPAddr
 
-__all__ = ["DumpError", "own_addresses", "parse_dump", "request"]
+__all__ = ["AddressChanges", "DumpError", "own_addresses", "parse_dump", "request"]
 
 NETLINK_ROUTE = 0
 NLMSG_ERROR, NLMSG_DONE = 2, 3
-RTM_NEWADDR, RTM_GETADDR = 20, 22
+RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
 NLM_F_REQUEST, NLM_F_MULTI, NLM_F_DUMP = 0x1, 0x2, 0x300
 IFA_ADDRESS, IFA_LOCAL = 1, 2
 
@@ -112,3 +114,46 @@ def own_addresses(timeout: float = 5.0) -> list[IPAddr]:
 
 def _unique(addrs: Iterable[IPAddr]) -> list[IPAddr]:
     return list(dict.fromkeys(addrs))
+
+
+RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR = 0x10, 0x100
+
+
+class AddressChanges:
+    """Notifications that an address was added to or removed from an interface (rtnetlink multicast groups
+    of IPv4 and IPv6 addresses), so a daemon's view of its own addresses follows them instead of being read
+    once. Only that something changed is reported; the caller re-reads the list (`own_addresses`).
+
+    A receive-buffer overflow (ENOBUFS: a burst of changes) also counts as a change: the re-read is the truth.
+    """
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, NETLINK_ROUTE)
+        self._sock.bind((0, RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR))
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def drain(self) -> bool:
+        """Read what is queued; True if any of it was an address change."""
+        changed = False
+        while True:
+            try:
+                data = self._sock.recv(_RECV)
+            except BlockingIOError:
+                return changed
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    changed = True
+                    continue
+                raise
+            pos = 0
+            while pos + _NLMSGHDR.size <= len(data):
+                length, kind = _NLMSGHDR.unpack_from(data, pos)[:2]
+                if length < _NLMSGHDR.size:
+                    break
+                changed |= kind in (RTM_NEWADDR, RTM_DELADDR)
+                pos += _align(length)
+
+    def close(self) -> None:
+        self._sock.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.daemon import DaemonProc
-from tests.helpers.netns import NetNS
+from tests.helpers.netns import NetNS, wait_for
 
 CONFIG = "blocklists: {default: {timeout: 1h}}\nallowlist_self: false\njails: {}\n"
 
@@ -37,5 +37,23 @@ def test_our_own_leftover_table_is_taken_back(netns: NetNS, tmp_path: Path) -> N
         assert d.stop() == 0  # the table stays (persist), no longer owned
         d.start()
         assert "203.0.113.5" in netns.set_elements("nftblock", "default_ip4")
+    finally:
+        d.close()
+
+
+def test_an_address_added_at_runtime_is_protected_at_once(netns: NetNS, tmp_path: Path) -> None:
+    d = DaemonProc(netns, tmp_path / "d", CONFIG.replace("allowlist_self: false", "allowlist_self: true")).start()
+    try:
+        assert d.cli("ban", "203.0.113.77").returncode == 0  # not ours yet: bannable
+        netns.run("ip", "addr", "add", "203.0.113.77/32", "dev", "lo")
+        wait_for(lambda: d.cli_json("check", "203.0.113.77")["allowlisted"], timeout=10,
+                 what="the new address to be allowlisted")
+        # the kernel's allowlist set (evaluated before every blocklist) holds it: its traffic is accepted
+        assert "203.0.113.77" in netns.set_elements("nftblock", "allow_net4")
+        assert d.cli("ban", "203.0.113.77").returncode == 1  # and no new ban is taken
+        netns.run("ip", "addr", "del", "203.0.113.77/32", "dev", "lo")
+        wait_for(lambda: not d.cli_json("check", "203.0.113.77")["allowlisted"], timeout=10,
+                 what="a removed address to lose its protection")
+        assert "203.0.113.77" not in netns.set_elements("nftblock", "allow_net4")
     finally:
         d.close()
