@@ -100,7 +100,7 @@ class Change:
     outcome: Outcome
     ops: tuple[SetOp, ...] = ()
     message: str = ""
-    related: tuple[str, ...] = ()  # ranges that cover, conflict with or were absorbed
+    related: tuple[IPNet, ...] = ()  # ranges that cover, conflict with or were absorbed
 
 
 def net_key(net: IPNet) -> int:
@@ -251,11 +251,11 @@ class BanState:
         first, last = range_of(key, v)
         outer = entries.containing(first, last)
         if outer is not None:
-            outer_net = format_target(key_net(outer, v))
+            outer_net = key_net(outer, v)
             if _later(until_ms, _until(entries.entries[outer])):
                 return Change(Outcome.CONFLICT, related=(outer_net,), message=(
-                    f"{format_target(key_net(key, v))} lies inside the active ban {outer_net}, which ends "
-                    "sooner; unban that range first or ban it for longer"))
+                    f"{format_target(key_net(key, v))} lies inside the active ban {format_target(outer_net)}, "
+                    "which ends sooner; unban that range first or ban it for longer"))
             return Change(Outcome.COVERED, related=(outer_net,))
         inner = entries.inside(first, last)
         ops: list[SetOp] = []
@@ -271,7 +271,7 @@ class BanState:
         ops.append(SetOp(entries.spec.name, key, True, end, comment))
         if inner:
             return Change(Outcome.ABSORBED, tuple(ops),
-                          related=tuple(format_target(key_net(k, v)) for k in inner))
+                          related=tuple(key_net(k, v) for k in inner))
         return Change(Outcome.ADDED, tuple(ops))
 
     def ban_hosts(self, blocklist: str, version: int, keys: list[int], until: float | None, now: float, *,
@@ -402,10 +402,11 @@ class BanState:
             if entries.spec.interval:
                 entries.index_remove(key)
             return Change(Outcome.REMOVED, (SetOp(entries.spec.name, key, False),))
-        covering = [format_target(b.target) for b in self.covering(unban.target, unban.blocklist)]
+        covering = tuple(b.target for b in self.covering(unban.target, unban.blocklist))
         if covering:
-            return Change(Outcome.NOT_FOUND, related=tuple(covering), message=(
-                f"{format_target(unban.target)} is not banned itself; it lies inside {', '.join(covering)}"))
+            return Change(Outcome.NOT_FOUND, related=covering, message=(
+                f"{format_target(unban.target)} is not banned itself; it lies inside "
+                f"{', '.join(map(format_target, covering))}"))
         return Change(Outcome.NOT_FOUND, message=f"{format_target(unban.target)} is not banned")
 
     def adopt(self, set_name_: str, remaining_ms: dict[int, int | None], now: float) -> list[int]:

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import Config
-from nftblockd.events import Ban, Decision, IPNet, Unban, format_target, parse_target
+from nftblockd.events import Ban, Decision, IPNet, Unban, format_target
 from nftblockd.kernel.bans import DELETE, BanState, BulkChange, Change, OpSpec, Outcome, SetOp
 from nftblockd.kernel.batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
 from nftblockd.kernel.ruleset import Ruleset
@@ -75,6 +75,7 @@ class Result:
     code: str | None = None
     message: str = ""
     set_name: str = ""
+    absorbed: tuple[IPNet, ...] = ()  # ABSORBED: the narrower ranges this ban replaced
 
 
 @dataclass(slots=True)
@@ -251,9 +252,7 @@ class Enforcer:
                 continue
             if isinstance(d, Ban) and r.outcome in (Outcome.ADDED, Outcome.EXTENDED, Outcome.ABSORBED):
                 saves.append(d)
-                if r.outcome is Outcome.ABSORBED:
-                    deletes += [(d.blocklist, parse_target(t)) for t in r.message.removeprefix(
-                        "replaces ").split(", ") if t]
+                deletes += [(d.blocklist, n) for n in r.absorbed]
             elif isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
                 deletes.append((d.blocklist, d.target))
         if saves or deletes or history:
@@ -469,9 +468,10 @@ class Enforcer:
             return Result(d.target, ch.outcome, None, ch.message)
         msg = ch.message
         if ch.outcome is Outcome.COVERED:
-            msg = f"already covered by {', '.join(ch.related)}"
+            msg = f"already covered by {', '.join(map(format_target, ch.related))}"
         elif ch.outcome is Outcome.ABSORBED:
-            msg = f"replaces {', '.join(ch.related)}"
+            msg = f"replaces {', '.join(map(format_target, ch.related))}"
+            return Result(d.target, ch.outcome, None, msg, set_name, ch.related)
         return Result(d.target, ch.outcome, None, msg, set_name)
 
     def _audit(self, decisions: Sequence[Decision], results: Sequence[Result]) -> None:

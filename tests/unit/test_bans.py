@@ -51,7 +51,7 @@ def test_range_inside_a_longer_range_is_covered() -> None:
     s = state()
     s.ban(ban("10.0.0.0/8", NOW + 600), NOW)
     ch = s.ban(ban("10.1.0.0/16", NOW + 60), NOW)
-    assert ch.outcome is Outcome.COVERED and ch.related == ("10.0.0.0/8",) and not ch.ops
+    assert ch.outcome is Outcome.COVERED and ch.related == (ipaddress.ip_network("10.0.0.0/8"),) and not ch.ops
 
 
 def test_range_inside_a_shorter_range_is_refused() -> None:
