@@ -46,8 +46,9 @@ test: venv
 bench: venv
 	$(PY) bench/run.py
 
+# What CI gates before the tests: ruff, then mypy (strict; package, tests, bench/ and tools/, see pyproject.toml)
 lint: venv
-	$(VENV)/bin/ruff check nftblockd tests bench
+	$(VENV)/bin/ruff check nftblockd tests bench tools
 	$(VENV)/bin/mypy
 
 deb: venv

@@ -156,7 +156,7 @@ async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | N
         await enf.start()
         assert enf.writer is not None
         apply_t = Timed(enf.writer, "apply")
-        tx_t = Timed(enf.writer.sock, "transact")
+        tx_t = Timed(sock, "transact")  # the socket the writer was built with
         out: dict[str, Any] = {}
 
         async def sync(want: dict[str, list[int]], what: str) -> None:

@@ -353,17 +353,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python tools/f2b_conformance.py conformance [LOGDIR] [--filter-dir DIR] [--builtin|--imported]`."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] != "conformance":
-        print("usage: python tools/f2b_conformance.py conformance [LOGDIR] [--filter-dir DIR] "
-              "[--builtin|--imported]", file=sys.stderr)
-        return 2
-    return conformance_main(args[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

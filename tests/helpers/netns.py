@@ -14,7 +14,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal, overload
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -36,8 +36,13 @@ class NetNS:
         return subprocess.run(["ip", "netns", "exec", self.name, *cmd], check=check, capture_output=True,
                               text=True, input=input)
 
-    def popen(self, *cmd: str, **kw: Any) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(["ip", "netns", "exec", self.name, *cmd], **kw)
+    @overload
+    def popen(self, *cmd: str, text: Literal[True], **kw: Any) -> subprocess.Popen[str]: ...
+    @overload
+    def popen(self, *cmd: str, text: Literal[False] = ..., **kw: Any) -> subprocess.Popen[bytes]: ...
+
+    def popen(self, *cmd: str, text: bool = False, **kw: Any) -> subprocess.Popen[Any]:
+        return subprocess.Popen(["ip", "netns", "exec", self.name, *cmd], text=text, **kw)
 
     def nft(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.run("nft", *args, check=check)

@@ -116,7 +116,8 @@ nets = st.builds(lambda a, p: ipaddress.IPv4Network((a, p), strict=False),
 
 
 @given(st.lists(st.tuples(nets, st.integers(1, 10**6)), max_size=40))
-def test_interval_entries_never_overlap_and_every_accepted_ban_is_enforced(items: list) -> None:
+def test_interval_entries_never_overlap_and_every_accepted_ban_is_enforced(
+        items: list[tuple[ipaddress.IPv4Network, int]]) -> None:
     s = state()
     accepted = []
     for net, dur in items:

@@ -7,6 +7,7 @@ import importlib.util
 import io
 import ipaddress
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -368,7 +369,9 @@ def test_fast_lane_equals_general_path(tmp_path: Path) -> None:
     lines = _sample_lines() + (tmp_path / "auth.log").read_text().splitlines()
     filters = Path(__file__).resolve().parents[2] / "nftblockd" / "detect" / "filters"
     checked = 0
-    for name, modes in {**{n: [None] for n in builtin_filters()}, **MODES}.items():
+    modes_of: dict[str, Sequence[str | None]] = {n: [None] for n in builtin_filters()}
+    modes_of.update(MODES)
+    for name, modes in modes_of.items():
         for mode in modes:
             d = load_yaml_filter(filters / f"{name}.yaml", {"mode": mode} if mode else {})
             fast, slow = compile_filter(d, tz=UTC), compile_filter(d, tz=UTC, fast=False)

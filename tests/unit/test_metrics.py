@@ -84,7 +84,11 @@ async def test_a_scrape_awaits_its_refreshers_and_a_slow_one_shows_earlier_value
     assert samples(await m.scrape(), "nftblock_set_elements")[
         ("nftblock_set_elements", (("blocklist", "default"), ("family", "ipv4"), ("set", "default_ip4")))] == 1
     stuck = asyncio.Event()
-    m.before_scrape.append(stuck.wait)
+
+    async def never() -> None:
+        await stuck.wait()
+
+    m.before_scrape.append(never)
     body = await m.scrape(limit=0.05)  # a bound, not a wait for a result: the refresher never finishes
     assert samples(body, "nftblock_set_elements")[
         ("nftblock_set_elements", (("blocklist", "default"), ("family", "ipv4"), ("set", "default_ip4")))] == 2

@@ -16,8 +16,8 @@ ZURICH = ZoneInfo("Europe/Zurich")
 NOW = datetime(2026, 12, 2, 9, 53, 10, tzinfo=UTC).timestamp()
 
 
-def utc(*args: int) -> float:
-    return datetime(*args, tzinfo=UTC).timestamp()
+def utc(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> float:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC).timestamp()
 
 
 def at(line: str, now: float = NOW, pattern: str | None = None, tz: ZoneInfo | None = None) -> Stamp | None:
