@@ -177,7 +177,7 @@ class Bed:
                 groups.append(Group(f"{BLOCKLIST}_ip4", ip4, [OpSpec(True, None, "")] * len(ip4)))
                 groups.append(Group(f"{BLOCKLIST}_net4", net4, [OpSpec(True, None, "")] * len(net4)))
             if groups:
-                res = self.writer.apply(groups)
+                res = self.writer.write(groups)
                 assert not res.failed, f"the kernel refused {len(res.failed)} elements"
             counts = self.writer.set_counts()
             assert all(n == 0 for name, n in counts.items() if not name.startswith(BLOCKLIST)), counts

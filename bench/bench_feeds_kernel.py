@@ -155,7 +155,7 @@ async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | N
         enf = Enforcer(cfg, plan, Allowlist(), lambda: KernelWriter(plan, sock))
         await enf.start()
         assert enf.writer is not None
-        apply_t = Timed(enf.writer, "apply")
+        apply_t = Timed(enf.writer, "write")
         tx_t = Timed(sock, "transact")  # the socket the writer was built with
         out: dict[str, Any] = {}
 

@@ -33,8 +33,8 @@ from nftblockd.detect.matcher import Filter, FilterError
 from nftblockd.detect.tracker import JailPolicy, Tracker
 from nftblockd.events import Ban, Decision, IPAddr, Origin, Unban
 from nftblockd.kernel import ownaddr
-from nftblockd.kernel.bans import Outcome
-from nftblockd.kernel.enforcer import Enforcer, Result
+from nftblockd.kernel.bans import BanOutcome
+from nftblockd.kernel.enforcer import DecisionResult, Enforcer
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.kernel.sink import JailBanSink
 from nftblockd.kernel.writer import KernelWriter
@@ -266,7 +266,7 @@ class Daemon:
         """One store transaction (the persister groups and orders them)."""
         if self.store is None:
             return
-        await self.store_call(self.store.apply, save=change.saves, delete=change.deletes, history=change.history,
+        await self.store_call(self.store.commit, save=change.saves, delete=change.deletes, history=change.history,
                               save_packed=change.packed_saves, delete_packed=change.packed_deletes)
 
     def _persist_state(self, st: PersistStatus) -> None:
@@ -399,10 +399,10 @@ class Daemon:
                      "last_error": saving.last_error, "degraded_since": saving.degraded_since}
         return {"jails": jails, "tracker": {"tracked": self.tracker.tracked}, "store": store}
 
-    def _changed(self, decisions: Sequence[Decision], results: Sequence[Result]) -> None:
+    def _changed(self, decisions: Sequence[Decision], results: Sequence[DecisionResult]) -> None:
         """Unbans end the tracker's BANNED state, so new failures can ban again."""
         for d, r in zip(decisions, results, strict=False):
-            if isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
+            if isinstance(d, Unban) and r.outcome is BanOutcome.REMOVED:
                 self.tracker.forget_ban(d.target)
 
     async def _reload_for_api(self) -> tuple[bool, str]:

@@ -26,7 +26,7 @@ from nftblockd.control.protocol import (
 )
 from nftblockd.control.server import Peer
 from nftblockd.events import AddressError, Ban, Decision, IPNet, Unban, format_target, parse_host_int, parse_target
-from nftblockd.kernel.bans import Outcome
+from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import Enforcer
 
 Extra = Callable[[], dict[str, Any]]
@@ -234,7 +234,7 @@ class ControlAPI:
         not_found: dict[str, str] = {}
         for r in results:
             name = format_target(r.target)
-            if r.outcome is Outcome.REMOVED:
+            if r.outcome is BanOutcome.REMOVED:
                 removed[name] = None
             elif r.message and (name not in not_found or "inside" in r.message):
                 not_found[name] = r.message

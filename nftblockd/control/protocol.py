@@ -138,13 +138,13 @@ def encode_error(id: int | None, code: ErrorCode, message: str) -> bytes:
 
 
 class _Oversize:
-    """Marker from LineSplitter: a line exceeded the limit and is being discarded."""
+    """Marker from FrameSplitter: a line exceeded the limit and is being discarded."""
 
 
 OVERSIZE: Final = _Oversize()
 
 
-class LineSplitter:
+class FrameSplitter:
     """Splits a byte stream into lines of at most `max_line` bytes (newline excluded), memory bounded.
 
     A longer line yields OVERSIZE once, and its bytes are discarded up to the next newline.
@@ -252,7 +252,7 @@ class RequestDecoder:
 
     def __init__(self, max_request: int = DEFAULT_MAX_REQUEST) -> None:
         self.max_request = max_request
-        self._lines = LineSplitter(max_request)
+        self._lines = FrameSplitter(max_request)
 
     @property
     def buffered(self) -> int:
@@ -312,7 +312,7 @@ class ResponseDecoder:
 
     def __init__(self, max_response: int = DEFAULT_MAX_RESPONSE) -> None:
         self.max_response = max_response
-        self._lines = LineSplitter(max_response)
+        self._lines = FrameSplitter(max_response)
 
     def feed(self, data: bytes) -> list[Response]:
         return self._decode(self._lines.feed(data))

@@ -124,7 +124,7 @@ class Rejected(NamedTuple):
     regex: int = -1
 
 
-Result: TypeAlias = Match | Rejected | None
+MatchResult: TypeAlias = Match | Rejected | None
 # tuple.__new__(Match, values) builds a Match in half the time of the generated __new__ (the hot path)
 _new_match: Callable[[type[Match], tuple[Any, ...]], Match] = tuple.__new__
 
@@ -723,7 +723,7 @@ class Filter:
 
     # -- matching ----------------------------------------------------------------------------------------
 
-    def match(self, line: str, now: float, ctx: MatchContext | None = None) -> Result:
+    def match(self, line: str, now: float, ctx: MatchContext | None = None) -> MatchResult:
         """Match one line. `now` is the caller's clock (used for year inference and context expiry).
 
         Returns Match (a failure by an address, possibly `ignored`), Rejected (a failure whose host is not
@@ -896,7 +896,7 @@ class Filter:
                 out.append((i, _new_match(Match, (host, when, False, fields, rule.index))))
         return out
 
-    def _general(self, line: str, now: float, ctx: MatchContext | None) -> Result:
+    def _general(self, line: str, now: float, ctx: MatchContext | None) -> MatchResult:
         found = self._dates.find_span(line, now)
         if found is not None:
             when: float | None = found[0]
@@ -926,14 +926,14 @@ class Filter:
         return self._general_tail(rule, groups, when, now, ctx, content, text)
 
     def _general_tail(self, rule: _Rule, groups: dict[str, Any], when: float | None, now: float,
-                      ctx: MatchContext | None, content: str, text: str) -> Result:
+                      ctx: MatchContext | None, content: str, text: str) -> MatchResult:
         state = _state_from_groups(rule, groups, now)
         if self._ignore and self._ignored(content, text):
             return self._result(rule, state, when, True)
         return self._decide(rule, groups.get("mlfid"), state, when, now, ctx)
 
     def _decide(self, rule: _Rule, mlfid: str | None, state: _Conn, when: float | None, now: float,
-                ctx: MatchContext | None) -> Result:
+                ctx: MatchContext | None) -> MatchResult:
         state = _merge_connection(ctx, mlfid, state, now)
         if state.nofail or state.gained:
             return None
@@ -960,7 +960,7 @@ class Filter:
             self._hosts[raw] = host
         return host
 
-    def _result(self, rule: _Rule, state: _Conn, when: float | None, ignored: bool) -> Result:
+    def _result(self, rule: _Rule, state: _Conn, when: float | None, ignored: bool) -> MatchResult:
         raw = state.ip4 or state.ip6 or state.dns or state.fid
         if not raw:
             return Rejected("", "no-address", when, ignored, rule.index)

@@ -2,7 +2,7 @@
 
 This module never does IO, never imports asyncio and never reads the clock: every call takes `now` (wall-clock
 epoch seconds, the clock `Ban.until` is written in). Logging, metrics, persistence and the kernel are the
-caller's business; the tracker says what happened in the `Outcome` it returns and the caller counts kinds.
+caller's business; the tracker says what happened in the `TrackOutcome` it returns and the caller counts kinds.
 
 Rules
 =====
@@ -156,10 +156,10 @@ class BanRecord(NamedTuple):
                    None if until is None else float(until))
 
 
-class Outcome(NamedTuple):
+class TrackOutcome(NamedTuple):
     """What one hit (or one observed ban) did. Metrics count `kind`; the daemon acts on BANNED only.
 
-    BanRecord and Outcome are NamedTuples: a burst of bans builds several per ban, and a frozen
+    BanRecord and TrackOutcome are NamedTuples: a burst of bans builds several per ban, and a frozen
     dataclass's __init__ costs several times a tuple's.
     """
 
@@ -252,7 +252,7 @@ class _Banned:
     __slots__ = ("outcome", "since", "until")
 
     def __init__(self, ban: Ban, since: float) -> None:
-        self.outcome: Outcome = _new(Outcome, (_ALREADY, ban, None, None))
+        self.outcome: TrackOutcome = _new(TrackOutcome, (_ALREADY, ban, None, None))
         self.since = since
         self.until = math.inf if ban.until is None else ban.until
 
@@ -326,8 +326,8 @@ def _net_of_key(key: int) -> IPNet:
 # builds a NamedTuple in a third of the time its generated __new__ takes with keywords.
 _BANNED, _ALREADY = Kind.BANNED, Kind.ALREADY_BANNED
 _new: Callable[[type[Any], tuple[Any, ...]], Any] = tuple.__new__
-_COUNTED = Outcome(Kind.COUNTED)
-_STALE = Outcome(Kind.STALE)
+_COUNTED = TrackOutcome(Kind.COUNTED)
+_STALE = TrackOutcome(Kind.STALE)
 
 
 class Tracker:
@@ -371,7 +371,7 @@ class Tracker:
 
     # -- the hot path ----------------------------------------------------------------------------------
 
-    def observe(self, hit: Hit, now: float, *, live: bool = False) -> Outcome:
+    def observe(self, hit: Hit, now: float, *, live: bool = False) -> TrackOutcome:
         """One failure of `hit.host` in `hit.jail`; see the module rules for the order of checks."""
         j = self._jails.get(hit.jail)
         if j is None or j.recidive:
@@ -388,7 +388,7 @@ class Tracker:
                 del j.banned[key]
             i = bisect_right(j.a4_starts, x) - 1
             if i >= 0 and j.a4_ends[i] >= x:
-                return Outcome(Kind.ALLOWLISTED, allow=j.a4_nets[i])
+                return TrackOutcome(Kind.ALLOWLISTED, allow=j.a4_nets[i])
         else:
             shift = j.v6_shift
             first = x >> shift << shift
@@ -402,7 +402,7 @@ class Tracker:
             if i >= 0 and j.a6_ends[i] >= first:
                 own = j.allow.v6.find(x, x)
                 if own is not None:
-                    return Outcome(Kind.ALLOWLISTED, allow=own)
+                    return TrackOutcome(Kind.ALLOWLISTED, allow=own)
                 # An allowed neighbour shares the range: this offender is the single address.
                 key = _V6_NET | x << 8 | 128
                 b = j.banned.get(key)
@@ -423,7 +423,7 @@ class Tracker:
             return _STALE
         return self._count(j, key, t, now)
 
-    def _count(self, j: _Jail, key: int, t: float, now: float) -> Outcome:
+    def _count(self, j: _Jail, key: int, t: float, now: float) -> TrackOutcome:
         if not j.gen_lo <= now < j.gen_hi:
             self._rotate(j, now)
         cur = j.cur
@@ -491,7 +491,7 @@ class Tracker:
         self._tracked -= len(victims)
         self.evictions += len(victims)
 
-    def _ban(self, j: _Jail, key: int, failures: int, now: float) -> Outcome:
+    def _ban(self, j: _Jail, key: int, failures: int, now: float) -> TrackOutcome:
         p = j.policy
         earlier = j.history.get(key)
         if earlier is None:  # a first offence, as nearly every ban of a burst is
@@ -517,13 +517,13 @@ class Tracker:
         ban = Ban(target, p.blocklist, until, "jail", reason, p.name)
         j.history[key] = (*past, (now, until))
         j.banned[key] = _Banned(ban, now)
-        out: Outcome = _new(Outcome, (_BANNED, ban, None, _new(BanRecord, (p.name, target, now, until))))
+        out: TrackOutcome = _new(TrackOutcome, (_BANNED, ban, None, _new(BanRecord, (p.name, target, now, until))))
         return out
 
     # -- bans from elsewhere, unbans, the allowlist -------------------------------------------------------
 
-    def observe_ban(self, ban: Ban, now: float) -> list[Outcome]:
-        """Feed a ban the daemon applied to the recidive jails watching `ban.jail`: one Outcome per such jail.
+    def observe_ban(self, ban: Ban, now: float) -> list[TrackOutcome]:
+        """Feed a ban the daemon applied to the recidive jails watching `ban.jail`: one TrackOutcome per such jail.
 
         Bans of unknown or recidive jails (and of no jail) are not counted: recidive never feeds itself.
         """
@@ -542,7 +542,7 @@ class Tracker:
                     continue
                 del r.banned[key]
             if entry is not None:
-                out.append(Outcome(Kind.ALLOWLISTED, allow=entry))
+                out.append(TrackOutcome(Kind.ALLOWLISTED, allow=entry))
                 continue
             out.append(self._count(r, key, now, now))
         return out
@@ -798,5 +798,5 @@ def _watches(r: JailPolicy, p: JailPolicy) -> bool:
 
 
 __all__ = [
-    "BanRecord", "HistoryRow", "JailPolicy", "Kind", "LoadResult", "Outcome", "Tracker", "UnknownJailError",
+    "BanRecord", "HistoryRow", "JailPolicy", "Kind", "LoadResult", "TrackOutcome", "Tracker", "UnknownJailError",
 ]

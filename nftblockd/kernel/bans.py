@@ -8,7 +8,7 @@ Rules
 * A ban of a single address goes to the blocklist's hash set for its family; a range (CIDR) goes to the
   interval set. IPv4-mapped IPv6 was already normalised to IPv4 by `events.parse_target`.
 * Re-banning what is already banned never shortens it: the later end wins (`None` = permanent wins over any
-  end). A re-ban that ends earlier is a no-op (`Outcome.UNCHANGED`).
+  end). A re-ban that ends earlier is a no-op (`BanOutcome.UNCHANGED`).
 * The kernel refuses overlapping ranges in an interval set and never merges them, so overlaps are resolved
   here, keeping "unbanning one entry never unbans its neighbours" true:
     - a range inside an active range that lasts at least as long is already enforced: `COVERED`, no kernel op;
@@ -45,7 +45,7 @@ META_MASK = (1 << META_BITS) - 1
 PERMANENT = 0  # packed end of a ban that never expires
 
 
-class Outcome(enum.Enum):
+class BanOutcome(enum.Enum):
     ADDED = "added"
     EXTENDED = "extended"
     UNCHANGED = "unchanged"  # already banned at least as long
@@ -97,7 +97,7 @@ class BulkChange:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    outcome: Outcome
+    outcome: BanOutcome
     ops: tuple[SetOp, ...] = ()
     message: str = ""
     related: tuple[IPNet, ...] = ()  # ranges that cover, conflict with or were absorbed
@@ -228,22 +228,22 @@ class BanState:
     def ban(self, ban: Ban, now: float, comment: str = "") -> Change:
         entries = self.set_for(ban.blocklist, ban.target)
         if entries is None:
-            return Change(Outcome.UNKNOWN_SET, message=f"unknown blocklist {ban.blocklist!r}")
+            return Change(BanOutcome.UNKNOWN_SET, message=f"unknown blocklist {ban.blocklist!r}")
         until_ms = to_ms(ban.until)
         if until_ms is not None and until_ms <= int(now * 1000):
-            return Change(Outcome.EXPIRED, message="the ban had already ended")
+            return Change(BanOutcome.EXPIRED, message="the ban had already ended")
         meta = self._intern((ban.origin, ban.reason, ban.jail, comment))
         self._due(until_ms)
         key = self.key_for(entries, ban.target)
         old = entries.entries.get(key)
         if old is not None:
             if not _later(until_ms, _until(old)):
-                return Change(Outcome.UNCHANGED)
+                return Change(BanOutcome.UNCHANGED)
             entries.entries[key] = _pack(until_ms, meta)
-            return Change(Outcome.EXTENDED, (SetOp(entries.spec.name, key, True, until_ms, comment, True),))
+            return Change(BanOutcome.EXTENDED, (SetOp(entries.spec.name, key, True, until_ms, comment, True),))
         if not entries.spec.interval:
             entries.entries[key] = _pack(until_ms, meta)
-            return Change(Outcome.ADDED, (SetOp(entries.spec.name, key, True, until_ms, comment),))
+            return Change(BanOutcome.ADDED, (SetOp(entries.spec.name, key, True, until_ms, comment),))
         return self._ban_range(entries, key, until_ms, meta, comment)
 
     def _ban_range(self, entries: SetEntries, key: int, until_ms: int | None, meta: int, comment: str) -> Change:
@@ -253,10 +253,10 @@ class BanState:
         if outer is not None:
             outer_net = key_net(outer, v)
             if _later(until_ms, _until(entries.entries[outer])):
-                return Change(Outcome.CONFLICT, related=(outer_net,), message=(
+                return Change(BanOutcome.CONFLICT, related=(outer_net,), message=(
                     f"{format_target(key_net(key, v))} lies inside the active ban {format_target(outer_net)}, "
                     "which ends sooner; unban that range first or ban it for longer"))
-            return Change(Outcome.COVERED, related=(outer_net,))
+            return Change(BanOutcome.COVERED, related=(outer_net,))
         inner = entries.inside(first, last)
         ops: list[SetOp] = []
         end = until_ms
@@ -270,9 +270,9 @@ class BanState:
         entries.index_add(key)
         ops.append(SetOp(entries.spec.name, key, True, end, comment))
         if inner:
-            return Change(Outcome.ABSORBED, tuple(ops),
+            return Change(BanOutcome.ABSORBED, tuple(ops),
                           related=tuple(key_net(k, v) for k in inner))
-        return Change(Outcome.ADDED, tuple(ops))
+        return Change(BanOutcome.ADDED, tuple(ops))
 
     def ban_hosts(self, blocklist: str, version: int, keys: list[int], until: float | None, now: float, *,
                   origin: str = "cli", reason: str = "", jail: str = "", comment: str = "") -> BulkChange | None:
@@ -396,18 +396,18 @@ class BanState:
     def unban(self, unban: Unban) -> Change:
         entries = self.set_for(unban.blocklist, unban.target)
         if entries is None:
-            return Change(Outcome.UNKNOWN_SET, message=f"unknown blocklist {unban.blocklist!r}")
+            return Change(BanOutcome.UNKNOWN_SET, message=f"unknown blocklist {unban.blocklist!r}")
         key = self.key_for(entries, unban.target)
         if entries.entries.pop(key, None) is not None:
             if entries.spec.interval:
                 entries.index_remove(key)
-            return Change(Outcome.REMOVED, (SetOp(entries.spec.name, key, False),))
+            return Change(BanOutcome.REMOVED, (SetOp(entries.spec.name, key, False),))
         covering = tuple(b.target for b in self.covering(unban.target, unban.blocklist))
         if covering:
-            return Change(Outcome.NOT_FOUND, related=covering, message=(
+            return Change(BanOutcome.NOT_FOUND, related=covering, message=(
                 f"{format_target(unban.target)} is not banned itself; it lies inside "
                 f"{', '.join(map(format_target, covering))}"))
-        return Change(Outcome.NOT_FOUND, message=f"{format_target(unban.target)} is not banned")
+        return Change(BanOutcome.NOT_FOUND, message=f"{format_target(unban.target)} is not banned")
 
     def adopt(self, set_name_: str, remaining_ms: dict[int, int | None], now: float) -> list[int]:
         """Take in elements the kernel holds that the state does not know, each ending when the kernel's own

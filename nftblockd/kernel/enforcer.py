@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import Config
 from nftblockd.events import Ban, Decision, IPNet, Unban, format_target
-from nftblockd.kernel.bans import DELETE, BanState, BulkChange, Change, OpSpec, Outcome, SetOp
+from nftblockd.kernel.bans import DELETE, BanOutcome, BanState, BulkChange, Change, OpSpec, SetOp
 from nftblockd.kernel.batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
 from nftblockd.kernel.ruleset import Ruleset
 from nftblockd.kernel.setwriter import Features, SetWriter
@@ -67,11 +67,11 @@ RESTORE_CHUNK = 100_000  # elements per restore transaction (2.8 MB of netlink; 
 
 
 @dataclass(frozen=True, slots=True)
-class Result:
+class DecisionResult:
     """What became of one decision. `code` is None on success, else a control error code."""
 
     target: IPNet
-    outcome: Outcome
+    outcome: BanOutcome
     code: str | None = None
     message: str = ""
     set_name: str = ""
@@ -92,13 +92,14 @@ class Counters:
     last_batch_seconds: float = 0.0
 
 
-def describe_errno(errno: int, text: str, set_name: str, size: int | None) -> tuple[str, str]:
+def describe_errno(errno: int, text: str, set_name: str, size: int | None) -> str:
+    """An operator's sentence for an element the kernel refused. The control code is always `unavailable`."""
     if errno == E.ENFILE:
-        return "unavailable", f"set {set_name} is full (size {size}); raise blocklists.<name>.size"
+        return f"set {set_name} is full (size {size}); raise blocklists.<name>.size"
     if errno == E.EEXIST:
-        return "unavailable", f"overlaps a range already in set {set_name}" + (f" ({text})" if text else "")
+        return f"overlaps a range already in set {set_name}" + (f" ({text})" if text else "")
     import os
-    return "unavailable", f"the kernel refused it: {os.strerror(errno)}" + (f" ({text})" if text else "")
+    return f"the kernel refused it: {os.strerror(errno)}" + (f" ({text})" if text else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +120,7 @@ class Enforcer:
     def __init__(self, cfg: Config, plan: Ruleset, allow: Allowlist, writer_factory: Callable[[], SetWriter],
                  *, metrics: Metrics | None = None, on_flush: Callable[[FlushReport], None] | None = None,
                  persist: Persist | None = None,
-                 on_change: Callable[[Sequence[Decision], Sequence[Result]], None] | None = None) -> None:
+                 on_change: Callable[[Sequence[Decision], Sequence[DecisionResult]], None] | None = None) -> None:
         self.cfg = cfg
         self.plan = plan
         self.allow = allow
@@ -175,7 +176,7 @@ class Enforcer:
         self._executor.shutdown(wait=True)
 
     async def _apply_ops(self, groups: list[Group]) -> ApplyOutcome:
-        res = await self.kernel(self._writer().apply, groups)
+        res = await self.kernel(self._writer().write, groups)
         self.generation = self._writer().last_generation
         return ApplyOutcome(res.failed, res.expired, res.transactions, res.missing_sets)
 
@@ -202,7 +203,7 @@ class Enforcer:
 
     async def apply(self, decisions: Sequence[Decision], *, comment: str = "", now: float | None = None,
                     wait: bool = True, started: float | None = None, persist: bool = True,
-                    history: Sequence[tuple[str, str, float, float | None]] = ()) -> list[Result]:
+                    history: Sequence[tuple[str, str, float, float | None]] = ()) -> list[DecisionResult]:
         """Apply decisions; with `wait`, return once the kernel acknowledged them (or refused some).
 
         `started` (monotonic) is when the decision's cause was seen (a log line's arrival), for the
@@ -210,7 +211,7 @@ class Enforcer:
         """
         now = time.time() if now is None else now
         started = time.monotonic() if started is None else started
-        results: list[Result | None] = [None] * len(decisions)
+        results: list[DecisionResult | None] = [None] * len(decisions)
         ops: list[SetOp] = []
         owner: dict[tuple[str, int], list[int]] = {}
         async with self._lock:
@@ -222,7 +223,7 @@ class Enforcer:
                                                     first | ((1 << (t.max_prefixlen - t.prefixlen)) - 1))
                     if hit is not None:
                         self.counters.allowlisted += 1
-                        results[i] = Result(d.target, Outcome.CONFLICT, "allowlisted",
+                        results[i] = DecisionResult(d.target, BanOutcome.CONFLICT, "allowlisted",
                                             f"{format_target(d.target)} is allowlisted ({hit}); never banned")
                         continue
                     ch = self.state.ban(d, now, comment)
@@ -242,7 +243,7 @@ class Enforcer:
             await self._persist(decisions, final, list(history))
         return final
 
-    async def _persist(self, decisions: Sequence[Decision], results: Sequence[Result],
+    async def _persist(self, decisions: Sequence[Decision], results: Sequence[DecisionResult],
                        history: list[tuple[str, str, float, float | None]]) -> None:
         """Write what changed; the saved end of a ban is the state's (a re-ban may have kept a later one)."""
         saves: list[Ban] = []
@@ -250,10 +251,10 @@ class Enforcer:
         for d, r in zip(decisions, results, strict=False):
             if r.code is not None:
                 continue
-            if isinstance(d, Ban) and r.outcome in (Outcome.ADDED, Outcome.EXTENDED, Outcome.ABSORBED):
+            if isinstance(d, Ban) and r.outcome in (BanOutcome.ADDED, BanOutcome.EXTENDED, BanOutcome.ABSORBED):
                 saves.append(d)
                 deletes += [(d.blocklist, n) for n in r.absorbed]
-            elif isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
+            elif isinstance(d, Unban) and r.outcome is BanOutcome.REMOVED:
                 deletes.append((d.blocklist, d.target))
         if saves or deletes or history:
             assert self.persist is not None
@@ -291,8 +292,8 @@ class Enforcer:
         failures = await fut
         for f in failures:
             self.state.forget(f.set_name, f.key)
-            code, msg = describe_errno(f.errno, f.text, f.set_name, self._sizes.get(f.set_name))
-            out.failed[(f.set_name, f.key)] = (code, msg)
+            out.failed[(f.set_name, f.key)] = (
+                "unavailable", describe_errno(f.errno, f.text, f.set_name, self._sizes.get(f.set_name)))
         for c in changes:
             out.changes.append(c)
         applied = sum(len(c.new) + len(c.extended) for c in changes) - len(out.failed)
@@ -356,7 +357,7 @@ class Enforcer:
                     spec_new = OpSpec(True, until_ms, "")
                     spec_kept = OpSpec(True, until_ms, "", True)
                     groups.append(Group(name, adds, [spec_new] * len(added) + [spec_kept] * (len(adds) - len(added))))
-            res = await self.kernel(self._writer().apply, groups, int(now * 1000)) if groups else None
+            res = await self.kernel(self._writer().write, groups, int(now * 1000)) if groups else None
         failed = 0
         if res is not None:
             self.generation = self._writer().last_generation
@@ -392,7 +393,7 @@ class Enforcer:
                     return None
                 name, new, specs = r
                 restored += new
-                res = await self.kernel(self._writer().apply, [Group(name, new, specs)])
+                res = await self.kernel(self._writer().write, [Group(name, new, specs)])
                 failures += [OpFailure(s, k, e, t) for (s, k), (e, t) in res.failed.items()]
             if self.writer is not None:
                 self.generation = self.writer.last_generation
@@ -423,15 +424,15 @@ class Enforcer:
             audit_log.info("bulk unban: %d addresses from blocklist %s", n, blocklist, extra={"origin": "cli"})
         return results
 
-    def _settle(self, decisions: Sequence[Decision], results: list[Result | None], failures: list[OpFailure],
-                owner: dict[tuple[str, int], list[int]], started: float) -> list[Result]:
+    def _settle(self, decisions: Sequence[Decision], results: list[DecisionResult | None], failures: list[OpFailure],
+                owner: dict[tuple[str, int], list[int]], started: float) -> list[DecisionResult]:
         for f in failures:
             for i in owner.get((f.set_name, f.key), []):
                 d = decisions[i]
                 if isinstance(d, Ban):
                     self.state.forget(f.set_name, f.key)
-                code, msg = describe_errno(f.errno, f.text, f.set_name, self._sizes.get(f.set_name))
-                results[i] = Result(d.target, Outcome.CONFLICT, code, msg, f.set_name)
+                msg = describe_errno(f.errno, f.text, f.set_name, self._sizes.get(f.set_name))
+                results[i] = DecisionResult(d.target, BanOutcome.CONFLICT, "unavailable", msg, f.set_name)
         final = [r for r in results if r is not None]
         self._audit(decisions, final)
         if self.metrics is not None:
@@ -440,51 +441,51 @@ class Enforcer:
             self._on_change(decisions, final)
         return final
 
-    def _count(self, decisions: Sequence[Decision], results: Sequence[Result], latency: float) -> None:
+    def _count(self, decisions: Sequence[Decision], results: Sequence[DecisionResult], latency: float) -> None:
         mx = self.metrics
         assert mx is not None
         banned: dict[str, int] = {}  # origin -> bans applied: each ban is one latency observation
         for d, r in zip(decisions, results, strict=False):
             if r.code == "allowlisted":
                 mx.allowlist_hits.inc()
-            elif r.code is None and isinstance(d, Ban) and r.outcome in (Outcome.ADDED, Outcome.EXTENDED,
-                                                                          Outcome.ABSORBED):
+            elif r.code is None and isinstance(d, Ban) and r.outcome in (BanOutcome.ADDED, BanOutcome.EXTENDED,
+                                                                          BanOutcome.ABSORBED):
                 mx.bans.labels(d.jail or "", d.origin).inc()
                 banned[d.origin] = banned.get(d.origin, 0) + 1
-            elif r.code is None and isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
+            elif r.code is None and isinstance(d, Unban) and r.outcome is BanOutcome.REMOVED:
                 mx.unbans.labels(d.origin).inc()
         for origin, n in banned.items():
             mx.ban_latency.observe((origin,), latency, n)
 
-    def _result(self, d: Decision, ch: Change) -> Result:
+    def _result(self, d: Decision, ch: Change) -> DecisionResult:
         set_name = ch.ops[-1].set_name if ch.ops else ""
-        if ch.outcome is Outcome.UNKNOWN_SET:
-            return Result(d.target, ch.outcome, "unknown_set", ch.message)
-        if ch.outcome is Outcome.CONFLICT:
-            return Result(d.target, ch.outcome, "unavailable", ch.message)
-        if ch.outcome is Outcome.NOT_FOUND:
-            return Result(d.target, ch.outcome, "not_found", ch.message)
-        if ch.outcome is Outcome.EXPIRED:
-            return Result(d.target, ch.outcome, None, ch.message)
+        if ch.outcome is BanOutcome.UNKNOWN_SET:
+            return DecisionResult(d.target, ch.outcome, "unknown_set", ch.message)
+        if ch.outcome is BanOutcome.CONFLICT:
+            return DecisionResult(d.target, ch.outcome, "unavailable", ch.message)
+        if ch.outcome is BanOutcome.NOT_FOUND:
+            return DecisionResult(d.target, ch.outcome, "not_found", ch.message)
+        if ch.outcome is BanOutcome.EXPIRED:
+            return DecisionResult(d.target, ch.outcome, None, ch.message)
         msg = ch.message
-        if ch.outcome is Outcome.COVERED:
+        if ch.outcome is BanOutcome.COVERED:
             msg = f"already covered by {', '.join(map(format_target, ch.related))}"
-        elif ch.outcome is Outcome.ABSORBED:
+        elif ch.outcome is BanOutcome.ABSORBED:
             msg = f"replaces {', '.join(map(format_target, ch.related))}"
-            return Result(d.target, ch.outcome, None, msg, set_name, ch.related)
-        return Result(d.target, ch.outcome, None, msg, set_name)
+            return DecisionResult(d.target, ch.outcome, None, msg, set_name, ch.related)
+        return DecisionResult(d.target, ch.outcome, None, msg, set_name)
 
-    def _audit(self, decisions: Sequence[Decision], results: Sequence[Result]) -> None:
+    def _audit(self, decisions: Sequence[Decision], results: Sequence[DecisionResult]) -> None:
         summary: dict[str, int] = {}
-        items: list[tuple[Decision, Result, str]] = []
+        items: list[tuple[Decision, DecisionResult, str]] = []
         for d, r in zip(decisions, results, strict=False):
             if r.code is not None:
                 self.counters.refused += 1
                 kind = "refused"
-            elif isinstance(d, Ban) and r.outcome in (Outcome.ADDED, Outcome.EXTENDED, Outcome.ABSORBED):
+            elif isinstance(d, Ban) and r.outcome in (BanOutcome.ADDED, BanOutcome.EXTENDED, BanOutcome.ABSORBED):
                 self.counters.bans += 1
                 kind = "ban"
-            elif isinstance(d, Unban) and r.outcome is Outcome.REMOVED:
+            elif isinstance(d, Unban) and r.outcome is BanOutcome.REMOVED:
                 self.counters.unbans += 1
                 kind = "unban"
             else:

@@ -14,7 +14,7 @@ from typing import Protocol
 from nftblockd.events import IPNet
 from nftblockd.kernel.batcher import Group
 
-__all__ = ["ApplyResult", "Features", "SetWriter"]
+__all__ = ["Features", "SetWriter", "WriteResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class Features:
 
 
 @dataclass(slots=True)
-class ApplyResult:
+class WriteResult:
     """What became of a list of groups: everything not in `failed` or `expired` is in the kernel."""
 
     failed: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)  # (set, key) -> (errno, text)
@@ -61,7 +61,7 @@ class SetWriter(Protocol):
     def setup(self, allowlist: Sequence[IPNet]) -> None:
         """Create or adopt the table and (re)install chains, rules and the allowlist in one transaction."""
 
-    def apply(self, groups: Sequence[Group], now_ms: int | None = None) -> ApplyResult:
+    def write(self, groups: Sequence[Group], now_ms: int | None = None) -> WriteResult:
         """Apply element ops; one bad element never loses the rest (see writer.py for the guarantees)."""
         ...
 

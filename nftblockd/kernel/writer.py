@@ -1,7 +1,7 @@
 """Kernel-side operations built on `netlink.NftSocket`: set up the table, apply element ops, verify, repair.
 
 Blocking; the daemon calls it from its single kernel worker thread. What it guarantees:
-- `apply` never loses the rest of a batch because of one bad element: the offender is located through the
+- `write` never loses the rest of a batch because of one bad element: the offender is located through the
   extack offset, reported with its errno, and the transaction is resent without it;
 - deleting an element that is already gone is not an error (DESTROYSETELEM where the kernel has it, else
   ENOENT on a delete is dropped and the batch resent);
@@ -25,7 +25,7 @@ from nftblockd.kernel import ruleset as rs
 from nftblockd.kernel.bans import OpSpec, SetOp
 from nftblockd.kernel.batcher import Group
 from nftblockd.kernel.netlink import KernelError, KernelSetInfo, NftSocket, kernel_release
-from nftblockd.kernel.setwriter import ApplyResult, Features
+from nftblockd.kernel.setwriter import Features, WriteResult
 
 log = logging.getLogger("nftblockd.kernel")
 
@@ -161,24 +161,24 @@ class KernelWriter:
 
     # -- element ops ----------------------------------------------------------------------------------
 
-    def apply_ops(self, ops: Sequence[SetOp], now_ms: int | None = None) -> ApplyResult:
+    def write_ops(self, ops: Sequence[SetOp], now_ms: int | None = None) -> WriteResult:
         """Convenience for callers holding individual ops (tests, tools)."""
         groups: dict[str, Group] = {}
         for o in ops:
             g = groups.setdefault(o.set_name, Group(o.set_name, [], []))
             g.keys.append(o.key)
             g.specs.append(OpSpec(o.add, o.until_ms, o.comment, o.existed))
-        return self.apply(list(groups.values()), now_ms)
+        return self.write(list(groups.values()), now_ms)
 
-    def apply(self, groups: Sequence[Group], now_ms: int | None = None) -> ApplyResult:
+    def write(self, groups: Sequence[Group], now_ms: int | None = None) -> WriteResult:
         """Apply ops in as few transactions as possible; see the module docstring for the guarantees."""
         t0 = time.perf_counter()
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        fast = self._apply_uniform(groups, now_ms)
+        fast = self._write_uniform(groups, now_ms)
         if fast is not None:
             fast.seconds = time.perf_counter() - t0
             return fast
-        res = ApplyResult()
+        res = WriteResult()
         # flat, parallel arrays: op i is (names[i], keys[i], specs[i])
         names: list[str] = []
         keys: list[int] = []
@@ -249,7 +249,7 @@ class KernelWriter:
         res.seconds = time.perf_counter() - t0
         return res
 
-    def _apply_uniform(self, groups: Sequence[Group], now_ms: int) -> ApplyResult | None:
+    def _write_uniform(self, groups: Sequence[Group], now_ms: int) -> WriteResult | None:
         """Bulk fast path: every group targets a hash set and shares one op (bulk bans, feed hosts, restores).
 
         One transaction, no per-element bookkeeping. Returns None when the path does not apply, or when the
@@ -295,7 +295,7 @@ class KernelWriter:
         out = self.sock.transact(msgs)
         if not out.committed:
             return None
-        return ApplyResult(committed_ops=n, transactions=1, elements_sent=n)
+        return WriteResult(committed_ops=n, transactions=1, elements_sent=n)
 
     def _mixed_hash_adds(self, g: Group, spec: rs.SetSpec, now_ms: int) -> list[bytes] | None:
         """Hash-set adds whose ends differ (restored bans): one template per distinct end."""

@@ -14,7 +14,7 @@ What is stored (schema version `SCHEMA_VERSION`, kept in `PRAGMA user_version`, 
 - `history`: (at, jail, target text, until) per ban a jail made, for escalation; pruned by age.
 - `positions`: key -> text (file offsets as JSON, journal cursors). `feeds`: feed name -> JSON text.
 
-Writes: every public write is ONE transaction (`apply` can combine bans, deletions, history and positions in
+Writes: every public write is ONE transaction (`commit` can combine bans, deletions, history and positions in
 one, so a position never runs ahead of the bans its lines produced). Bans are sorted by key and written with
 multi-row statements (`_CHUNK` rows each), so the B-tree fills page after page; the cyclic GC is paused
 during bulk work. `save_bans` is an upsert: the last call wins for a (blocklist, target); `created` keeps its
@@ -664,7 +664,7 @@ class Store:
 
     # -- writes --------------------------------------------------------------------------------------
 
-    def apply(self, *, save: Iterable[Ban] = (), delete: Iterable[tuple[str, IPNet]] = (),
+    def commit(self, *, save: Iterable[Ban] = (), delete: Iterable[tuple[str, IPNet]] = (),
               history: Iterable[HistoryEntry] = (), positions: Mapping[str, str] | None = None,
               created: float | None = None, save_packed: Iterable[PackedBans] = (),
               delete_packed: Iterable[tuple[str, list[bytes]]] = ()) -> None:
@@ -766,18 +766,18 @@ class Store:
 
     def save_bans(self, bans: Iterable[Ban], *, created: float | None = None) -> None:
         """Upsert bans keyed by (blocklist, target) in one transaction (a million in one call is fine)."""
-        self.apply(save=bans, created=created)
+        self.commit(save=bans, created=created)
 
     def delete_bans(self, keys: Iterable[tuple[str, IPNet]]) -> None:
         """Delete (blocklist, target) rows in one transaction; unknown keys are ignored."""
-        self.apply(delete=keys)
+        self.commit(delete=keys)
 
     def record_history(self, entries: Iterable[HistoryEntry]) -> None:
         """Record (jail, target text, start[, end]) rows; an identical (start, jail, target) is kept once."""
-        self.apply(history=entries)
+        self.commit(history=entries)
 
     def set_positions(self, positions: Mapping[str, str]) -> None:
-        self.apply(positions=positions)
+        self.commit(positions=positions)
 
     def delete_positions(self, keys: Iterable[str]) -> None:
         ks = [(k,) for k in keys]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from nftblockd.events import IPNet
 from nftblockd.kernel.batcher import Group
 from nftblockd.kernel.ruleset import Ruleset
-from nftblockd.kernel.setwriter import ApplyResult, Features
+from nftblockd.kernel.setwriter import Features, WriteResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +59,9 @@ class FakeSetWriter:
         self._generation += 1
         self._seen = self._generation
 
-    def apply(self, groups: Sequence[Group], now_ms: int | None = None) -> ApplyResult:
+    def write(self, groups: Sequence[Group], now_ms: int | None = None) -> WriteResult:
         now_ms = int(self.clock() * 1000) if now_ms is None else now_ms
-        res = ApplyResult(transactions=1)
+        res = WriteResult(transactions=1)
         self.transactions.append([Group(g.set_name, list(g.keys), list(g.specs)) for g in groups])
         sizes = {s.name: s.size for s in self.plan.sets}
         for g in groups:

@@ -70,27 +70,27 @@ def test_setup_twice_keeps_one_copy_of_each_rule(netns: NetNS, writer: KernelWri
 def test_add_with_timeouts_and_delete(netns: NetNS, writer: KernelWriter) -> None:
     t = now_ms()
     ops = [SetOp("feeds_ip4", ip4(f"10.0.{i // 250}.{i % 250 + 1}"), True, t + 600_000) for i in range(5000)]
-    res = writer.apply_ops(ops)
+    res = writer.write_ops(ops)
     assert res.committed_ops == 5000 and not res.failed
     elems = netns.set_elements("nftblock", "feeds_ip4")
     assert len(elems) == 5000
     assert 590 <= elems["10.0.0.1"]["expires"] <= 600 and 599 <= elems["10.0.0.1"]["timeout"] <= 600
-    res = writer.apply_ops([SetOp("feeds_ip4", op.key, False) for op in ops[:1000]])
+    res = writer.write_ops([SetOp("feeds_ip4", op.key, False) for op in ops[:1000]])
     assert not res.failed
     assert len(netns.set_elements("nftblock", "feeds_ip4")) == 4000
 
 
 def test_delete_of_absent_element_is_not_an_error(writer: KernelWriter) -> None:
-    res = writer.apply_ops([SetOp("default_ip4", ip4("203.0.113.9"), False),
+    res = writer.write_ops([SetOp("default_ip4", ip4("203.0.113.9"), False),
                         SetOp("default_net4", net_key(ipaddress.ip_network("198.18.0.0/15")), False)])
     assert not res.failed
 
 
 def test_reban_extends_the_timeout(netns: NetNS, writer: KernelWriter) -> None:
     k = ip4("203.0.113.7")
-    writer.apply_ops([SetOp("default_ip4", k, True, now_ms() + 60_000)])
+    writer.write_ops([SetOp("default_ip4", k, True, now_ms() + 60_000)])
     assert netns.set_elements("nftblock", "default_ip4")["203.0.113.7"]["timeout"] == 60
-    writer.apply_ops([SetOp("default_ip4", k, True, now_ms() + 3_600_000, existed=True)])
+    writer.write_ops([SetOp("default_ip4", k, True, now_ms() + 3_600_000, existed=True)])
     e = netns.set_elements("nftblock", "default_ip4")["203.0.113.7"]
     assert e["expires"] > 3500
 
@@ -99,19 +99,19 @@ def test_refresh_by_replace_on_kernels_without_timeout_update(netns: NetNS, writ
     from dataclasses import replace
     writer.features = replace(writer.features, timeout_update=False)
     k = ip4("203.0.113.8")
-    writer.apply_ops([SetOp("default_ip4", k, True, now_ms() + 60_000)])
-    res = writer.apply_ops([SetOp("default_ip4", k, True, now_ms() + 7_200_000, existed=True)])
+    writer.write_ops([SetOp("default_ip4", k, True, now_ms() + 60_000)])
+    res = writer.write_ops([SetOp("default_ip4", k, True, now_ms() + 7_200_000, existed=True)])
     assert not res.failed
     assert netns.set_elements("nftblock", "default_ip4")["203.0.113.8"]["expires"] > 7000
     # the old element expired meanwhile (here: was removed): the delete half finds nothing, the add still lands
-    writer.apply_ops([SetOp("default_ip4", k, False)])
-    res = writer.apply_ops([SetOp("default_ip4", k, True, now_ms() + 60_000, existed=True)])
+    writer.write_ops([SetOp("default_ip4", k, False)])
+    res = writer.write_ops([SetOp("default_ip4", k, True, now_ms() + 60_000, existed=True)])
     assert not res.failed and "203.0.113.8" in netns.set_elements("nftblock", "default_ip4")
 
 
 def test_a_computed_zero_timeout_is_never_sent(netns: NetNS, writer: KernelWriter) -> None:
     t = now_ms()
-    res = writer.apply_ops([SetOp("default_ip4", ip4("203.0.113.1"), True, t - 1),
+    res = writer.write_ops([SetOp("default_ip4", ip4("203.0.113.1"), True, t - 1),
                         SetOp("default_ip4", ip4("203.0.113.2"), True, t + 60_000)], now_ms=t)
     assert res.expired == [("default_ip4", ip4("203.0.113.1"))]
     assert set(netns.set_elements("nftblock", "default_ip4")) == {"203.0.113.2"}
@@ -119,12 +119,12 @@ def test_a_computed_zero_timeout_is_never_sent(netns: NetNS, writer: KernelWrite
 
 def test_cidr_is_enforced_as_the_whole_range(netns: NetNS, writer: KernelWriter) -> None:
     nets = ["10.0.0.0/8", "11.0.0.0/16", "11.1.0.0/16", "255.255.255.0/24"]
-    res = writer.apply_ops([SetOp("default_net4", net_key(ipaddress.ip_network(n)), True, now_ms() + 60_000)
+    res = writer.write_ops([SetOp("default_net4", net_key(ipaddress.ip_network(n)), True, now_ms() + 60_000)
                         for n in nets])
     assert not res.failed
     assert set(netns.set_elements("nftblock", "default_net4")) == set(nets)
     # unbanning one of two adjacent ranges leaves the other
-    writer.apply_ops([SetOp("default_net4", net_key(ipaddress.ip_network("11.0.0.0/16")), False)])
+    writer.write_ops([SetOp("default_net4", net_key(ipaddress.ip_network("11.0.0.0/16")), False)])
     assert set(netns.set_elements("nftblock", "default_net4")) == {"10.0.0.0/8", "11.1.0.0/16", "255.255.255.0/24"}
     assert {k: v for k, v in writer.dump_keys("default_net4").items()}.keys() == {
         net_key(ipaddress.ip_network(n)) for n in ("10.0.0.0/8", "11.1.0.0/16", "255.255.255.0/24")}
@@ -133,7 +133,7 @@ def test_cidr_is_enforced_as_the_whole_range(netns: NetNS, writer: KernelWriter)
 def test_ipv6_hash_and_interval(netns: NetNS, writer: KernelWriter) -> None:
     a = int(ipaddress.IPv6Address("2001:db8:1::1"))
     n = net_key(ipaddress.ip_network("2001:db8:2::/48"))
-    res = writer.apply_ops([SetOp("default_ip6", a, True, now_ms() + 60_000),
+    res = writer.write_ops([SetOp("default_ip6", a, True, now_ms() + 60_000),
                         SetOp("default_net6", n, True, None)])
     assert not res.failed
     assert "2001:db8:1::1" in netns.set_elements("nftblock", "default_ip6")
@@ -141,12 +141,12 @@ def test_ipv6_hash_and_interval(netns: NetNS, writer: KernelWriter) -> None:
 
 
 def test_one_bad_element_does_not_lose_the_batch(netns: NetNS, writer: KernelWriter) -> None:
-    writer.apply_ops([SetOp("default_net4", net_key(ipaddress.ip_network("10.0.0.0/8")), True, now_ms() + 60_000)])
+    writer.write_ops([SetOp("default_net4", net_key(ipaddress.ip_network("10.0.0.0/8")), True, now_ms() + 60_000)])
     ops = [SetOp("default_net4", net_key(ipaddress.ip_network("12.0.0.0/8")), True, now_ms() + 60_000),
            SetOp("default_net4", net_key(ipaddress.ip_network("10.1.0.0/16")), True, now_ms() + 60_000),
            SetOp("default_net4", net_key(ipaddress.ip_network("13.0.0.0/8")), True, now_ms() + 60_000),
            SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)]
-    res = writer.apply_ops(ops)
+    res = writer.write_ops(ops)
     bad = ("default_net4", net_key(ipaddress.ip_network("10.1.0.0/16")))
     assert set(res.failed) == {bad} and res.failed[bad][0] == errno.EEXIST
     assert set(netns.set_elements("nftblock", "default_net4")) == {"10.0.0.0/8", "12.0.0.0/8", "13.0.0.0/8"}
@@ -155,7 +155,7 @@ def test_one_bad_element_does_not_lose_the_batch(netns: NetNS, writer: KernelWri
 
 def test_full_set_reports_enfile(netns: NetNS, writer: KernelWriter) -> None:
     ops = [SetOp("default_ip4", ip4(f"10.9.0.{i}"), True, now_ms() + 60_000) for i in range(1, 80)]
-    res = writer.apply_ops(ops)
+    res = writer.write_ops(ops)
     assert len(res.failed) == 79 - 64
     assert all(e == errno.ENFILE for e, _ in res.failed.values())
     assert len(netns.set_elements("nftblock", "default_ip4")) == 64
@@ -167,13 +167,13 @@ def test_foreign_table_left_untouched(netns: NetNS) -> None:
     before = netns.nft("list", "table", "inet", "mine").stdout
     w = make_writer(netns)
     w.setup([])
-    w.apply_ops([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
+    w.write_ops([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
     assert netns.nft("list", "table", "inet", "mine").stdout == before
     w.close()
 
 
 def test_owned_table_survives_flush_and_delete_by_others(netns: NetNS, writer: KernelWriter) -> None:
-    writer.apply_ops([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
+    writer.write_ops([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
     r = netns.nft("delete", "table", "inet", "nftblock", check=False)
     assert r.returncode != 0 and "Operation not permitted" in r.stderr
     netns.nft("flush", "ruleset")
@@ -184,7 +184,7 @@ def test_owned_table_survives_flush_and_delete_by_others(netns: NetNS, writer: K
 def test_table_persists_after_the_socket_closes_and_is_adopted(netns: NetNS) -> None:
     w = make_writer(netns)
     w.setup([])
-    w.apply_ops([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
+    w.write_ops([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
     w.close()
     assert "203.0.113.5" in netns.set_elements("nftblock", "default_ip4")
     w2 = make_writer(netns)
@@ -220,7 +220,7 @@ def test_wrong_set_type_is_a_clear_error(netns: NetNS) -> None:
 
 
 def test_set_counts_and_point_lookup(writer: KernelWriter) -> None:
-    writer.apply_ops([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
+    writer.write_ops([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
     assert writer.set_counts()["default_ip4"] == 1
     e = writer.sock.get_element("nftblock", "default_ip4", bytes([203, 0, 113, 5]))
     assert e is not None and e.timeout_ms == 60_000

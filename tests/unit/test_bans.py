@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from nftblockd.config import parse_config
 from nftblockd.events import Ban, Unban, parse_target
-from nftblockd.kernel.bans import BanState, Outcome
+from nftblockd.kernel.bans import BanOutcome, BanState
 from nftblockd.kernel.ruleset import plan_ruleset
 
 NOW = 1_800_000_000.0
@@ -27,7 +27,7 @@ def ban(t: str, until: float | None = NOW + 60, bl: str = "default") -> Ban:
 def test_single_address_goes_to_the_hash_set() -> None:
     s = state()
     ch = s.ban(ban("203.0.113.1"), NOW)
-    assert ch.outcome is Outcome.ADDED and ch.ops[0].set_name == "default_ip4"
+    assert ch.outcome is BanOutcome.ADDED and ch.ops[0].set_name == "default_ip4"
     assert ch.ops[0].key == int(ipaddress.IPv4Address("203.0.113.1")) and ch.ops[0].until_ms == (NOW + 60) * 1000
     assert s.ban(ban("2001:db8::1"), NOW).ops[0].set_name == "default_ip6"
     assert s.ban(ban("10.0.0.0/8"), NOW).ops[0].set_name == "default_net4"
@@ -36,29 +36,29 @@ def test_single_address_goes_to_the_hash_set() -> None:
 def test_reban_never_shortens() -> None:
     s = state()
     s.ban(ban("203.0.113.1", NOW + 600), NOW)
-    assert s.ban(ban("203.0.113.1", NOW + 60), NOW).outcome is Outcome.UNCHANGED
+    assert s.ban(ban("203.0.113.1", NOW + 60), NOW).outcome is BanOutcome.UNCHANGED
     ch = s.ban(ban("203.0.113.1", NOW + 6000), NOW)
-    assert ch.outcome is Outcome.EXTENDED and ch.ops[0].existed
-    assert s.ban(ban("203.0.113.1", None), NOW).outcome is Outcome.EXTENDED  # permanent wins
-    assert s.ban(ban("203.0.113.1", NOW + 10**6), NOW).outcome is Outcome.UNCHANGED
+    assert ch.outcome is BanOutcome.EXTENDED and ch.ops[0].existed
+    assert s.ban(ban("203.0.113.1", None), NOW).outcome is BanOutcome.EXTENDED  # permanent wins
+    assert s.ban(ban("203.0.113.1", NOW + 10**6), NOW).outcome is BanOutcome.UNCHANGED
 
 
 def test_an_already_ended_ban_is_not_sent() -> None:
-    assert state().ban(ban("203.0.113.1", NOW - 1), NOW).outcome is Outcome.EXPIRED
+    assert state().ban(ban("203.0.113.1", NOW - 1), NOW).outcome is BanOutcome.EXPIRED
 
 
 def test_range_inside_a_longer_range_is_covered() -> None:
     s = state()
     s.ban(ban("10.0.0.0/8", NOW + 600), NOW)
     ch = s.ban(ban("10.1.0.0/16", NOW + 60), NOW)
-    assert ch.outcome is Outcome.COVERED and ch.related == (ipaddress.ip_network("10.0.0.0/8"),) and not ch.ops
+    assert ch.outcome is BanOutcome.COVERED and ch.related == (ipaddress.ip_network("10.0.0.0/8"),) and not ch.ops
 
 
 def test_range_inside_a_shorter_range_is_refused() -> None:
     s = state()
     s.ban(ban("10.0.0.0/8", NOW + 60), NOW)
     ch = s.ban(ban("10.1.0.0/16", NOW + 600), NOW)
-    assert ch.outcome is Outcome.CONFLICT and "10.0.0.0/8" in ch.message
+    assert ch.outcome is BanOutcome.CONFLICT and "10.0.0.0/8" in ch.message
 
 
 def test_wider_range_absorbs_narrower_ones_with_the_latest_end() -> None:
@@ -66,7 +66,7 @@ def test_wider_range_absorbs_narrower_ones_with_the_latest_end() -> None:
     s.ban(ban("10.1.0.0/16", NOW + 6000), NOW)
     s.ban(ban("10.2.0.0/16", NOW + 60), NOW)
     ch = s.ban(ban("10.0.0.0/8", NOW + 600), NOW)
-    assert ch.outcome is Outcome.ABSORBED
+    assert ch.outcome is BanOutcome.ABSORBED
     dels = [op for op in ch.ops if not op.add]
     adds = [op for op in ch.ops if op.add]
     assert len(dels) == 2 and len(adds) == 1 and adds[0].until_ms == (NOW + 6000) * 1000
@@ -78,7 +78,7 @@ def test_adjacent_ranges_stay_separate_and_unban_only_its_own() -> None:
     s.ban(ban("10.0.0.0/24"), NOW)
     s.ban(ban("10.0.1.0/24"), NOW)
     ch = s.unban(Unban(parse_target("10.0.0.0/24"), "default"))
-    assert ch.outcome is Outcome.REMOVED
+    assert ch.outcome is BanOutcome.REMOVED
     assert [str(b.target) for b in s.iter_bans()] == ["10.0.1.0/24"]
 
 
@@ -86,11 +86,11 @@ def test_unban_of_an_address_inside_a_range_names_the_range() -> None:
     s = state()
     s.ban(ban("10.0.0.0/8"), NOW)
     ch = s.unban(Unban(parse_target("10.1.2.3"), "default"))
-    assert ch.outcome is Outcome.NOT_FOUND and "10.0.0.0/8" in ch.message and not ch.ops
+    assert ch.outcome is BanOutcome.NOT_FOUND and "10.0.0.0/8" in ch.message and not ch.ops
 
 
 def test_unknown_blocklist() -> None:
-    assert state().ban(ban("203.0.113.1", bl="nope"), NOW).outcome is Outcome.UNKNOWN_SET
+    assert state().ban(ban("203.0.113.1", bl="nope"), NOW).outcome is BanOutcome.UNKNOWN_SET
 
 
 def test_expire_forgets_without_ops() -> None:
@@ -100,7 +100,7 @@ def test_expire_forgets_without_ops() -> None:
     s.ban(ban("203.0.113.2", None), NOW)
     assert s.expire(NOW + 11) == 2
     assert [str(b.target) for b in s.iter_bans()] == ["203.0.113.2/32"]
-    assert s.ban(ban("10.1.0.0/16", NOW + 60), NOW).outcome is Outcome.ADDED  # the index forgot it too
+    assert s.ban(ban("10.1.0.0/16", NOW + 60), NOW).outcome is BanOutcome.ADDED  # the index forgot it too
 
 
 def test_covering_for_check() -> None:
@@ -122,7 +122,7 @@ def test_interval_entries_never_overlap_and_every_accepted_ban_is_enforced(
     accepted = []
     for net, dur in items:
         ch = s.ban(Ban(net, "default", NOW + dur), NOW)
-        if ch.outcome is not Outcome.CONFLICT:
+        if ch.outcome is not BanOutcome.CONFLICT:
             accepted.append((net, NOW + dur))
     ranges = sorted((int(b.target.network_address), int(b.target.broadcast_address))
                     for b in s.iter_bans() if b.target.prefixlen < 32)

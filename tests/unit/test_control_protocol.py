@@ -20,8 +20,8 @@ from nftblockd.control.protocol import (
     CheckArgs,
     ControlError,
     FeedsRefreshArgs,
+    FrameSplitter,
     Invalid,
-    LineSplitter,
     ListArgs,
     NoArgs,
     ProtocolError,
@@ -211,7 +211,7 @@ def test_line_splitter_yields_each_short_line_and_one_marker_per_long_one(
     lines: list[bytes], limit: int, data: st.DataObject,
 ) -> None:
     raw = b"".join(line + b"\n" for line in lines)
-    s = LineSplitter(limit)
+    s = FrameSplitter(limit)
     out: list[Any] = []
     for chunk in data.draw(chunked(raw)):
         out += s.feed(chunk)

@@ -12,7 +12,7 @@ import pytest
 from nftblockd.allowlist import build_allowlist
 from nftblockd.config import parse_config
 from nftblockd.events import Ban, IPNet, Unban, parse_target
-from nftblockd.kernel.bans import Outcome
+from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.state.change import PackedBans, StateChange
@@ -85,7 +85,7 @@ async def test_start_installs_the_table_with_the_allowlist(rig: Rig) -> None:
 
 async def test_a_ban_lands_in_the_hash_set_with_its_end_and_is_saved(rig: Rig) -> None:
     [res] = await rig.enforcer.apply([ban("203.0.113.7", 2e9)], now=1.9e9)
-    assert res.outcome is Outcome.ADDED and res.code is None and res.set_name == "default_ip4"
+    assert res.outcome is BanOutcome.ADDED and res.code is None and res.set_name == "default_ip4"
     elem = rig.fake.sets["default_ip4"][key("203.0.113.7")]
     assert elem.until_ms == 2_000_000_000_000
     assert [str(b.target) for b in rig.saved.saves] == ["203.0.113.7/32"]
@@ -114,7 +114,7 @@ async def test_an_element_the_kernel_refuses_is_reported_and_forgotten(rig: Rig)
     # forgotten by the state: once the kernel takes it, the same ban is new again
     del rig.fake.fail[("default_ip4", key("203.0.113.9"))]
     [again] = await rig.enforcer.apply([ban("203.0.113.9", None)])
-    assert again.outcome is Outcome.ADDED and again.code is None
+    assert again.outcome is BanOutcome.ADDED and again.code is None
 
 
 async def test_a_full_set_says_so_and_is_counted(rig: Rig) -> None:
@@ -127,7 +127,7 @@ async def test_a_full_set_says_so_and_is_counted(rig: Rig) -> None:
 async def test_unban_removes_the_element_and_the_saved_row(rig: Rig) -> None:
     await rig.enforcer.apply([ban("203.0.113.7", None)])
     [res] = await rig.enforcer.apply([Unban(parse_target("203.0.113.7"), "default", "cli", "")])
-    assert res.outcome is Outcome.REMOVED
+    assert res.outcome is BanOutcome.REMOVED
     assert rig.fake.elements("default_ip4") == set()
     assert [(b, str(n)) for b, n in rig.saved.deletes] == [("default", "203.0.113.7/32")]
 
@@ -135,7 +135,7 @@ async def test_unban_removes_the_element_and_the_saved_row(rig: Rig) -> None:
 async def test_a_wider_range_absorbs_narrower_ones_and_the_store_forgets_them(rig: Rig) -> None:
     await rig.enforcer.apply([ban("198.51.100.0/26", None), ban("198.51.100.64/26", None)])
     [res] = await rig.enforcer.apply([ban("198.51.100.0/24", None)])
-    assert res.outcome is Outcome.ABSORBED
+    assert res.outcome is BanOutcome.ABSORBED
     assert len(rig.fake.sets["default_net4"]) == 1
     assert sorted(str(n) for _b, n in rig.saved.deletes) == ["198.51.100.0/26", "198.51.100.64/26"]
 

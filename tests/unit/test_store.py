@@ -187,12 +187,12 @@ def test_delete(store: Store) -> None:
 
 def test_apply_deletes_before_saving(store: Store) -> None:
     store.save_bans([ban("192.0.2.1")])
-    store.apply(delete=[("default", parse_target("192.0.2.1"))], save=[ban("192.0.2.1", None)])
+    store.commit(delete=[("default", parse_target("192.0.2.1"))], save=[ban("192.0.2.1", None)])
     assert store.load_active_bans(NOW) == [ban("192.0.2.1", None)]
 
 
 def test_apply_with_nothing_is_a_no_op(store: Store) -> None:
-    store.apply()
+    store.commit()
     store.save_bans(iter(()))
     assert store.count_bans() == 0
 
@@ -304,13 +304,13 @@ def test_load_survives_a_missing_label(store: Store) -> None:
 
 def test_a_failed_call_stores_nothing(store: Store) -> None:
     """Disk full in the middle of a big call: StoreError, and neither its bans nor its position are kept."""
-    store.apply(save=[v4(i) for i in range(1, 101)], positions={"pos": "before"})
+    store.commit(save=[v4(i) for i in range(1, 101)], positions={"pos": "before"})
     conn = store._conn
     assert conn is not None
     pages = conn.execute("PRAGMA page_count").fetchone()[0]
     conn.execute(f"PRAGMA max_page_count = {pages + 5}")
     with pytest.raises(StoreError) as e:
-        store.apply(save=[v4(i) for i in range(1000, 60_000)], positions={"pos": "after"},
+        store.commit(save=[v4(i) for i in range(1000, 60_000)], positions={"pos": "after"},
                     history=[("sshd", "192.0.2.1", NOW)])
     assert e.value.kind == "full"
     assert str(store.path) in str(e.value) and "nothing of this call was stored" in str(e.value)
@@ -318,7 +318,7 @@ def test_a_failed_call_stores_nothing(store: Store) -> None:
     assert store.get_position("pos") == "before"
     assert store.load_history(0) == []
     conn.execute("PRAGMA max_page_count = 1073741823")
-    store.apply(save=[v4(i) for i in range(1000, 60_000)], positions={"pos": "after"})
+    store.commit(save=[v4(i) for i in range(1000, 60_000)], positions={"pos": "after"})
     assert store.count_bans() == 100 + 59_000
 
 
@@ -614,7 +614,7 @@ for _ in range(100_000):
     bans += [Ban(ipaddress.IPv4Network(rnd.randint(1, next_id)), "default", until, "jail", "again", "j")
              for _ in range(rnd.randint(0, 50) if next_id else 0)]  # upserts of earlier bans
     print("begin", batch, flush=True)
-    store.apply(save=bans, positions={"batch": str(batch)}, history=[("j", str(batch), float(batch))])
+    store.commit(save=bans, positions={"batch": str(batch)}, history=[("j", str(batch), float(batch))])
     next_id += size
     print("ack", batch, next_id, flush=True)  # the acknowledgement: only after the commit returned
     batch += 1
@@ -674,17 +674,17 @@ def test_bulk_saves_are_one_row_and_unbans_leave_tombstones(tmp_path: Path) -> N
     now = 1_800_000_000.0
     keys = [(0x0B000000 + i).to_bytes(4, "big") for i in range(BULK_ROWS * 2)]
     with Store.open(tmp_path / "s.db", on_problem=no_problem) as s:
-        s.apply(save_packed=[("default", keys, now + 3600, "cli", "bulk", "")], created=now)
+        s.commit(save_packed=[("default", keys, now + 3600, "cli", "bulk", "")], created=now)
         assert s.count_bans() == len(keys)
         with contextlib.closing(raw(tmp_path / "s.db")) as c:
             assert c.execute("SELECT count(*) FROM bans").fetchone()[0] == 0
             assert c.execute("SELECT count(*) FROM bulk").fetchone()[0] == 1
-        s.apply(delete_packed=[("default", keys[:3])], created=now + 1)
+        s.commit(delete_packed=[("default", keys[:3])], created=now + 1)
         active = {r[1] for r in s.load_active_rows(now + 2)}
         assert keys[0] not in active and keys[3] in active and len(active) == len(keys) - 3
         # banned again later, individually and in a new bulk save: both count again
-        s.apply(save_packed=[("default", [keys[0]], now + 7200, "cli", "", "")], created=now + 3)
-        s.apply(save_packed=[("default", keys[1:2] + [(0x0C000000 + i).to_bytes(4, "big") for i in range(BULK_ROWS)],
+        s.commit(save_packed=[("default", [keys[0]], now + 7200, "cli", "", "")], created=now + 3)
+        s.commit(save_packed=[("default", keys[1:2] + [(0x0C000000 + i).to_bytes(4, "big") for i in range(BULK_ROWS)],
                               now + 7200, "cli", "", "")], created=now + 4)
         active = {r[1] for r in s.load_active_rows(now + 5)}
         assert keys[0] in active and keys[1] in active and keys[2] not in active
@@ -705,7 +705,7 @@ def test_damaged_database_keeps_its_bulk_bans(tmp_path: Path, problems: list[Sto
     fill(path, 20_000)
     keys = [(0x0D000000 + i).to_bytes(4, "big") for i in range(BULK_ROWS)]
     with Store.open(path, on_problem=no_problem) as s:
-        s.apply(save_packed=[("default", keys, NOW + 3600, "cli", "bulk", "")])
+        s.commit(save_packed=[("default", keys, NOW + 3600, "cli", "bulk", "")])
     damage_middle(path)
     with Store.open(path, on_problem=problems.append) as s:
         active = {r[1] for r in s.load_active_rows(0)}

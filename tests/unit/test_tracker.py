@@ -20,8 +20,8 @@ from nftblockd.detect.tracker import (
     JailPolicy,
     Kind,
     LoadResult,
-    Outcome,
     Tracker,
+    TrackOutcome,
     UnknownJailError,
 )
 from nftblockd.events import Ban, Hit, IPNet
@@ -43,9 +43,9 @@ def sshd(**kw: object) -> JailPolicy:
     return JailPolicy(**base)  # type: ignore[arg-type]
 
 
-def fail(tr: Tracker, host: str, times: int, now: float, jail: str = "sshd") -> Outcome:
+def fail(tr: Tracker, host: str, times: int, now: float, jail: str = "sshd") -> TrackOutcome:
     """`times` failures at `now`; returns the last outcome."""
-    out = Outcome(Kind.STALE)
+    out = TrackOutcome(Kind.STALE)
     for _ in range(times):
         out = tr.observe(hit(jail, host, now), now)
     return out
@@ -338,7 +338,7 @@ def test_forgetting_an_address_inside_a_banned_range_ends_the_range_state() -> N
 def test_allowlisted_hosts_are_never_counted_nor_banned() -> None:
     tr = Tracker([sshd(maxretry=1)], Allowlist.from_networks([N("198.51.100.0/24"), A("::1")]))
     out = fail(tr, "198.51.100.7", 1, T0)
-    assert out == Outcome(Kind.ALLOWLISTED, allow=N("198.51.100.0/24"))
+    assert out == TrackOutcome(Kind.ALLOWLISTED, allow=N("198.51.100.0/24"))
     assert fail(tr, "::ffff:198.51.100.7", 1, T0).kind is Kind.ALLOWLISTED
     assert fail(tr, "::1", 1, T0).allow == N("::1/128")
     assert tr.tracked == 0 and tr.history_snapshot() == []
@@ -520,7 +520,7 @@ def recidive(**kw: object) -> JailPolicy:
     return JailPolicy(**base)  # type: ignore[arg-type]
 
 
-def _jail_ban(tr: Tracker, jail: str, host: str, now: float) -> tuple[Ban, list[Outcome]]:
+def _jail_ban(tr: Tracker, jail: str, host: str, now: float) -> tuple[Ban, list[TrackOutcome]]:
     ban = _ban_again(tr, host, now, jail=jail)
     return ban, tr.observe_ban(ban, now)
 
