@@ -1,2 +1,6 @@
-"""Durable state: the SQLite store (store.py) and the reader of fail2ban's database (f2bimport.py).
-The only package that imports sqlite3."""
+"""Durable state. The only package that imports sqlite3.
+
+store.py is the daemon's database (bans, history, positions, feed metadata); schema.py its tables and
+migrations; salvage.py what happens to a damaged or unusable file; db.py the connection layer they share;
+foreign.py and f2bimport.py read fail2ban's database, read-only.
+"""

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nftblockd.events import Ban, IPNet, parse_target
-from nftblockd.state.store import StoreError, open_readonly
+from nftblockd.state.foreign import open_readonly
+from nftblockd.state.store import StoreError
 
 __all__ = ["DEFAULT_DB", "UNKNOWN_BANTIME", "F2bBan", "F2bImportError", "read_fail2ban_bans"]
 
