@@ -313,6 +313,24 @@ async def test_a_raising_health_check_counts_as_unhealthy(listener: tuple[socket
     assert caplog.text.count("health check failed (RuntimeError('store unreachable'))") == 1
 
 
-async def test_without_a_watchdog_the_loop_returns_at_once() -> None:
-    n = Notifier(None)
-    await watchdog_loop(n, asyncio.Event(), lambda: True)
+@pytest.mark.parametrize("socket_set", [False, True])
+async def test_without_a_watchdog_the_loop_returns_at_once(listener: tuple[socket.socket, str],
+                                                           socket_set: bool) -> None:
+    sock, address = listener
+    # no NOTIFY_SOCKET at all, or NOTIFY_SOCKET without WATCHDOG_USEC: either way the watchdog is off
+    n = RecordingNotifier(address, watchdog_usec=0) if socket_set else Notifier(None)
+    checks: list[bool] = []
+
+    def health() -> bool:
+        checks.append(True)
+        return True
+
+    # The stop event is never set: only returning at once ends the loop (the bound catches a loop that runs).
+    async with asyncio.timeout(BOUND):
+        await watchdog_loop(n, asyncio.Event(), health)
+    assert n.watchdog_interval() is None
+    assert checks == []  # it returned before the first health check, so no ping either
+    sock.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        sock.recv(4096)  # and nothing reached the service manager's socket
+    n.close()

@@ -371,10 +371,17 @@ def test_prune_deletes_expired_old_history_and_gives_space_back(tmp_path: Path) 
 
 
 def test_prune_below_the_threshold_keeps_the_file(store: Store) -> None:
-    store.save_bans([v4(i, NOW + 1) for i in range(1, 50)])
-    assert store.prune(NOW + 2, 86400) == PruneStats(49, 0, 1, 0)
+    def pages() -> tuple[int, int]:  # (in the file, of them free), as another reader of the file sees them
+        with contextlib.closing(raw(store.path)) as c:
+            return c.execute("PRAGMA page_count").fetchone()[0], c.execute("PRAGMA freelist_count").fetchone()[0]
+
+    store.save_bans([v4(i, NOW + 1) for i in range(1, 2001)])  # a few dozen pages: below VACUUM_MIN_PAGES
+    assert store.prune(NOW + 2, 86400) == PruneStats(2000, 0, 1, 0)
+    total, free = pages()
+    assert free > 0  # the deleted rows left free pages, and prune kept them in the file
     store.save_bans([v4(1)])
-    assert compact(store) >= 0
+    assert compact(store) == free  # a forced compaction gives every one of them back ...
+    assert pages() == (total - free, 0)  # ... and the file shrinks by as much
 
 
 # --- schema versions ----------------------------------------------------------------------------------
