@@ -124,6 +124,7 @@ async def journal_once(jd_dir: Path, cursor: str) -> float:
 
 async def fill_journal(jd_root: Path) -> tuple[object, str]:
     from systemd import journal
+
     from tests.helpers.journald import Journald
 
     jd = await Journald(jd_root, {"RuntimeMaxFileSize": "512M", "RuntimeMaxUse": "2G"}).start()

@@ -9,7 +9,7 @@ the cheap kernel generation check and the periodic reconcile.
 from __future__ import annotations
 
 import array
-import asyncio
+import asyncio  # noqa: TID251 (an IO edge: the composition root: one TaskGroup, signals)
 import dataclasses
 import gc
 import ipaddress

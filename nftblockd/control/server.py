@@ -11,7 +11,7 @@ concurrently. While a request is being handled the connection is not read, which
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # noqa: TID251 (an IO edge: the control socket server runs on the event loop)
 import contextlib
 import errno
 import grp

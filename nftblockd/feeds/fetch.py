@@ -38,7 +38,7 @@ jitter from an injected callable. HTTP timeouts are real time: they bound real I
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # noqa: TID251 (an IO edge: HTTP and file fetches with timeouts, on the event loop)
 import contextlib
 import hashlib
 import json

@@ -9,7 +9,7 @@ still protects the host.
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # noqa: TID251 (an IO edge: a task per feed under a TaskGroup, refreshing on schedule)
 import logging
 import time
 from dataclasses import asdict

@@ -15,7 +15,7 @@ Staying true to the kernel:
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # noqa: TID251 (an IO edge: hands batches to the kernel thread and waits for the answers)
 import errno as E
 import ipaddress
 import logging

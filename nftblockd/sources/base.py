@@ -27,7 +27,7 @@ This module does no IO; `MemoryPositionStore` is the fake for tests (the sqlite 
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # noqa: TID251 (an IO edge: sources run on the event loop and fill a bounded asyncio.Queue)
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 

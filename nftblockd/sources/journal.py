@@ -25,17 +25,18 @@ The rules:
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # noqa: TID251 (an IO edge: waits for journal entries on the event loop)
 import logging
 import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from systemd import journal
+
 from nftblockd.events import LogLine
 from nftblockd.sources.base import LineBatch, PositionStore, SourceError, SourceStats
 from nftblockd.sources.linesplit import DEFAULT_MAX_LINE
-from systemd import journal
 
 __all__ = ["JournalSource"]
 

@@ -30,7 +30,7 @@ How files are followed:
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # noqa: TID251 (an IO edge: inotify tails on the event loop)
 import contextlib
 import errno
 import fnmatch

@@ -17,7 +17,7 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
+import asyncio  # noqa: TID251 (an IO edge: queues changes and writes them in order, on the event loop)
 import logging
 import time
 from collections.abc import Awaitable, Callable
