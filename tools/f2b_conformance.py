@@ -131,15 +131,7 @@ def conformance(name: str, loader: Loader, logdir: Path = F2B_LOGS, *, tz: tzinf
                     files.append(payload)
                     continue
                 if kind == "filterOptions":
-                    tests, skip_block = [], False
-                    for o in payload if isinstance(payload, list) else [payload]:
-                        opts = {**common, **o}
-                        if opts.get("test.condition") and not _condition(opts["test.condition"], name, opts):
-                            skip_block = True
-                            continue
-                        f_opts = {k: v for k, v in opts.items() if not k.startswith("test.")}
-                        key = opts.get("test.filter-name") or (str(f_opts) if f_opts else "")
-                        tests.append((name + key, opts))
+                    tests, skip_block = _option_tests(payload, common, name)
                     continue
                 faildata = payload
                 nxt = next(it, None)
@@ -152,21 +144,44 @@ def conformance(name: str, loader: Loader, logdir: Path = F2B_LOGS, *, tz: tzinf
                 continue
             if not tests:
                 tests = [(name + (str(common) if common else ""), dict(common))]
-            for key, opts in tests:
-                if faildata.get("constraint") and not _condition(faildata["constraint"], name, opts):
-                    continue
-                got = get(key, opts)
-                text = line
-                if opts.get("logtype") == "journal" and opts.get("test.prefix-line"):
-                    text = opts["test.prefix-line"] + text
-                if got is None:
-                    score.unsupported = True
-                    result = None  # a filter we cannot load matches nothing: its assertions count
-                else:
-                    flt, ctx = got
-                    result = flt.match(text, now, ctx)
-                _score_one(score, name, faildata, result, opts, f"{path.name}:{lineno}", text, zone, now)
+            _score_line(score, name, tests, get, faildata, line, f"{path.name}:{lineno}", zone, now)
     return score
+
+
+def _score_line(score: SampleScore, name: str, tests: list[tuple[str, dict[str, Any]]],
+                get: Callable[[str, dict[str, Any]], tuple[Filter, MatchContext] | None], faildata: dict[str, Any],
+                line: str, where: str, zone: tzinfo, now: float) -> None:
+    """One sample line against each option set in force: match it and score the result."""
+    for key, opts in tests:
+        if faildata.get("constraint") and not _condition(faildata["constraint"], name, opts):
+            continue
+        got = get(key, opts)
+        text = line
+        if opts.get("logtype") == "journal" and opts.get("test.prefix-line"):
+            text = opts["test.prefix-line"] + text
+        if got is None:
+            score.unsupported = True
+            result = None  # a filter we cannot load matches nothing: its assertions count
+        else:
+            flt, ctx = got
+            result = flt.match(text, now, ctx)
+        _score_one(score, name, faildata, result, opts, where, text, zone, now)
+
+
+def _option_tests(payload: Any, common: dict[str, Any], name: str) -> tuple[list[tuple[str, dict[str, Any]]], bool]:
+    """A `filterOptions` directive: the (cache key, options) to test the next lines with, and whether the
+    block is skipped (an option set whose `test.condition` does not hold here)."""
+    tests: list[tuple[str, dict[str, Any]]] = []
+    skip_block = False
+    for o in payload if isinstance(payload, list) else [payload]:
+        opts = {**common, **o}
+        if opts.get("test.condition") and not _condition(opts["test.condition"], name, opts):
+            skip_block = True
+            continue
+        f_opts = {k: v for k, v in opts.items() if not k.startswith("test.")}
+        key = opts.get("test.filter-name") or (str(f_opts) if f_opts else "")
+        tests.append((name + key, opts))
+    return tests, skip_block
 
 
 def _score_one(score: SampleScore, name: str, faildata: dict[str, Any], result: Any, opts: dict[str, Any],
@@ -294,6 +309,18 @@ def format_table(title: str, scores: Sequence[SampleScore]) -> str:
     return "\n".join(rows)
 
 
+def _table(kind: str, logdir: Path, filter_dir: Path) -> tuple[str, list[SampleScore]]:
+    """The title and scores of one table: `builtin`, `own` (nftblockd's own samples) or `imported`."""
+    if kind == "builtin":
+        return ("Built-in nftblockd filters vs fail2ban's annotated sample logs (match + host)",
+                builtin_conformance(logdir))
+    if kind == "own":
+        return (f"Built-in nftblockd filters vs nftblockd's own annotated samples ({EXTRA_SAMPLES})",
+                builtin_conformance(None, EXTRA_SAMPLES))
+    return (f"fail2ban's own filters ({filter_dir}) read by nftblockd.detect.f2b, vs their sample logs",
+            imported_conformance(logdir, filter_dir))
+
+
 def conformance_main(argv: Sequence[str]) -> int:
     """CLI: print the per-filter conformance tables; exit 0 (the figures are the output)."""
     args = list(argv)
@@ -319,15 +346,7 @@ def conformance_main(argv: Sequence[str]) -> int:
     for kind in ("builtin", "own", "imported"):
         if kind not in which and not (kind == "own" and "builtin" in which):
             continue
-        if kind == "builtin":
-            scores = builtin_conformance(logdir)
-            title = "Built-in nftblockd filters vs fail2ban's annotated sample logs (match + host)"
-        elif kind == "own":
-            scores = builtin_conformance(None, EXTRA_SAMPLES)
-            title = f"Built-in nftblockd filters vs nftblockd's own annotated samples ({EXTRA_SAMPLES})"
-        else:
-            scores = imported_conformance(logdir, filter_dir)
-            title = f"fail2ban's own filters ({filter_dir}) read by nftblockd.detect.f2b, vs their sample logs"
+        title, scores = _table(kind, logdir, filter_dir)
         print(format_table(title, scores))
         if verbose:
             for s in scores:

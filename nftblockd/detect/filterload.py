@@ -171,6 +171,33 @@ def filter_from_yaml(value: Any, file: str, line_of: Callable[[tuple[str | int, 
         if key not in _YAML_KEYS:
             raise FilterError(where(key), f"unknown key {key!r} (known: {', '.join(sorted(_YAML_KEYS))})")
     name = str(value.get("name") or Path(file).stem)
+    options = _chosen_options(value, opts, name, where)
+    variables = {**_BASE_VARS, **{str(k): str(v) for k, v in (value.get("vars") or {}).items()}, **options}
+    fail = _regexes(value, "failregex", options, variables, where)
+    if not fail:
+        raise FilterError(where("failregex"), f"filter {name!r} has no failregex for these options")
+    prefilter = value.get("prefilter")
+    if prefilter is not None and (not isinstance(prefilter, list) or not all(isinstance(s, str) and s
+                                                                              for s in prefilter)):
+        raise FilterError(where("prefilter"), "prefilter is a list of non-empty substrings")
+    ignore = _regexes(value, "ignoreregex", options, variables, where)
+    prefix = value.get("prefix")
+    at = where("prefix")
+    return FilterDef(
+        name=name,
+        source=file,
+        failregex=fail,
+        ignoreregex=ignore,
+        prefix=RegexSource(_substitute(str(prefix), variables, at), at) if prefix else None,
+        datepattern=str(value["datepattern"]) if value.get("datepattern") else None,
+        prefilter=tuple(prefilter) if prefilter else None,
+        options=options,
+    )
+
+
+def _chosen_options(value: dict[str, Any], opts: Mapping[str, str], name: str, where: Callable[..., str]
+                    ) -> dict[str, str]:
+    """The filter's options with the caller's choices applied; an unknown option or value is refused."""
     options = {str(k): str(v) for k, v in (value.get("options") or {}).items()}
     choices = value.get("choices") or {}
     for k, v in opts.items():
@@ -180,55 +207,41 @@ def filter_from_yaml(value: Any, file: str, line_of: Callable[[tuple[str | int, 
         if allowed is not None and v not in [str(a) for a in allowed]:
             raise FilterError(where("choices", k), f"option {k}={v!r} must be one of {allowed}")
         options[k] = v
-    variables = {**_BASE_VARS, **{str(k): str(v) for k, v in (value.get("vars") or {}).items()}, **options}
+    return options
 
-    def subst(text: str, at: str) -> str:
-        for _ in range(16):
-            new = _VAR_RE.sub(lambda m: variables.get(m.group(1), m.group(0)), text)
-            if new == text:
-                return new
-            text = new
-        raise FilterError(at, "variables refer to each other in a loop")
 
-    def regexes(key: str) -> tuple[RegexSource, ...]:
-        raw = value.get(key) or []
-        if isinstance(raw, str):
-            raw = [raw]
-        if not isinstance(raw, list):
-            raise FilterError(where(key), f"{key} must be a list of regexes")
-        out = []
-        for i, item in enumerate(raw):
-            at = where(key, i)
-            if isinstance(item, dict):
-                unknown = set(item) - {"regex", "when"}
-                if unknown or "regex" not in item:
-                    raise FilterError(at, "a rule is a regex or {regex: ..., when: {option: [values]}}")
-                if not _applies(item.get("when") or {}, options, at):
-                    continue
-                item = item["regex"]
-            if not isinstance(item, str) or not item:
-                raise FilterError(at, "a regex must be non-empty text")
-            out.append(RegexSource(subst(item, at), at))
-        return tuple(out)
+def _substitute(text: str, variables: Mapping[str, str], at: str) -> str:
+    """Expand %(name)s references until none is left (16 rounds at most: more is a loop)."""
+    for _ in range(16):
+        new = _VAR_RE.sub(lambda m: variables.get(m.group(1), m.group(0)), text)
+        if new == text:
+            return new
+        text = new
+    raise FilterError(at, "variables refer to each other in a loop")
 
-    fail = regexes("failregex")
-    if not fail:
-        raise FilterError(where("failregex"), f"filter {name!r} has no failregex for these options")
-    prefilter = value.get("prefilter")
-    if prefilter is not None and (not isinstance(prefilter, list) or not all(isinstance(s, str) and s
-                                                                              for s in prefilter)):
-        raise FilterError(where("prefilter"), "prefilter is a list of non-empty substrings")
-    prefix = value.get("prefix")
-    return FilterDef(
-        name=name,
-        source=file,
-        failregex=fail,
-        ignoreregex=regexes("ignoreregex"),
-        prefix=RegexSource(subst(str(prefix), where("prefix")), where("prefix")) if prefix else None,
-        datepattern=str(value["datepattern"]) if value.get("datepattern") else None,
-        prefilter=tuple(prefilter) if prefilter else None,
-        options=options,
-    )
+
+def _regexes(value: dict[str, Any], key: str, options: Mapping[str, str], variables: Mapping[str, str],
+             where: Callable[..., str]) -> tuple[RegexSource, ...]:
+    """The regexes under `key` that apply with these options, variables expanded, each with where it is."""
+    raw = value.get(key) or []
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list):
+        raise FilterError(where(key), f"{key} must be a list of regexes")
+    out = []
+    for i, item in enumerate(raw):
+        at = where(key, i)
+        if isinstance(item, dict):
+            unknown = set(item) - {"regex", "when"}
+            if unknown or "regex" not in item:
+                raise FilterError(at, "a rule is a regex or {regex: ..., when: {option: [values]}}")
+            if not _applies(item.get("when") or {}, options, at):
+                continue
+            item = item["regex"]
+        if not isinstance(item, str) or not item:
+            raise FilterError(at, "a regex must be non-empty text")
+        out.append(RegexSource(_substitute(item, variables, at), at))
+    return tuple(out)
 
 
 def _applies(when: Any, options: Mapping[str, str], at: str) -> bool:

@@ -329,7 +329,6 @@ def required_literal(pattern: str, min_len: int = 3) -> str | None:
     return best if len(best) >= min_len else None
 
 
-
 def literal_heads(pattern: str, limit: int = 32) -> frozenset[str] | None:
     """The literal texts a match of an anchored `pattern` can start with (`^[iI]nvalid` -> Invalid,
     invalid), or None when some match may start with a non-literal."""
@@ -343,41 +342,47 @@ def literal_heads(pattern: str, limit: int = 32) -> frozenset[str] | None:
     if not items or str(items[0][0]) != "AT":
         return None
 
-    def walk(seq: list[Any], starts: set[str]) -> tuple[set[str], bool]:
-        """Extend `starts` through `seq`; the flag says whether all of seq was literal."""
-        for op, av in seq:
-            name = str(op)
-            if name == "AT":
-                continue
-            if name == "LITERAL":
-                starts = {s + chr(av) for s in starts}
-                continue
-            if name == "IN" and all(str(o) == "LITERAL" for o, _ in av) and len(av) <= 4:
-                starts = {s + chr(c) for s in starts for _, c in av}
-                if len(starts) > limit:
-                    return starts, False
-                continue
-            if name == "SUBPATTERN" and not av[1] & _C.SRE_FLAG_IGNORECASE:
-                starts, whole = walk(list(av[3]), starts)
-                if not whole:
-                    return starts, False
-                continue
-            if name == "BRANCH":
-                out: set[str] = set()
-                whole = True
-                for alt in av[1]:
-                    sub, w = walk(list(alt), set(starts))
-                    out |= sub
-                    whole = whole and w
-                if len(out) > limit:
-                    return starts, False
-                starts = out
-                if not whole:
-                    return starts, False
-                continue
-            return starts, False
-        return starts, True
-
-    heads, _ = walk(items[1:], {""})
+    heads, _ = _extend_heads(items[1:], {""}, limit)
     return frozenset(heads) if heads and all(heads) else None
+
+
+def _extend_heads(seq: list[Any], starts: set[str], limit: int) -> tuple[set[str], bool]:
+    """Extend `starts` through `seq`; the flag says whether all of seq was literal."""
+    for op, av in seq:
+        name = str(op)
+        if name == "AT":
+            continue
+        if name == "LITERAL":
+            starts = {s + chr(av) for s in starts}
+            continue
+        if name == "IN" and all(str(o) == "LITERAL" for o, _ in av) and len(av) <= 4:
+            starts = {s + chr(c) for s in starts for _, c in av}
+            if len(starts) > limit:
+                return starts, False
+            continue
+        if name == "SUBPATTERN" and not av[1] & _C.SRE_FLAG_IGNORECASE:
+            starts, whole = _extend_heads(list(av[3]), starts, limit)
+            if not whole:
+                return starts, False
+            continue
+        if name == "BRANCH":
+            starts, whole = _branch_heads(av[1], starts, limit)
+            if not whole:
+                return starts, False
+            continue
+        return starts, False
+    return starts, True
+
+
+def _branch_heads(alts: list[Any], starts: set[str], limit: int) -> tuple[set[str], bool]:
+    """Each alternative extends its own copy of `starts`; past `limit` heads, `starts` stay as they were."""
+    out: set[str] = set()
+    whole = True
+    for alt in alts:
+        sub, w = _extend_heads(list(alt), set(starts), limit)
+        out |= sub
+        whole = whole and w
+    if len(out) > limit:
+        return starts, False
+    return out, whole
 

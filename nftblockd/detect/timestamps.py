@@ -298,49 +298,47 @@ def _first_chars(pattern: str) -> frozenset[str] | None:
     except re.error:
         return None
     chars: set[str] = set()
-
-    def walk(seq: list[Any]) -> bool:
-        """Add the first chars of seq; True if seq can match the empty string."""
-        for op, av in seq:
-            name = str(op)
-            if name in ("AT", "ASSERT", "ASSERT_NOT"):
-                continue
-            if name == "LITERAL":
-                chars.add(chr(av))
-                return False
-            if name == "IN":
-                chars.update(_in_ascii(av))
-                return False
-            if name == "NOT_LITERAL":
-                chars.update(c for c in _ASCII if ord(c) != av)
-                return False
-            if name == "SUBPATTERN":
-                if av[1] & re.IGNORECASE:
-                    raise LookupError
-                if not walk(list(av[3])):
-                    return False
-                continue
-            if name == "BRANCH":
-                empty = False
-                for alt in av[1]:
-                    empty = walk(list(alt)) or empty
-                if not empty:
-                    return False
-                continue
-            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-                empty = walk(list(av[2]))
-                if av[0] > 0 and not empty:
-                    return False
-                continue
-            raise LookupError
-        return True
-
     try:
-        if walk(items):
+        if _seq_first_chars(items, chars):
             return None
     except LookupError:
         return None
     return frozenset(chars)
+
+
+def _seq_first_chars(seq: list[Any], chars: set[str]) -> bool:
+    """Add the first chars of a parsed sequence to `chars`; True if it can match the empty string."""
+    return all(_item_first_chars(str(op), av, chars) for op, av in seq)
+
+
+def _item_first_chars(name: str, av: Any, chars: set[str]) -> bool:
+    """Add the first chars of one parsed item to `chars`; True if it can match the empty string.
+
+    LookupError: an item this analysis does not follow (the caller then knows nothing)."""
+    if name in ("AT", "ASSERT", "ASSERT_NOT"):
+        return True
+    if name == "LITERAL":
+        chars.add(chr(av))
+        return False
+    if name == "IN":
+        chars.update(_in_ascii(av))
+        return False
+    if name == "NOT_LITERAL":
+        chars.update(c for c in _ASCII if ord(c) != av)
+        return False
+    if name == "SUBPATTERN":
+        if av[1] & re.IGNORECASE:
+            raise LookupError
+        return _seq_first_chars(list(av[3]), chars)
+    if name == "BRANCH":
+        empty = False
+        for alt in av[1]:  # every alternative, even after an empty one: each adds its first chars
+            empty = _seq_first_chars(list(alt), chars) or empty
+        return empty
+    if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+        empty = _seq_first_chars(list(av[2]), chars)
+        return av[0] == 0 or empty
+    raise LookupError
 
 
 class DateParser:

@@ -206,40 +206,7 @@ class KernelWriter:
             if out.committed:
                 res.committed_ops += len(live)
                 break
-            drop: set[int] = set()
-            retry_whole = False
-            for err in out.errors:
-                hit = where.get(err.seq)
-                if hit is None:  # error on BATCH_BEGIN/END: the commit itself failed
-                    if err.errno in (E.ERESTART, E.ENOBUFS, E.EINTR, E.EAGAIN, E.EBUSY):
-                        retry_whole = True
-                        continue
-                    for i in live:
-                        res.failed[(names[i], keys[i])] = (err.errno, err.text or "transaction refused")
-                    drop.update(live)
-                    continue
-                msg, op_ids, is_delete = hit
-                j = bisect.bisect_right(msg.offsets, err.offset) - 1 if err.offset is not None else -1
-                if j < 0:
-                    # the message itself is bad (usually: the set is gone): every op in it fails this round
-                    in_msg = [op_ids[k] for k in msg.op_index]
-                    if err.errno == E.ENOENT:
-                        res.missing_sets.add(names[in_msg[0]])
-                    for i in in_msg:
-                        res.failed[(names[i], keys[i])] = (err.errno, err.text or "set refused the message")
-                    drop.update(in_msg)
-                    continue
-                i = op_ids[msg.op_index[j]]
-                if err.errno == E.ENOENT and is_delete:
-                    if specs[i].add:
-                        no_replace.add(i)  # the old element expired meanwhile: a plain add will do
-                        retry_whole = True
-                    else:
-                        drop.add(i)  # already gone: that is what a delete wanted
-                        res.committed_ops += 1
-                    continue
-                res.failed[(names[i], keys[i])] = (err.errno, err.text)
-                drop.add(i)
+            drop, retry_whole = _offenders(out.errors, where, live, names, keys, specs, res, no_replace)
             if not drop and not retry_whole:
                 for i in live:
                     res.failed[(names[i], keys[i])] = (E.EIO, "transaction failed without a usable error")
@@ -461,3 +428,49 @@ def _interval_element(net: IPNet, timeout_ms: int | None, comment: str, refresh:
     bits = net.max_prefixlen
     end = end_int.to_bytes(bits // 8, "big") if end_int < (1 << bits) else None
     return m.Element(net.network_address.packed, timeout_ms, refresh, comment, end, True)
+
+
+def _offenders(errors: Sequence[m.ErrorReply], where: dict[int, _Where], live: list[int], names: list[str],
+               keys: list[int], specs: list[OpSpec], res: WriteResult, no_replace: set[int]
+               ) -> tuple[set[int], bool]:
+    """Read a refused transaction's errors: the ops to leave out of the next attempt (recorded in
+    `res.failed`, or counted as done), and whether the rest is worth sending again as it is.
+
+    A delete that found nothing is done (a delete wanted it gone) or, as the first half of a refresh, becomes
+    a plain add (`no_replace`). An error on the batch itself fails every live op unless it is transient.
+    """
+    drop: set[int] = set()
+    retry_whole = False
+    for err in errors:
+        hit = where.get(err.seq)
+        if hit is None:  # error on BATCH_BEGIN/END: the commit itself failed
+            if err.errno in (E.ERESTART, E.ENOBUFS, E.EINTR, E.EAGAIN, E.EBUSY):
+                retry_whole = True
+                continue
+            for i in live:
+                res.failed[(names[i], keys[i])] = (err.errno, err.text or "transaction refused")
+            drop.update(live)
+            continue
+        msg, op_ids, is_delete = hit
+        j = bisect.bisect_right(msg.offsets, err.offset) - 1 if err.offset is not None else -1
+        if j < 0:
+            # the message itself is bad (usually: the set is gone): every op in it fails this round
+            in_msg = [op_ids[k] for k in msg.op_index]
+            if err.errno == E.ENOENT:
+                res.missing_sets.add(names[in_msg[0]])
+            for i in in_msg:
+                res.failed[(names[i], keys[i])] = (err.errno, err.text or "set refused the message")
+            drop.update(in_msg)
+            continue
+        i = op_ids[msg.op_index[j]]
+        if err.errno == E.ENOENT and is_delete:
+            if specs[i].add:
+                no_replace.add(i)  # the old element expired meanwhile: a plain add will do
+                retry_whole = True
+            else:
+                drop.add(i)  # already gone: that is what a delete wanted
+                res.committed_ops += 1
+            continue
+        res.failed[(names[i], keys[i])] = (err.errno, err.text)
+        drop.add(i)
+    return drop, retry_whole

@@ -264,6 +264,22 @@ class FileTail:
     # --------------------------------------------------------------- events
 
     async def _handle(self, events: list[Event], out: asyncio.Queue[LineBatch]) -> None:
+        to_read, dirs, closing = self._sort_events(events)
+        for f in to_read:
+            if f.fd >= 0:
+                await self._drain(f, out)
+        for d in sorted(dirs):
+            self._watch_dir(d)
+            await self._reconcile(d, out)
+        for f in closing:
+            if f.rotated or not self._rewatch(f):
+                await self._close(f, out)
+
+    def _sort_events(self, events: list[Event]) -> tuple[dict[_File, None], set[str], list[_File]]:
+        """Which files to read, directories to rescan and files whose watch ended, for one batch of events.
+
+        Drops the watches the kernel removed (IN_IGNORED) from the tables as it goes; reads nothing.
+        """
         to_read: dict[_File, None] = {}  # insertion-ordered set
         dirs: set[str] = set()
         closing: list[_File] = []
@@ -299,15 +315,7 @@ class FileTail:
             for d in served:
                 if self._dir_wd[d][1] is None or name is None or self._matches(d, name):
                     dirs.add(d)
-        for f in to_read:
-            if f.fd >= 0:
-                await self._drain(f, out)
-        for d in sorted(dirs):
-            self._watch_dir(d)
-            await self._reconcile(d, out)
-        for f in closing:
-            if f.rotated or not self._rewatch(f):
-                await self._close(f, out)
+        return to_read, dirs, closing
 
     # ---------------------------------------------------------- directories
 

@@ -320,20 +320,8 @@ class Store:
         """
         stamp = time.time() if created is None else created
         bans = save if isinstance(save, list | tuple) else list(save)
-        packed: list[PackedBans] = []
-        bulk: list[PackedBans] = []
-        for entry in save_packed:
-            targets = entry[1]
-            size = len(targets[0]) if targets else 0
-            if len(targets) >= BULK_ROWS and size in (4, 16) and all(len(t) == size for t in targets):
-                bulk.append(entry)
-            else:
-                packed.append(entry)
-        deletes: dict[str, list[bytes]] = {}
-        for blocklist, target in delete:
-            deletes.setdefault(blocklist, []).append(pack_target(target))
-        for blocklist, targets in delete_packed:
-            deletes.setdefault(blocklist, []).extend(targets)
+        packed, bulk = _rows_or_bulk(save_packed)
+        deletes = _deletes_by_blocklist(delete, delete_packed)
         hist: list[Any] = []
         for e in history:
             hist += (e[2], e[0], e[1], e[3] if len(e) > 3 else None)
@@ -604,6 +592,30 @@ class StorePositions:
 
     def set(self, key: str, value: str) -> None:
         self._store.set_positions({key: value})
+
+
+def _rows_or_bulk(save_packed: Iterable[PackedBans]) -> tuple[list[PackedBans], list[PackedBans]]:
+    """Packed saves to store row by row, and those big enough (and of one address size) for a bulk row."""
+    packed: list[PackedBans] = []
+    bulk: list[PackedBans] = []
+    for entry in save_packed:
+        targets = entry[1]
+        size = len(targets[0]) if targets else 0
+        if len(targets) >= BULK_ROWS and size in (4, 16) and all(len(t) == size for t in targets):
+            bulk.append(entry)
+        else:
+            packed.append(entry)
+    return packed, bulk
+
+
+def _deletes_by_blocklist(delete: Iterable[tuple[str, IPNet]], delete_packed: Iterable[tuple[str, list[bytes]]]
+                          ) -> dict[str, list[bytes]]:
+    deletes: dict[str, list[bytes]] = {}
+    for blocklist, target in delete:
+        deletes.setdefault(blocklist, []).append(pack_target(target))
+    for blocklist, targets in delete_packed:
+        deletes.setdefault(blocklist, []).extend(targets)
+    return deletes
 
 
 def _insert_many(conn: sqlite3.Connection, head: str, tail: str, width: int, flat: list[Any]) -> None:
