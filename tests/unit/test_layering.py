@@ -105,3 +105,13 @@ def test_the_pure_list_names_real_modules() -> None:
     # addr/neverban may not exist yet on every branch; everything else must, or the list has gone stale
     missing = PURE - set(MODULES) - {"nftblockd.addr", "nftblockd.neverban"}
     assert not missing
+
+
+def test_the_coverage_floor_measures_exactly_the_pure_modules() -> None:
+    # pyproject.toml's [tool.coverage.run] source_pkgs is what `make coverage` holds to its floor: a pure
+    # module missing there would escape the floor (one listed but absent would make coverage warn)
+    import tomllib
+
+    config = tomllib.loads((PKG.parent / "pyproject.toml").read_text())
+    measured = set(config["tool"]["coverage"]["run"]["source_pkgs"])
+    assert measured == PURE & set(MODULES)
