@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any, TypeAlias, TypeVar
 
-from nftblockd.events import IPNet
+from nftblockd.addr import IPNet
 from nftblockd.feeds.parse import pack, unpack
 
 __all__ = [

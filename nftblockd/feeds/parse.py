@@ -42,7 +42,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from nftblockd.events import AddressError, IPNet, parse_target
+from nftblockd.addr import AddressError, IPNet, parse_target
 
 __all__ = [
     "FORMATS",

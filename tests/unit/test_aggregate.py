@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nftblockd.events import IPNet
+from nftblockd.addr import IPNet
 from nftblockd.feeds.aggregate import (
     SPECIAL_V4,
     SPECIAL_V6,
@@ -100,7 +100,7 @@ def test_allowlist_is_cut_out_of_feed_prefixes() -> None:
 
 def test_allowlist_of_the_other_family_does_not_interfere() -> None:
     _, out = run("8.8.8.0/24\n", allow=("::ffff:8.8.8.8", "2001:4860::/32"))
-    # ::ffff:8.8.8.8 is parsed by config into 8.8.8.8 (events.parse_target); here it is a raw IPv6 network
+    # ::ffff:8.8.8.8 is parsed by config into 8.8.8.8 (addr.parse_target); here it is a raw IPv6 network
     assert out == ["8.8.8.0/24"]
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from nftblockd.events import AddressError, parse_target
+from nftblockd.addr import AddressError, parse_target
 from nftblockd.feeds.parse import FeedFormatError, ParseResult, pack, parse_entry, parse_feed, unpack
 
 DATA = Path(__file__).parent.parent / "data" / "feeds"
