@@ -29,12 +29,12 @@ Rules, the same on every path
 Fast paths. The plain versions are `parse_target` and the `ipaddress` constructors and `str()`. Bulk and hot
 paths (a million-line feed, `nftblock ban -` of 100k addresses, a burst of bans) use the versions below
 instead; each is held to its plain version by a hypothesis test in tests/unit/test_addr.py and measured
-against it by bench/bench_addr.py (figures from this 2-core VM, Python 3.11):
-    parse_v4, parse_host_int, split_hosts   inet_pton in C instead of ipaddress's per-octet Python
-    parse_key                               a feed line to (version, net key, widened) without objects
-    host_net4, host_net6                    a single-address network without ipaddress's argument parsing
-    format_host, target_text                inet_ntoa/inet_ntop instead of ipaddress's join of str()s
-    unpack_hosts                            one C-level byte swap for a blob of IPv4 addresses
+against it by bench/bench_addr.py (ratio to the plain version on this 2-core VM, Python 3.11, busy):
+    parse_v4, parse_host_int, split_hosts   inet_pton in C, not ipaddress's per-octet Python     0.03-0.10
+    parse_key                               a feed line to (version, net key, widened), no objects    0.09
+    host_net4, host_net6                    a single-address network without argument parsing    0.47-0.67
+    format_host, target_text                inet_ntoa/inet_ntop, not ipaddress's join of str()s  0.12-0.30
+    unpack_hosts                            one C-level byte swap for a blob of IPv4 addresses        0.05
 """
 
 from __future__ import annotations
