@@ -32,7 +32,7 @@ instead; each is held to its plain version by a hypothesis test in tests/unit/te
 against it by bench/bench_addr.py (ratio to the plain version on this 2-core VM, Python 3.11, busy):
     parse_v4, parse_host_int, split_hosts   inet_pton in C, not ipaddress's per-octet Python     0.03-0.10
     parse_key                               a feed line to (version, net key, widened), no objects    0.09
-    host_net4, host_net6                    a single-address network without argument parsing    0.5-0.7 
+    host_net4, host_net6                    a single-address network without argument parsing    0.5-0.7
     format_host, target_text                inet_ntoa/inet_ntop, not ipaddress's join of str()s  0.12-0.30
     unpack_hosts                            one C-level byte swap for a blob of IPv4 addresses   0.05-0.10
 """
