@@ -1,7 +1,7 @@
 """Feed pipeline benchmarks (the pure part): parse → sanitise → aggregate → diff, time and peak memory.
 
 Feeds come from bench/feedgen.py (FireHOL-style, shuffled, with overlaps, adjacency, duplicates and some
-special space). The reference is what one would write with the standard library: `events.parse_target` per
+special space). The reference is what one would write with the standard library: `addr.parse_target` per
 line and `ipaddress.collapse_addresses` per family, on the same text, in the same run.
 
     python bench/bench_feeds.py            # 50k+20k feed, and a 1M-entry feed (NFTBLOCK_BENCH_FEED_BIG)
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import median_time, record
 from bench.feedgen import make_feed
-from nftblockd.events import AddressError, IPNet, parse_target
+from nftblockd.addr import AddressError, IPNet, parse_target
 from nftblockd.feeds.aggregate import Aggregate, aggregate, diff, sanitise
 from nftblockd.feeds.parse import parse_feed
 

@@ -24,8 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import record
-from nftblockd.events import Ban, IPNet, Origin, format_target, parse_target
-from nftblockd.state.store import Store, pack_target, unpack_target
+from nftblockd.addr import IPNet, format_target, pack_target, parse_target, unpack_target
+from nftblockd.events import Ban, Origin
+from nftblockd.state.store import Store
 from tests.helpers.store import delete_bans, load_active_bans
 
 NOW = 1_800_000_000.0

@@ -25,9 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import record
+from nftblockd.addr import IPAddr, IPNet
 from nftblockd.allowlist import Allowlist, build_allowlist
 from nftblockd.detect.tracker import JailPolicy, Kind, Tracker
-from nftblockd.events import Hit, IPAddr, IPNet
+from nftblockd.events import Hit
 
 
 def is_allowlisted(allow: tuple[IPNet, ...], net: IPNet) -> bool:

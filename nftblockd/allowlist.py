@@ -24,7 +24,7 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nftblockd.events import IPAddr, IPNet, normalise_address, normalise_network
+from nftblockd.addr import IPAddr, IPNet, normalise_address, normalise_network
 
 # Always protected when the operator keeps `allowlist_self` on: a daemon that bans its own loopback cuts off
 # local services talking to themselves (CrowdSec banned 127.0.0.1, user-pain #16).
@@ -76,7 +76,7 @@ class Allowlist:
 
     @classmethod
     def from_networks(cls, entries: Iterable[IPNet | IPAddr]) -> Allowlist:
-        """Accepts networks and bare addresses; IPv4-mapped IPv6 entries become IPv4 (events.normalise_*)."""
+        """Accepts networks and bare addresses; IPv4-mapped IPv6 entries become IPv4 (addr.normalise_*)."""
         nets: set[IPNet] = set()
         for e in entries:
             if isinstance(e, ipaddress.IPv4Address | ipaddress.IPv6Address):

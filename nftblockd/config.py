@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nftblockd.addr import AddressError, IPNet, parse_target
 from nftblockd.durations import parse_duration, parse_timeout
-from nftblockd.events import AddressError, IPNet, parse_target
 from nftblockd.yamlsrc import Located, Path_, YamlError, load_yaml
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,23}$")

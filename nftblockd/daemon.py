@@ -8,14 +8,11 @@ the cheap kernel generation check and the periodic reconcile.
 
 from __future__ import annotations
 
-import array
 import asyncio  # noqa: TID251 (an IO edge: the composition root: one TaskGroup, signals)
 import dataclasses
 import gc
-import ipaddress
 import logging
 import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from nftblockd.addr import IPAddr, host_net, unpack_hosts, unpack_target
 from nftblockd.allowlist import Allowlist, build_allowlist
 from nftblockd.config import Config, ConfigError, JailConfig, Problem, load_config
 from nftblockd.control.api import ControlAPI
@@ -31,7 +29,7 @@ from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.matcher import Filter, FilterError
 from nftblockd.detect.tracker import JailPolicy, Tracker
-from nftblockd.events import Ban, Decision, IPAddr, Origin, Unban
+from nftblockd.events import Ban, Decision, Origin, Unban
 from nftblockd.kernel import ownaddr
 from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import DecisionResult, Enforcer
@@ -44,7 +42,7 @@ from nftblockd.service.sdnotify import Notifier, watchdog_loop
 from nftblockd.sources.base import MemoryPositionStore, PositionStore
 from nftblockd.state.change import StateChange
 from nftblockd.state.persister import Persister, PersistStatus
-from nftblockd.state.store import CompactBans, Store, StoreError, StoreProblem, unpack_target
+from nftblockd.state.store import CompactBans, Store, StoreError, StoreProblem
 
 log = logging.getLogger("nftblockd")
 T = TypeVar("T")
@@ -88,17 +86,6 @@ def own_addresses() -> list[IPAddr]:
     except (OSError, ownaddr.DumpError) as exc:
         log.warning("could not read the machine's own addresses: %s", exc)
         return []
-
-
-def _unpack_keys(blob: bytes, size: int) -> list[int]:
-    """Concatenated packed addresses -> ints. IPv4: one C-level byte swap instead of int.from_bytes each."""
-    if size == 4:
-        arr = array.array("I")
-        arr.frombytes(blob)
-        if sys.byteorder == "little":
-            arr.byteswap()
-        return arr.tolist()
-    return [int.from_bytes(blob[i:i + size], "big") for i in range(0, len(blob), size)]
 
 
 def _origin(text: str) -> Origin:
@@ -469,7 +456,8 @@ class Daemon:
             if blocklist not in blocklists:
                 continue
             if size in (4, 16):
-                hosts[(label, size)] = (_unpack_keys(b"".join([r[1] for r in rows]), size), [r[2] for r in rows])
+                hosts[(label, size)] = (unpack_hosts(b"".join([r[1] for r in rows]), 4 if size == 4 else 6),
+                                         [r[2] for r in rows])
             else:
                 others += [Ban(unpack_target(r[1]), blocklist, r[2], _origin(origin), reason, jail) for r in rows]
         for label, until, size, blob in saved.bulk:  # after single rows: a later individual re-ban wins
@@ -477,7 +465,7 @@ class Daemon:
             if blocklist not in blocklists:
                 continue
             keys, untils = hosts.setdefault((label, size), ([], []))
-            new_keys = _unpack_keys(blob, size)
+            new_keys = unpack_hosts(blob, 4 if size == 4 else 6)
             keys += new_keys
             untils += [until] * len(new_keys)
         n = 0
@@ -490,10 +478,11 @@ class Daemon:
             _name, new, failures = r
             n += len(new) - len(failures)
             if jail:
-                cls = ipaddress.IPv4Network if size == 4 else ipaddress.IPv6Network
+                version = 4 if size == 4 else 6
                 ends = dict(zip(keys, untils, strict=True))
                 for k in new:
-                    self.tracker.note_ban(Ban(cls(k), blocklist, ends[k], _origin(origin), reason, jail), now)
+                    self.tracker.note_ban(Ban(host_net(k, version), blocklist, ends[k], _origin(origin), reason, jail),
+                                          now)
         if others:
             results = await self.enforcer.apply(others, now=now, persist=False)
             n += sum(1 for r in results if r.code is None)

@@ -6,13 +6,12 @@ state of its own apart from what `status` reports.
 
 from __future__ import annotations
 
-import ipaddress
-import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nftblockd import __version__
+from nftblockd.addr import AddressError, IPNet, format_host, format_target, parse_target, split_hosts
 from nftblockd.control.protocol import (
     BLOCKLIST_DEFAULT,
     BanArgs,
@@ -25,46 +24,12 @@ from nftblockd.control.protocol import (
     parse_args,
 )
 from nftblockd.control.server import Peer
-from nftblockd.events import AddressError, Ban, Decision, IPNet, Unban, format_target, parse_host_int, parse_target
+from nftblockd.events import Ban, Decision, Unban
 from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import Enforcer
 
 Extra = Callable[[], dict[str, Any]]
 BULK_THRESHOLD = 64  # from this many targets on, single addresses take the bulk path
-
-
-def split_hosts(targets: Sequence[str]) -> tuple[dict[int, list[int]], dict[int, dict[int, str]], list[int]]:
-    """Plain addresses of a bulk request as ints per family, with the caller's own spelling of each (answers
-    echo it), and the indexes of everything else (CIDRs, garbage) for the one-by-one path.
-
-    Runs once per address of a bulk request, so IPv4 is handled inline (inet_pton, no function call).
-    """
-    keys: dict[int, list[int]] = {4: [], 6: []}
-    texts: dict[int, dict[int, str]] = {4: {}, 6: {}}
-    rest: list[int] = []
-    keys4, texts4 = keys[4], texts[4]
-    pton, af4, from_bytes = socket.inet_pton, socket.AF_INET, int.from_bytes
-    for i, target in enumerate(targets):
-        if ":" not in target:
-            try:
-                k = from_bytes(pton(af4, target), "big")
-            except OSError:
-                rest.append(i)
-                continue
-            keys4.append(k)
-            texts4[k] = target
-            continue
-        parsed = parse_host_int(target)
-        if parsed is None:
-            rest.append(i)
-        else:
-            keys[parsed[0]].append(parsed[1])
-            texts[parsed[0]][parsed[1]] = target
-    return keys, texts, rest
-
-
-def _fmt(version: int, key: int) -> str:
-    return str(ipaddress.IPv4Address(key) if version == 4 else ipaddress.IPv6Address(key))
 
 
 class ControlAPI:
@@ -136,6 +101,10 @@ class ControlAPI:
             raise ControlError("unknown_set", f"unknown set {bl!r} (blocklists: {known})") from None
         return bl
 
+    def _families(self) -> dict[str, int]:
+        """Set name -> IP version, from the set specs (the family is data, never read off a set's name)."""
+        return {s.name: s.version for s in self.enforcer.plan.sets}
+
     async def ban(self, a: BanArgs) -> dict[str, Any]:
         blocklist = self._blocklist(a.blocklist, writing=True)
         if len(a.items) >= BULK_THRESHOLD and (a.uniform or len({(i.timeout, i.reason, i.jail) for i in a.items}) == 1):
@@ -186,16 +155,17 @@ class ControlAPI:
         refused: list[dict[str, Any]] = []
         for version, allowed in res.allowlisted.items():
             for k in allowed:
-                t = _fmt(version, k)
+                t = format_host(k, version)
                 refused.append({"target": t, "code": "allowlisted", "message": f"{t} is allowlisted; never banned"})
         failed_keys = set()
+        family = self._families()
         for (set_name, k), (code, msg) in res.failed.items():
-            version = 4 if set_name.endswith("4") else 6
+            version = family[set_name]
             failed_keys.add((version, k))
-            refused.append({"target": _fmt(version, k), "code": code, "message": msg})
+            refused.append({"target": format_host(k, version), "code": code, "message": msg})
         applied: list[str] = []
         for c in res.changes:
-            version = 4 if c.set_name.endswith("4") else 6
+            version = family[c.set_name]
             spelled = texts[version]
             for part in (c.new, c.extended, c.unchanged):
                 applied += [spelled[k] for k in part if (version, k) not in failed_keys] if failed_keys \
@@ -253,9 +223,10 @@ class ControlAPI:
         keys, texts, rest_at = split_hosts(a.targets)
         rest = [a.targets[i] for i in rest_at]
         removed: dict[str, None] = {}
+        family = self._families()
         for bl in blocklists:
             for set_name, gone, _missing in await self.enforcer.unban_hosts(bl, keys):
-                spelled = texts[4 if set_name.endswith("4") else 6]
+                spelled = texts[family[set_name]]
                 removed.update(dict.fromkeys(spelled[k] for k in gone))
         out: dict[str, Any] = {"removed": list(removed), "not_found": [
             t for v in (4, 6) for t in texts[v].values() if t not in removed]}

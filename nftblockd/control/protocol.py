@@ -26,8 +26,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
+from nftblockd.addr import format_target
 from nftblockd.durations import parse_timeout
-from nftblockd.events import BanInfo, format_target
+from nftblockd.events import BanInfo
 
 VERSION: Final = 1
 DEFAULT_MAX_REQUEST: Final = 64 * 1024 * 1024  # a bulk `ban -` of 1,000,000 IPv6 addresses is ~42 MB
@@ -361,7 +362,7 @@ class BanItem(NamedTuple):
     """One target of a `ban` (a NamedTuple: a bulk request builds a million of them, and a frozen
     dataclass's __init__ costs ~10x more)."""
 
-    target: str  # as sent; the daemon parses it with events.parse_target and refuses it if invalid
+    target: str  # as sent; the daemon parses it with addr.parse_target and refuses it if invalid
     timeout: Timeout = BLOCKLIST_DEFAULT
     reason: str = ""
     jail: str = ""

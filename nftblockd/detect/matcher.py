@@ -50,7 +50,6 @@ import importlib
 import ipaddress
 import itertools
 import re
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import tzinfo
@@ -58,10 +57,10 @@ from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, TypeAlias
 
+from nftblockd.addr import IPAddr, normalise_address, parse_v4
 from nftblockd.detect.rxlint import lint_regex, literal_heads, matches_newline, required_literal
 from nftblockd.detect.rxopt import cheap_optionals
 from nftblockd.detect.timestamps import DateParser, DatePatternError
-from nftblockd.events import IPAddr, normalise_address
 
 __all__ = [
     "MAX_LINE",
@@ -309,6 +308,7 @@ def _compile_one(pattern: str, where: str, engine: Engine) -> _Compiled:
 # --------------------------------------------------------------------------------------------------------
 # Hosts
 
+_IPv4 = ipaddress.IPv4Address
 
 def parse_host(text: str) -> IPAddr | RejectReason:
     """Strictly parse an address a regex captured; a reason string when it is not one nftblockd bans."""
@@ -316,24 +316,11 @@ def parse_host(text: str) -> IPAddr | RejectReason:
     if s.startswith("[") and s.endswith("]"):
         s = s[1:-1]
     if ":" not in s:
-        try:  # the common case in C: inet_pton is as strict as the rules below (no leading zeros)
-            return ipaddress.IPv4Address(int.from_bytes(socket.inet_pton(socket.AF_INET, s), "big"))
-        except (OSError, ValueError):
-            pass  # below: say why it is not an address
-        parts = s.split(".")
-        if len(parts) != 4:
-            return "dns-name" if any(c.isalpha() for c in s) else "bad-address"
-        value = 0
-        for p in parts:
-            if not p or len(p) > 3 or not p.isascii() or not p.isdigit():
-                return "dns-name" if any(c.isalpha() for c in s) else "bad-address"
-            if len(p) > 1 and p[0] == "0":
-                return "bad-address"  # 030: octal to some parsers, decimal to others; never guess
-            n = int(p)
-            if n > 255:
-                return "bad-address"
-            value = value << 8 | n
-        return ipaddress.IPv4Address(value)
+        v4 = parse_v4(s)  # addr's strict fast parser: the common case, in C
+        if v4 is not None:
+            return _IPv4(v4)
+        # Not an address (030 is octal to some parsers, decimal to others: never guessed): say why.
+        return "dns-name" if any(c.isalpha() for c in s) else "bad-address"
     if "%" in s or not s.isascii():
         return "bad-address"
     try:

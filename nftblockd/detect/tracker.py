@@ -95,31 +95,28 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeAlias
 
-from nftblockd.allowlist import EMPTY, Allowlist, build_allowlist
-from nftblockd.config import Config, Escalation, JailConfig
-from nftblockd.durations import format_duration
-from nftblockd.events import (
-    Ban,
-    Hit,
+from nftblockd.addr import (
+    V6_TAG,
     IPAddr,
     IPNet,
     format_target,
-    host_network4,
-    host_network6,
     normalise_network,
     parse_target,
+    tagged_key,
+    tagged_net,
 )
+from nftblockd.allowlist import EMPTY, Allowlist, build_allowlist
+from nftblockd.config import Config, Escalation, JailConfig
+from nftblockd.durations import format_duration
+from nftblockd.events import Ban, Hit
 
 HistoryRow: TypeAlias = tuple[str, str, float, float | None]
 """(jail, target as text, ban start, ban end or None): what the store persists for one ban."""
 
-# Offender keys are ints: cheap to hash, small to keep. A plain IPv4 address is its own value (< 2**32);
-# anything else is tagged with its family and carries its prefix length in the low byte, so a /64 and the
-# /128 of its first address never collide.
-_V4_NET = 1 << 40  # IPv4 networks wider than /32 (only via observe_ban / note_ban / load_history)
-_V6_NET = 1 << 136
+# Offender keys are ints, cheap to hash and small to keep: addr's tagged keys, both families in one dict. A
+# plain IPv4 address is its own value; anything else is a tagged net key, so a /64 and the /128 of its first
+# address never collide. IPv4 networks wider than /32 come only via observe_ban / note_ban / load_history.
 _ALL32 = 0xFFFFFFFF
-_ALL128 = (1 << 128) - 1
 _IPv4 = ipaddress.IPv4Address
 
 
@@ -278,7 +275,7 @@ class _Jail:
         self.horizon = horizon
         self.v6_shift = 128 - policy.ipv6_prefix
         self.v6_low = (1 << self.v6_shift) - 1
-        self.v6_tag = _V6_NET | policy.ipv6_prefix
+        self.v6_tag = V6_TAG | policy.ipv6_prefix  # tagged_key(6, first, prefix) is v6_tag | first << 8
         self.cur: dict[int, _Times] = {}
         self.old: dict[int, _Times] = {}
         self.max_skew = max_skew
@@ -304,22 +301,10 @@ class _Jail:
 def _key_of_net(net: IPNet, group_prefix: int) -> int:
     """The offender key of `net` in a jail grouping IPv6 by /group_prefix (a narrower net joins its group)."""
     if net.version == 4:
-        if net.prefixlen == 32:
-            return int(net.network_address)
-        return _V4_NET | int(net.network_address) << 8 | net.prefixlen
+        return tagged_key(4, int(net.network_address), net.prefixlen)
     p = min(group_prefix, net.prefixlen)
     shift = 128 - p
-    return _V6_NET | (int(net.network_address) >> shift << shift) << 8 | p
-
-
-def _net_of_key(key: int) -> IPNet:
-    if key < _V4_NET:
-        return host_network4(key)
-    if key < _V6_NET:
-        return ipaddress.IPv4Network(((key >> 8) & _ALL32, key & 0xFF))
-    if key & 0xFF == 128:
-        return host_network6((key >> 8) & _ALL128)
-    return ipaddress.IPv6Network(((key >> 8) & _ALL128, key & 0xFF))
+    return tagged_key(6, int(net.network_address) >> shift << shift, p)
 
 
 # Hot-path constants: an Enum member lookup (`Kind.BANNED`) costs 0.35 us on 3.11, and tuple.__new__
@@ -406,7 +391,7 @@ class Tracker:
                 if own is not None:
                     return TrackOutcome(Kind.ALLOWLISTED, allow=own)
                 # An allowed neighbour shares the range: this offender is the single address.
-                key = _V6_NET | x << 8 | 128
+                key = tagged_key(6, x, 128)
                 b = j.banned.get(key)
                 if b is not None:
                     if b.since - self.max_skew <= now < b.until:
@@ -507,7 +492,7 @@ class Tracker:
             if until is not None:
                 # Never end before an earlier ban of the same offender (only possible after a clock step back).
                 until = max([until] + [u for _, u in past if u is not None])
-        target = _net_of_key(key)
+        target = tagged_net(key)
         reason = j.reasons.get(failures)
         if reason is None:
             what = "bans" if p.recidive else "failures"
@@ -593,7 +578,7 @@ class Tracker:
                             self._tracked -= 1
                             hit = True
                 if hit:
-                    changed.append((j.name, _net_of_key(key)))
+                    changed.append((j.name, tagged_net(key)))
         return changed
 
     def reconfigure(self, policies: Iterable[JailPolicy]) -> tuple[list[str], list[str], list[str]]:
@@ -650,7 +635,7 @@ class Tracker:
         """
         net = normalise_network(net)
         key = _key_of_net(net, j.policy.ipv6_prefix)
-        if j.allow.contains(_net_of_key(key)) is None:
+        if j.allow.contains(tagged_net(key)) is None:
             return key, None
         own = j.allow.contains(net)
         if own is not None:
@@ -687,7 +672,7 @@ class Tracker:
     def history_snapshot(self) -> list[HistoryRow]:
         """Every history record as plain rows, oldest first (what `load_history` takes back)."""
         rows = [
-            (j.name, format_target(_net_of_key(key)), at, until)
+            (j.name, format_target(tagged_net(key)), at, until)
             for j in self._jails.values() for key, past in j.history.items() for at, until in past
         ]
         rows.sort(key=lambda r: (r[2], r[0], r[1]))

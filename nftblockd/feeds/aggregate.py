@@ -1,8 +1,8 @@
 """Turn parsed feed entries into the minimal set of CIDRs to block, and diff it against what is installed.
 
-Pure: no IO, no clock. Runs on 50k to 1M entries, so it works on integers (packed entries from `feedparse`,
-inclusive `(start, end)` ranges), never on `ipaddress` objects in its loops; `ipaddress.collapse_addresses`
-is far too slow at that size (see bench/bench_feeds.py for the figures).
+Pure: no IO, no clock. Runs on 50k to 1M entries, so it works on integers (addr's net keys from
+`feeds.parse`, inclusive `(start, end)` ranges), never on `ipaddress` objects in its loops;
+`ipaddress.collapse_addresses` is far too slow at that size (see bench/bench_feeds.py for the figures).
 
 The rules, applied per feed by `sanitise` (each feed has its own `Policy`):
 
@@ -36,29 +36,24 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeVar
 
-from nftblockd.events import IPNet
-from nftblockd.feeds.parse import pack, unpack
+from nftblockd.addr import IPNet, Range, key_net, key_range, net_key
 
 __all__ = [
     "SPECIAL_V4",
     "SPECIAL_V6",
     "Aggregate",
     "Policy",
-    "Range",
     "SanitiseStats",
     "Sanitised",
     "aggregate",
-    "cidr_range",
     "collapse",
     "diff",
     "merge_ranges",
     "ranges_to_cidrs",
     "sanitise",
 ]
-
-Range: TypeAlias = tuple[int, int]  # inclusive (first, last) address as ints
 
 # (network, what it is, always refused even with allow_special)
 SPECIAL_V4: tuple[tuple[str, str, bool], ...] = (
@@ -92,12 +87,6 @@ SPECIAL_V6: tuple[tuple[str, str, bool], ...] = (
     ("fec0::/10", "site-local, deprecated (RFC 3879)", False),
     ("ff00::/8", "multicast (RFC 4291)", False),
 )
-
-
-def cidr_range(packed: int) -> Range:
-    """The inclusive address range of one packed entry (`network << 8 | hostbits`)."""
-    start = packed >> 8
-    return start, start + (1 << (packed & 0xFF)) - 1
 
 
 # -- values -----------------------------------------------------------------------------------------------
@@ -145,10 +134,10 @@ class SanitiseStats:
 
 @dataclass(frozen=True, slots=True)
 class Sanitised:
-    """One feed after sanitising: its minimal CIDR set, packed, sorted, per family (as in `Aggregate`).
+    """One feed after sanitising: its minimal CIDR set as net keys, sorted, per family (as in `Aggregate`).
 
-    Packed CIDRs rather than ranges because the daemon keeps one of these per feed for re-aggregation, and
-    an int is a third of a tuple of two.
+    Net keys rather than ranges because the daemon keeps one of these per feed for re-aggregation, and an
+    int is a third of a tuple of two.
     """
 
     v4: list[int]
@@ -157,15 +146,15 @@ class Sanitised:
 
     @property
     def v4_addresses(self) -> int:
-        return sum(1 << (p & 0xFF) for p in self.v4)
+        return sum(1 << (32 - (k & 0xFF)) for k in self.v4)
 
 
 @dataclass(frozen=True, slots=True)
 class Aggregate:
-    """The minimal CIDR set for one blocklist: packed CIDRs per family, sorted and disjoint.
+    """The minimal CIDR set for one blocklist: net keys per family, sorted and disjoint.
 
-    The kernel sync should work from `v4`/`v6` (`cidr_range` gives the bounds, `hostbits == 0` marks a single
-    address); the methods below build `ipaddress` objects, ≈5 µs each.
+    The kernel sync should work from `v4`/`v6` (`addr.split_net_keys` parts hash-set and interval-set
+    elements); the methods below build `ipaddress` objects, ≈5 µs each.
     """
 
     v4: list[int]
@@ -176,16 +165,16 @@ class Aggregate:
 
     def singles(self) -> list[IPNet]:
         """/32 and /128 entries (for hash sets)."""
-        v4 = [unpack(p, 4) for p in self.v4 if not p & 0xFF]
-        return v4 + [unpack(p, 6) for p in self.v6 if not p & 0xFF]
+        v4 = [key_net(k, 4) for k in self.v4 if k & 0xFF == 32]
+        return v4 + [key_net(k, 6) for k in self.v6 if k & 0xFF == 128]
 
     def prefixes(self) -> list[IPNet]:
         """Everything wider than one address (for interval sets)."""
-        v4 = [unpack(p, 4) for p in self.v4 if p & 0xFF]
-        return v4 + [unpack(p, 6) for p in self.v6 if p & 0xFF]
+        v4 = [key_net(k, 4) for k in self.v4 if k & 0xFF != 32]
+        return v4 + [key_net(k, 6) for k in self.v6 if k & 0xFF != 128]
 
     def networks(self) -> list[IPNet]:
-        return [unpack(p, 4) for p in self.v4] + [unpack(p, 6) for p in self.v6]
+        return [key_net(k, 4) for k in self.v4] + [key_net(k, 6) for k in self.v6]
 
 
 # -- integer range kernels ----------------------------------------------------------------------------------
@@ -208,31 +197,37 @@ def merge_ranges(ranges: Iterable[Range]) -> list[Range]:
     return out
 
 
-def _merged(packed: Iterable[int], max_hostbits: int = 255,
+# The last address of a net key is its start plus _SPAN[bits][prefixlen]: a list lookup costs what the shift
+# and subtraction of `1 << (bits - prefixlen)) - 1` would (measured on 1M keys), and keeps the loops short.
+_SPAN = {bits: [(1 << (bits - p)) - 1 for p in range(bits + 1)] for bits in (32, 128)}
+
+
+def _merged(keys: Iterable[int], bits: int, min_prefix: int = 0,
             tally: list[int] | None = None) -> Iterator[Range]:
-    """The merged ranges of *sorted* packed entries, skipping those wider than `max_hostbits`.
+    """The merged ranges of *sorted* net keys, skipping those shorter than /`min_prefix`.
 
     This is the hot loop: one pass, no tuple per entry, the width check folded in; the count of skipped
     entries is added to `tally[0]` when the iteration ends. A generator, so that ranges flow into the
     subtraction and the CIDR conversion without a list of a million tuples in between.
     """
+    span = _SPAN[bits]
     cs = ce = -2  # sentinel: no range can touch it
     broad = 0
-    for p in packed:
-        hb = p & 0xFF
-        if hb > max_hostbits:
+    for k in keys:
+        p = k & 0xFF
+        if p < min_prefix:
             broad += 1
             continue
-        s = p >> 8
+        s = k >> 8
         if s <= ce + 1:
-            e = s + (1 << hb) - 1
+            e = s + span[p]
             if e > ce:
                 ce = e
         else:
             if ce >= 0:
                 yield cs, ce
             cs = s
-            ce = s + (1 << hb) - 1
+            ce = s + span[p]
     if ce >= 0:
         yield cs, ce
     if tally is not None:
@@ -264,20 +259,21 @@ def _subtract(ranges: Iterable[Range], holes: list[Range]) -> Iterator[Range]:
 
 
 def ranges_to_cidrs(ranges: Iterable[Range], bits: int) -> list[int]:
-    """Each inclusive range as the fewest aligned CIDRs, packed; sorted if the ranges are."""
+    """Each inclusive range as the fewest aligned CIDRs, as net keys; sorted if the ranges are."""
     out: list[int] = []
     append = out.append
     whole = 1 << bits
+    top = bits + 1  # a block of 2**h addresses is a /(bits - h), and (2**h).bit_length() is h + 1
     for s, e in ranges:
         if s == e:
-            append(s << 8)
+            append(s << 8 | bits)
             continue
         while s <= e:
             size = s & -s if s else whole
             fit = 1 << ((e - s + 1).bit_length() - 1)
             if size > fit:
                 size = fit
-            append(s << 8 | (size.bit_length() - 1))
+            append(s << 8 | (top - size.bit_length()))
             s += size
     return out
 
@@ -290,27 +286,30 @@ def _relation(s: int, e: int, ranges: list[Range], ends: list[int]) -> int:
     return 2 if ranges[j][0] <= s and e <= ranges[j][1] else 1
 
 
-def _classify(packed: list[int], special: list[Range], allow: list[Range],
-              max_hostbits: int) -> tuple[int, int, int, int]:
-    """Count sorted packed entries by how they meet special and allowlisted space.
+def _classify(keys: list[int], special: list[Range], allow: list[Range], bits: int,
+              min_prefix: int) -> tuple[int, int, int, int]:
+    """Count sorted net keys by how they meet special and allowlisted space.
 
     Only entries that can touch an excluded range are looked at: those starting inside it, and those
     starting at most one maximal block before it.
     """
+    span = _SPAN[bits]
     touching: set[int] = set()
-    reach = (1 << max_hostbits) - 1
+    reach = span[min_prefix]
     for xs, xe in chain(special, allow):
-        lo = bisect_left(packed, max(0, xs - reach) << 8)
-        hi = bisect_right(packed, xe << 8 | 0xFF)
+        lo = bisect_left(keys, max(0, xs - reach) << 8)
+        hi = bisect_right(keys, xe << 8 | 0xFF)
         for i in range(lo, hi):
-            p = packed[i]
-            if p & 0xFF <= max_hostbits and (p >> 8) + (1 << (p & 0xFF)) - 1 >= xs:
+            k = keys[i]
+            p = k & 0xFF
+            if p >= min_prefix and (k >> 8) + span[p] >= xs:
                 touching.add(i)
     sp_ends = [e for _, e in special]
     al_ends = [e for _, e in allow]
     n_special = n_allowed = n_special_trim = n_allow_trim = 0
     for i in touching:
-        s, e = cidr_range(packed[i])
+        s = keys[i] >> 8
+        e = s + span[keys[i] & 0xFF]
         sp = _relation(s, e, special, sp_ends)
         al = _relation(s, e, allow, al_ends)
         if sp == 2:
@@ -328,20 +327,20 @@ def _allow_ranges(allow: Iterable[IPNet]) -> tuple[list[Range], list[Range]]:
     v4: list[Range] = []
     v6: list[Range] = []
     for net in allow:
-        (v4 if net.version == 4 else v6).append(cidr_range(pack(net)))
+        (v4 if net.version == 4 else v6).append(key_range(net_key(net), net.version))
     return merge_ranges(v4), merge_ranges(v6)
 
 
 def _sanitise_family(entries: Sequence[int], bits: int, min_prefix: int, special: list[Range],
                      allow: list[Range]) -> tuple[list[int], SanitiseStats]:
-    max_hostbits = bits - max(1, min(min_prefix, bits))
-    packed = sorted(entries)
-    n_special, n_special_trim, n_allowed, n_allow_trim = _classify(packed, special, allow, max_hostbits)
+    min_prefix = max(1, min(min_prefix, bits))
+    keys = sorted(entries)
+    n_special, n_special_trim, n_allowed, n_allow_trim = _classify(keys, special, allow, bits, min_prefix)
     holes = merge_ranges(special + allow)
     too_broad = [0]
-    cidrs = ranges_to_cidrs(_subtract(_merged(packed, max_hostbits, too_broad), holes), bits)
+    cidrs = ranges_to_cidrs(_subtract(_merged(keys, bits, min_prefix, too_broad), holes), bits)
     stats = SanitiseStats(
-        entries=len(packed), too_broad=too_broad[0], special=n_special,
+        entries=len(keys), too_broad=too_broad[0], special=n_special,
         special_trimmed=n_special_trim, allowlisted=n_allowed, allowlist_trimmed=n_allow_trim,
     )
     return cidrs, stats
@@ -349,7 +348,7 @@ def _sanitise_family(entries: Sequence[int], bits: int, min_prefix: int, special
 
 def _table_ranges(table: tuple[tuple[str, str, bool], ...], *, always_only: bool) -> list[Range]:
     nets = [ipaddress.ip_network(cidr) for cidr, _, always in table if always or not always_only]
-    return merge_ranges([cidr_range(pack(n)) for n in nets])
+    return merge_ranges([key_range(net_key(n), n.version) for n in nets])
 
 
 _EXCLUDE = {
@@ -365,7 +364,7 @@ _EXCLUDE = {
 
 def sanitise(v4: Sequence[int], v6: Sequence[int], policy: Policy = Policy(),
              allow: Iterable[IPNet] = ()) -> Sanitised:
-    """Apply the rules above to one feed's packed entries (`ParseResult.v4`, `.v6`)."""
+    """Apply the rules above to one feed's net keys (`ParseResult.v4`, `.v6`)."""
     allow4, allow6 = _allow_ranges(allow)
     r4, s4 = _sanitise_family(v4, 32, policy.min_prefix_v4, _EXCLUDE[4, policy.allow_special], allow4)
     r6, s6 = _sanitise_family(v6, 128, policy.min_prefix_v6, _EXCLUDE[6, policy.allow_special], allow6)
@@ -377,8 +376,8 @@ def aggregate(parts: Iterable[Sanitised]) -> Aggregate:
     parts = list(parts)
     if len(parts) == 1:
         return Aggregate(parts[0].v4, parts[0].v6)  # one feed is already minimal
-    v4 = _merged(sorted(chain.from_iterable(p.v4 for p in parts)))
-    v6 = _merged(sorted(chain.from_iterable(p.v6 for p in parts)))
+    v4 = _merged(sorted(chain.from_iterable(p.v4 for p in parts)), 32)
+    v6 = _merged(sorted(chain.from_iterable(p.v6 for p in parts)), 128)
     return Aggregate(ranges_to_cidrs(v4, 32), ranges_to_cidrs(v6, 128))
 
 
@@ -387,8 +386,8 @@ def collapse(networks: Iterable[IPNet]) -> list[IPNet]:
     v4: list[int] = []
     v6: list[int] = []
     for net in networks:
-        (v4 if net.version == 4 else v6).append(pack(net))
-    agg = Aggregate(ranges_to_cidrs(_merged(sorted(v4)), 32), ranges_to_cidrs(_merged(sorted(v6)), 128))
+        (v4 if net.version == 4 else v6).append(net_key(net))
+    agg = Aggregate(ranges_to_cidrs(_merged(sorted(v4), 32), 32), ranges_to_cidrs(_merged(sorted(v6), 128), 128))
     return agg.networks()
 
 
@@ -404,7 +403,7 @@ def _order(x: Any) -> Any:
 def diff(current: Iterable[T], desired: Iterable[T]) -> tuple[list[T], list[T]]:
     """`(to_add, to_remove)`, each sorted, such that `(current - to_remove) | to_add == desired`.
 
-    Elements are compared by equality: networks, or packed ints of *one* family (packed IPv4 and IPv6 ints
+    Elements are compared by equality: networks, or net keys of *one* family (IPv4 and IPv6 net keys
     can collide, so diff the families separately).
     """
     cur = current if isinstance(current, set | frozenset) else set(current)

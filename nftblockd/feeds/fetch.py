@@ -55,8 +55,8 @@ from typing import Literal, Protocol
 import aiohttp
 
 from nftblockd import __version__
+from nftblockd.addr import IPNet
 from nftblockd.config import FeedConfig
-from nftblockd.events import IPNet
 from nftblockd.feeds.aggregate import Policy, Sanitised, SanitiseStats, sanitise
 from nftblockd.feeds.parse import FeedFormatError, ParseResult, ParseStats, parse_feed
 

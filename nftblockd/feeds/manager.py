@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from nftblockd.addr import split_net_keys
 from nftblockd.config import Config
 from nftblockd.feeds.aggregate import Aggregate, Sanitised, aggregate
 from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate
@@ -27,22 +28,13 @@ log = logging.getLogger("nftblockd.feeds")
 
 
 def _desired(agg: Aggregate, blocklist: str) -> dict[str, list[int]]:
-    """Set name -> keys in the ban state's formats (address ints; start << 8 | prefixlen for ranges)."""
+    """Set name -> keys in the ban state's forms (host keys for the hash sets, net keys for the interval sets)."""
     out: dict[str, list[int]] = {}
-    for version, packed_list, bits in ((4, agg.v4, 32), (6, agg.v6, 128)):
-        hosts = []
-        ranges = []
-        for p in packed_list:
-            hostbits = p & 0xFF
-            start = p >> 8
-            if hostbits == 0:
-                hosts.append(start)
-            else:
-                ranges.append((start << 8) | (bits - hostbits))
+    for version, keys in ((4, agg.v4), (6, agg.v6)):
+        hosts, ranges = split_net_keys(keys, version)
         out[set_name(blocklist, version, False)] = hosts
         out[set_name(blocklist, version, True)] = ranges
     return out
-
 
 
 class FeedNotFound(LookupError):

@@ -22,37 +22,33 @@ Strictness (the feed's fault is reported, never guessed around)
       `max_invalid_share` of its data lines), or that has garbage and no entry at all.
     - An empty body (or only comments) is a valid, empty list: whether that is acceptable is the shrink
       guard's decision, not the parser's.
-    - Addresses are accepted exactly as `events.parse_target` accepts them (no leading zeros, no scoped
-      addresses, no names); IPv4-mapped IPv6 (`::ffff:1.2.3.4`) becomes IPv4.
+    - Addresses are accepted exactly as `addr.parse_target` accepts them (no leading zeros, no scoped
+      addresses, no names); IPv4-mapped IPv6 (`::ffff:1.2.3.4`) becomes IPv4. Each entry is read by
+      `addr.parse_key`, the codec's fast parser.
 
 Representation
-    Entries are returned as *packed ints*, not `ipaddress` objects, because a feed can hold a million of them
-    and an `IPv4Network` costs ~160 bytes and ~5 µs to build: an entry is `network << 8 | hostbits`, where
-    `hostbits = max_prefixlen - prefixlen` (0 for a single address). Sorting packed ints sorts by network.
-    `ParseResult.networks()` builds the `ipaddress` objects when they are wanted (tests, small feeds).
+    Entries are returned as addr's *net keys* (`network << 8 | prefixlen`), not `ipaddress` objects, because
+    a feed can hold a million of them and an `IPv4Network` costs ~160 bytes and ~5 µs to build. Sorting net
+    keys sorts by network. `ParseResult.networks()` builds the `ipaddress` objects when they are wanted
+    (tests, small feeds).
 """
 
 from __future__ import annotations
 
 import csv
-import ipaddress
 import json
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from nftblockd.events import AddressError, IPNet, parse_target
+from nftblockd.addr import IPNet, key_net, parse_key
 
 __all__ = [
     "FORMATS",
     "FeedFormatError",
     "ParseResult",
     "ParseStats",
-    "pack",
-    "parse_entry",
     "parse_feed",
-    "unpack",
 ]
 
 FORMATS = ("plain", "csv", "json")
@@ -61,103 +57,6 @@ MAX_SAMPLES = 5  # invalid lines quoted back to the operator
 
 class FeedFormatError(ValueError):
     """The body is not a list we can read (the feed's fault, not the operator's; not transient)."""
-
-
-# -- packed entries ---------------------------------------------------------------------------------------
-
-
-def pack(net: IPNet) -> int:
-    """`10.0.0.0/8` → `(10 << 24) << 8 | 24`."""
-    return int(net.network_address) << 8 | (net.max_prefixlen - net.prefixlen)
-
-
-def unpack(packed: int, version: int) -> IPNet:
-    """Inverse of `pack` for the given IP version (4 or 6)."""
-    hostbits = packed & 0xFF
-    if version == 4:
-        return ipaddress.IPv4Network((packed >> 8, 32 - hostbits))
-    return ipaddress.IPv6Network((packed >> 8, 128 - hostbits))
-
-
-# -- one entry --------------------------------------------------------------------------------------------
-
-# Canonical decimal octets and prefix lengths as dict lookups: one lookup both converts and validates (no
-# leading zeros, nothing above 255), which on a million lines is several times cheaper than int() + checks.
-_OCT0 = {str(i): i for i in range(256)}
-_OCT1 = {str(i): i << 8 for i in range(256)}
-_OCT2 = {str(i): i << 16 for i in range(256)}
-_OCT3 = {str(i): i << 24 for i in range(256)}
-_PLEN4 = {str(i): i for i in range(33)}
-_PLEN6 = {str(i): i for i in range(129)}
-_MASK4 = [(0xFFFFFFFF << (32 - p)) & 0xFFFFFFFF for p in range(33)]
-_MASK6 = [((1 << 128) - 1) ^ ((1 << (128 - p)) - 1) for p in range(129)]
-_HEXCOLON = re.compile(r"[0-9A-Fa-f:]+")
-_V4_MAPPED_HI = 0xFFFF  # ::ffff:0:0/96 shifted right by 32
-
-
-def parse_entry(text: str) -> tuple[int, int, bool] | None:
-    """`(version, packed, host_bits_were_set)` for one address or CIDR, or None if it is not one.
-
-    Accepts exactly what `events.parse_target` accepts (a hypothesis test holds the two together); the common
-    spellings take a fast path, anything unusual (netmask notation, embedded IPv4 in IPv6…) the slow one.
-    """
-    s = text.strip()
-    ip, slash, plen_text = s.partition("/")
-    if "." in ip and ":" not in ip:
-        parts = ip.split(".")
-        if len(parts) == 4:
-            try:
-                value = _OCT3[parts[0]] | _OCT2[parts[1]] | _OCT1[parts[2]] | _OCT0[parts[3]]
-                plen = _PLEN4[plen_text] if slash else 32
-            except KeyError:
-                pass
-            else:
-                net = value & _MASK4[plen]
-                return 4, net << 8 | (32 - plen), net != value
-    elif ":" in ip and len(s) <= 64 and _HEXCOLON.fullmatch(ip):
-        v6 = _fast_v6(ip)
-        plen6 = _PLEN6.get(plen_text) if slash else 128
-        if v6 is not None and plen6 is not None:
-            net = v6 & _MASK6[plen6]
-            if plen6 >= 96 and net >> 32 == _V4_MAPPED_HI:
-                return 4, (net & 0xFFFFFFFF) << 8 | (128 - plen6), net != v6
-            return 6, net << 8 | (128 - plen6), net != v6
-    return _slow_entry(s)
-
-
-def _fast_v6(ip: str) -> int | None:
-    """Pure hex-and-colon IPv6 text → int, or None to let the slow path decide."""
-    head, dcolon, tail = ip.partition("::")
-    if dcolon:
-        if "::" in tail:
-            return None
-        hi = head.split(":") if head else []
-        lo = tail.split(":") if tail else []
-        missing = 8 - len(hi) - len(lo)
-        if missing < 1:
-            return None
-        groups = hi + ["0"] * missing + lo
-    else:
-        groups = ip.split(":")
-        if len(groups) != 8:
-            return None
-    for g in groups:
-        if not 0 < len(g) <= 4:
-            return None
-    return int("".join([g.zfill(4) for g in groups]), 16)
-
-
-def _slow_entry(s: str) -> tuple[int, int, bool] | None:
-    try:
-        net = parse_target(s, strict=True)
-        widened = False
-    except AddressError:
-        try:
-            net = parse_target(s)
-        except AddressError:
-            return None
-        widened = True
-    return net.version, pack(net), widened
 
 
 # -- results ----------------------------------------------------------------------------------------------
@@ -186,7 +85,7 @@ class ParseStats:
 
 @dataclass(frozen=True, slots=True)
 class ParseResult:
-    """Packed entries per family (see the module docstring; treat the lists as read-only) and stats."""
+    """Net keys per family (see the module docstring; treat the lists as read-only) and stats."""
 
     v4: list[int]
     v6: list[int]
@@ -198,8 +97,8 @@ class ParseResult:
 
     def networks(self) -> list[IPNet]:
         """The entries as `ipaddress` networks, IPv4 first, in feed order (≈5 µs each: not for hot paths)."""
-        out: list[IPNet] = [unpack(p, 4) for p in self.v4]
-        out.extend(unpack(p, 6) for p in self.v6)
+        out: list[IPNet] = [key_net(k, 4) for k in self.v4]
+        out.extend(key_net(k, 6) for k in self.v6)
         return out
 
 
@@ -216,12 +115,12 @@ class _Collector:
     samples: list[str] = field(default_factory=list)
 
     def add(self, text: str, where: str) -> None:
-        got = parse_entry(text)
+        got = parse_key(text)
         if got is None:
             self.bad(text, where)
             return
-        version, packed, widened = got
-        (self.v4 if version == 4 else self.v6).append(packed)
+        version, key, widened = got
+        (self.v4 if version == 4 else self.v6).append(key)
         if widened:
             self.normalised += 1
 
@@ -281,7 +180,6 @@ def _looks_like_markup(text: str) -> bool:
 def _parse_plain(text: str) -> _Collector:
     c = _Collector()
     v4, v6 = c.v4, c.v6
-    o0, o1, o2, o3, p4, m4 = _OCT0, _OCT1, _OCT2, _OCT3, _PLEN4, _MASK4
     n = 0
     for n, raw in enumerate(_lines(text), 1):
         line = raw
@@ -295,22 +193,9 @@ def _parse_plain(text: str) -> _Collector:
         if not s:
             c.skipped += 1
             continue
-        # Inlined IPv4 fast path of parse_entry: this loop is where a million-line feed spends its time.
-        ip, slash, plen_text = s.partition("/")
-        parts = ip.split(".")
-        if len(parts) == 4:
-            try:
-                value = o3[parts[0]] | o2[parts[1]] | o1[parts[2]] | o0[parts[3]]
-                plen = p4[plen_text] if slash else 32
-            except KeyError:
-                pass
-            else:
-                net = value & m4[plen]
-                v4.append(net << 8 | (32 - plen))
-                if net != value:
-                    c.normalised += 1
-                continue
-        got = parse_entry(s)
+        # parse_key (inet_pton) per line costs less than the dict-per-octet parser this loop used to inline
+        # (bench_feeds: feeds.1m.parse_s; bench_addr: addr.parse_key)
+        got = parse_key(s)
         if got is None:
             c.bad(s, f"line {n}")
         else:
@@ -375,7 +260,7 @@ def _parse_csv(text: str, column: int | str) -> _Collector:
             seen_data = True
             continue
         cell = row[index].strip() if index < len(row) else ""
-        if not seen_data and isinstance(column, int) and parse_entry(cell) is None:
+        if not seen_data and isinstance(column, int) and parse_key(cell) is None:
             seen_data = True
             c.skipped += 1  # a header row above an index-addressed column
             continue

@@ -6,7 +6,7 @@ transactions; the store persists the same decisions.
 Rules
 -----
 * A ban of a single address goes to the blocklist's hash set for its family; a range (CIDR) goes to the
-  interval set. IPv4-mapped IPv6 was already normalised to IPv4 by `events.parse_target`.
+  interval set. IPv4-mapped IPv6 was already normalised to IPv4 by `addr.parse_target`.
 * Re-banning what is already banned never shortens it: the later end wins (`None` = permanent wins over any
   end). A re-ban that ends earlier is a no-op (`BanOutcome.UNCHANGED`).
 * The kernel refuses overlapping ranges in an interval set and never merges them, so overlaps are resolved
@@ -22,7 +22,7 @@ Rules
   range instead of doing anything.
 * The kernel expires elements itself; `expire(now)` forgets entries whose end has passed without any kernel op.
 
-Memory: one `dict[int, int]` per set (key: address int, or `start << 8 | prefixlen` for ranges; value: end in
+Memory: one `dict[int, int]` per set (key: addr's host key, or its net key for ranges; value: end in
 milliseconds << 22 | index of an interned (origin, reason, jail, comment) tuple). About 110 bytes per ban,
 against ~500 for a dataclass holding ipaddress objects.
 """
@@ -32,12 +32,12 @@ from __future__ import annotations
 import bisect
 import enum
 import gc
-import ipaddress
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from nftblockd.events import Ban, BanInfo, IPNet, Unban, format_target
+from nftblockd.addr import IPNet, format_target, host_net, key_net, key_range, net_key
+from nftblockd.events import Ban, BanInfo, Unban
 from nftblockd.kernel.ruleset import Ruleset, SetSpec, set_name
 
 META_BITS = 22
@@ -103,25 +103,6 @@ class Change:
     related: tuple[IPNet, ...] = ()  # ranges that cover, conflict with or were absorbed
 
 
-def net_key(net: IPNet) -> int:
-    """Key of a range in an interval set: start address and prefix length in one int."""
-    return (int(net.network_address) << 8) | net.prefixlen
-
-
-def key_net(key: int, version: int) -> IPNet:
-    start, plen = key >> 8, key & 0xFF
-    if version == 4:
-        return ipaddress.IPv4Network((start, plen))
-    return ipaddress.IPv6Network((start, plen))
-
-
-def range_of(key: int, version: int) -> tuple[int, int]:
-    """Inclusive [first, last] of an interval key."""
-    bits = 32 if version == 4 else 128
-    start, plen = key >> 8, key & 0xFF
-    return start, start + (1 << (bits - plen)) - 1
-
-
 def to_ms(t: float | None) -> int | None:
     return None if t is None else int(t * 1000)
 
@@ -169,7 +150,7 @@ class SetEntries:
         i = bisect.bisect_right(self.starts, first) - 1
         if i >= 0:
             k = self.keys[i]
-            s, e = range_of(k, self.spec.version)
+            s, e = key_range(k, self.spec.version)
             if s <= first and last <= e:
                 return k
         return None
@@ -220,8 +201,7 @@ class BanState:
     def net_of(self, entries: SetEntries, key: int) -> IPNet:
         if entries.spec.interval:
             return key_net(key, entries.spec.version)
-        return ipaddress.ip_network(ipaddress.ip_address(key) if entries.spec.version == 4
-                                    else ipaddress.IPv6Address(key))
+        return host_net(key, entries.spec.version)
 
     # -- changes ---------------------------------------------------------------------------------------
 
@@ -248,7 +228,7 @@ class BanState:
 
     def _ban_range(self, entries: SetEntries, key: int, until_ms: int | None, meta: int, comment: str) -> Change:
         v = entries.spec.version
-        first, last = range_of(key, v)
+        first, last = key_range(key, v)
         outer = entries.containing(first, last)
         if outer is not None:
             outer_net = key_net(outer, v)
@@ -425,7 +405,7 @@ class BanState:
             if key in entries.entries:
                 continue
             if entries.spec.interval:
-                first, last = range_of(key, entries.spec.version)
+                first, last = key_range(key, entries.spec.version)
                 if entries.containing(first, last) is not None or entries.inside(first, last):
                     continue
                 entries.index_add(key)

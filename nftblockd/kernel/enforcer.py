@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: hands batches to the kernel thread and waits for the answers)
 import errno as E
-import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -25,9 +24,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from nftblockd.addr import IPNet, format_host, format_target, pack_hosts
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import Config
-from nftblockd.events import Ban, Decision, IPNet, Unban, format_target
+from nftblockd.events import Ban, Decision, Unban
 from nftblockd.kernel.bans import DELETE, BanOutcome, BanState, BulkChange, Change, OpSpec, SetOp
 from nftblockd.kernel.batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
 from nftblockd.kernel.ruleset import Ruleset
@@ -308,9 +308,9 @@ class Enforcer:
         if persist and self.persist is not None and (applied or history):
             packed: list[PackedBans] = []
             for c in changes:
-                size = 4 if c.set_name.endswith("4") else 16
-                packed.append((blocklist, [k.to_bytes(size, "big") for part in (c.new, c.extended) for k in part
-                                           if (c.set_name, k) not in out.failed], until, origin, reason, jail))
+                packed.append((blocklist, pack_hosts((k for part in (c.new, c.extended) for k in part
+                                                      if (c.set_name, k) not in out.failed),
+                                                     self.plan.set(c.set_name).version), until, origin, reason, jail))
             await self.persist(StateChange(history=list(history), packed_saves=packed))
         if jail:
             # a jail's bans read like one-by-one ones in the audit log, within the same budget
@@ -322,7 +322,7 @@ class Enforcer:
                     if shown >= budget or (c.set_name, k) in out.failed:
                         continue
                     shown += 1
-                    addr = str(ipaddress.ip_address(k) if c.set_name.endswith("4") else ipaddress.IPv6Address(k))
+                    addr = format_host(k, self.plan.set(c.set_name).version)
                     audit_log.info("ban jail=%s address=%s set=%s duration=%s reason=%s", quote(jail), addr,
                                    c.set_name, dur, quote(reason or origin),
                                    extra={"jail": jail, "address": addr, "set": c.set_name, "origin": origin})
@@ -415,7 +415,7 @@ class Enforcer:
         await fut
         n = sum(len(r[1]) for r in results)
         if self.persist is not None and n:
-            gone = [(blocklist, [k.to_bytes(4 if name.endswith("4") else 16, "big") for k in removed])
+            gone = [(blocklist, pack_hosts(removed, self.plan.set(name).version))
                     for name, removed, _missing in results]
             await self.persist(StateChange(packed_deletes=gone))
         self.counters.unbans += n

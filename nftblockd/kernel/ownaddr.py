@@ -19,7 +19,7 @@ import socket
 import struct
 from collections.abc import Iterable
 
-from nftblockd.events import IPAddr
+from nftblockd.addr import IPAddr
 
 __all__ = ["AddressChanges", "DumpError", "own_addresses", "parse_dump", "request"]
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from nftblockd.events import IPNet
+from nftblockd.addr import IPNet
 from nftblockd.kernel.batcher import Group
 
 __all__ = ["Features", "SetWriter", "WriteResult"]

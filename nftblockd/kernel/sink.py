@@ -35,7 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from nftblockd.events import Ban, IPNet
+from nftblockd.addr import IPNet
+from nftblockd.events import Ban
 from nftblockd.kernel.enforcer import Enforcer
 
 log = logging.getLogger("nftblockd.sink")

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from nftblockd.events import IPNet
+from nftblockd.addr import IPNet, net_key
 from nftblockd.kernel import nfmsg as m
 from nftblockd.kernel import ruleset as rs
 from nftblockd.kernel.bans import OpSpec, SetOp
@@ -352,7 +352,7 @@ class KernelWriter:
             if tail is None:
                 tail = tails[id(s)] = m.element_tail(tmo(s), refresh and now_ms is not None,
                                                      s.comment if now_ms is not None else "")
-            start = k >> 8
+            start = k >> 8  # addr's net key, decoded inline: this runs per range element
             end = start + (1 << (bits - (k & 0xFF)))
             out.append(m.encode_range(start.to_bytes(klen, "big"), end.to_bytes(klen, "big") if end < top else None,
                                       tail))
@@ -419,8 +419,7 @@ class KernelWriter:
 
 def _cidr_keys(first: int, last: int, bits: int, exp: int | None) -> dict[int, int | None]:
     cls = ipaddress.IPv4Address if bits == 32 else ipaddress.IPv6Address
-    return {(int(n.network_address) << 8) | n.prefixlen: exp
-            for n in ipaddress.summarize_address_range(cls(first), cls(last))}
+    return {net_key(n): exp for n in ipaddress.summarize_address_range(cls(first), cls(last))}
 
 
 def _interval_element(net: IPNet, timeout_ms: int | None, comment: str, refresh: bool = False) -> m.Element:

@@ -30,8 +30,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
+from nftblockd.addr import format_target
 from nftblockd.durations import format_duration
-from nftblockd.events import format_target
 
 SYSLOG_IDENTIFIER = "nftblockd"
 AUDIT_MESSAGE_ID = uuid.UUID("5c0f4a1e-2b7d-4f57-9a51-3d1f0c6b8e42")

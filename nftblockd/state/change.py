@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nftblockd.events import Ban, IPNet
+from nftblockd.addr import IPNet
+from nftblockd.events import Ban
 
 __all__ = ["HistoryRow", "PackedBans", "StateChange"]
 

@@ -23,7 +23,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from nftblockd.events import Ban, IPNet, parse_target
+from nftblockd.addr import IPNet, parse_target
+from nftblockd.events import Ban
 from nftblockd.state.foreign import open_readonly
 from nftblockd.state.store import StoreError
 
@@ -50,7 +51,7 @@ class F2bBan:
     remaining: float | None  # seconds left at `now`; None = permanent
 
     def target(self) -> IPNet:
-        """The address or CIDR banned; raises events.AddressError when fail2ban's id is not one."""
+        """The address or CIDR banned; raises addr.AddressError when fail2ban's id is not one."""
         return parse_target(self.ip)
 
     def to_ban(self, blocklist: str, *, reason: str | None = None) -> Ban:

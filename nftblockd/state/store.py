@@ -2,8 +2,8 @@
 
 Only the `nftblockd.state` package imports sqlite3: this module is the store; schema.py holds the tables and
 their migrations, salvage.py what happens to a damaged or unusable file, db.py the connection layer they
-share, foreign.py the read-only access to fail2ban's database. The packed target codec (`pack_target` and
-its inverses) is here until the address codec module takes it.
+share, foreign.py the read-only access to fail2ban's database. Targets are packed with the address codec
+(`addr.pack_target`).
 
 This module never touches the kernel, reads no config and runs no asyncio: the daemon calls it from a worker
 thread (`asyncio.to_thread`). Every public method is safe to call from any thread: one connection per `Store`
@@ -11,7 +11,7 @@ thread (`asyncio.to_thread`). Every public method is safe to call from any threa
 
 What is stored (schema.py: version `SCHEMA_VERSION` in `PRAGMA user_version`, upgraded by `MIGRATIONS`):
 - `bans`: one row per (blocklist, target): `until` (epoch seconds, NULL = permanent), a `label` id and the
-  time the row was `created`. The target is stored packed (`pack_target`: 4 or 16 address bytes, plus one
+  time the row was `created`. The target is stored packed (`addr.pack_target`: 4 or 16 address bytes, plus one
   prefix-length byte for ranges): packing is ~10x cheaper than printing an address and is what netlink needs.
   (origin, reason, jail) and the blocklist are interned in `labels`; reasons should therefore be templated
   ("5 failures in 10m"), not per address. The table is WITHOUT ROWID: the primary key *is* the row.
@@ -51,13 +51,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import ipaddress
 import itertools
 import json
 import logging
 import operator
 import os
-import socket
 import sqlite3
 import threading
 import time
@@ -66,14 +64,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
-from nftblockd.events import Ban, IPNet
+from nftblockd.addr import IPNet, pack_target
+from nftblockd.events import Ban
 from nftblockd.state.db import WHAT, ProblemKind, StoreError, StoreProblem, Unusable, classify, transaction
 from nftblockd.state.salvage import memory_fallback, replace_corrupt
 from nftblockd.state.schema import HISTORY_INSERT, Synchronous, label_id, open_file, verify_quick
 
 __all__ = [
     "BULK_ROWS", "BanRow", "CompactBans", "HistoryEntry", "HistoryRow", "PackedBans", "PruneStats", "Store",
-    "StoreError", "StorePositions", "StoreProblem", "pack_target", "target_text", "unpack_target",
+    "StoreError", "StorePositions", "StoreProblem",
 ]
 
 log = logging.getLogger("nftblockd.store")
@@ -91,59 +90,6 @@ HistoryRow: TypeAlias = tuple[str, str, float, float | None]
 PackedBans: TypeAlias = tuple[str, list[bytes], float | None, str, str, str]
 """(blocklist, packed targets, until, origin, reason, jail): many bans sharing one label and end (bulk saves)."""
 HistoryEntry: TypeAlias = tuple[str, str, float] | tuple[str, str, float, float | None]
-
-
-# --- packed targets ----------------------------------------------------------------------------------
-
-_V4_MAPPED_PREFIX = b"\x00" * 10 + b"\xff\xff"
-
-
-def pack_target(net: IPNet) -> bytes:
-    """Network address bytes (4 or 16), plus one prefix-length byte unless it is a single address.
-
-    IPv4-mapped IPv6 (`::ffff:1.2.3.4`) is packed as the IPv4 address it carries, so one host has one key.
-    """
-    packed = net.network_address.packed
-    plen = net.prefixlen
-    if len(packed) == 16 and plen >= 96 and packed[:12] == _V4_MAPPED_PREFIX:
-        packed, plen = packed[12:], plen - 96
-    if plen == len(packed) * 8:
-        return packed
-    return packed + bytes((plen,))
-
-
-def unpack_target(key: bytes) -> IPNet:
-    """Inverse of `pack_target`; raises ValueError for bytes that are not a packed target."""
-    n = len(key)
-    if n == 4:
-        return ipaddress.IPv4Network(key)
-    if n == 16:
-        return ipaddress.IPv6Network(key)
-    if n == 5:
-        return ipaddress.IPv4Network((key[:4], key[4]))
-    if n == 17:
-        return ipaddress.IPv6Network((key[:16], key[16]))
-    raise ValueError(f"not a packed target: {key!r}")
-
-
-def _v6_text(packed: bytes) -> str:
-    if packed[:10] == _V4_MAPPED_PREFIX[:10]:
-        return str(ipaddress.IPv6Address(packed))  # inet_ntop prints ::1.2.3.4, ipaddress ::102:304
-    return socket.inet_ntop(socket.AF_INET6, packed)
-
-
-def target_text(key: bytes) -> str:
-    """`format_target(unpack_target(key))`, without building ipaddress objects."""
-    n = len(key)
-    if n == 4:
-        return socket.inet_ntop(socket.AF_INET, key)
-    if n == 16:
-        return _v6_text(key)
-    if n == 5:
-        return f"{socket.inet_ntop(socket.AF_INET, key[:4])}/{key[4]}"
-    if n == 17:
-        return f"{_v6_text(key[:16])}/{key[16]}"
-    raise ValueError(f"not a packed target: {key!r}")
 
 
 # --- values ------------------------------------------------------------------------------------------
@@ -464,7 +410,7 @@ class Store:
     def load_active_rows(self, now: float) -> list[BanRow]:
         """Every ban with no end or ending after `now`, as plain tuples (no ipaddress objects).
 
-        `target` is packed (`unpack_target`, `target_text`); the label strings are shared between rows.
+        `target` is packed (`addr.unpack_target`, `addr.target_text`); the label strings are shared between rows.
         About 25% slower than `load_active_compact`, which it is built on.
         """
         compact = self.load_active_compact(now)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from nftblockd.events import IPNet
+from nftblockd.addr import IPNet
 from nftblockd.kernel.batcher import Group
 from nftblockd.kernel.ruleset import Ruleset
 from nftblockd.kernel.setwriter import Features, WriteResult

@@ -10,12 +10,13 @@ import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
-from nftblockd.events import Ban, IPNet, Origin
+from nftblockd.addr import IPNet, unpack_target
+from nftblockd.events import Ban, Origin
 from nftblockd.state.db import transaction
 from nftblockd.state.schema import open_memory
-from nftblockd.state.store import HistoryEntry, Store, StoreProblem, unpack_target
+from nftblockd.state.store import HistoryEntry, Store, StoreProblem
 
-_ORIGINS: frozenset[str] = frozenset({"cli", "jail", "feed", "fail2ban", "store", "remote"})
+_ORIGINS: frozenset[str] = frozenset({"cli", "jail", "feed", "fail2ban", "store", "remote", "kernel"})
 
 
 def memory_store() -> Store:

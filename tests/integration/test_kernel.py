@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from nftblockd.addr import net_key
 from nftblockd.config import parse_config
 from nftblockd.kernel import ruleset as rs
-from nftblockd.kernel.bans import SetOp, net_key
+from nftblockd.kernel.bans import SetOp
 from nftblockd.kernel.netlink import NftSocket
 from nftblockd.kernel.writer import KernelStateError, KernelWriter
 from tests.helpers.netns import NetNS, inside

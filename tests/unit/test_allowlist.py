@@ -8,8 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nftblockd.addr import IPNet
 from nftblockd.allowlist import EMPTY, LOOPBACK, Allowlist, build_allowlist
-from nftblockd.events import IPNet
 
 A = ipaddress.ip_address
 N = ipaddress.ip_network

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nftblockd.addr import AddressError, IPNet, format_target, parse_target
 from nftblockd.cli import canonical_target, main
 from nftblockd.control.protocol import (
     BLOCKLIST_DEFAULT,
@@ -35,7 +36,7 @@ from nftblockd.control.protocol import (
     parse_args,
 )
 from nftblockd.control.server import ControlServer, Peer
-from nftblockd.events import AddressError, BanInfo, IPNet, format_target, parse_target
+from nftblockd.events import BanInfo
 
 NOW = 1_700_000_000.0
 ALLOW = parse_target("10.0.0.0/8")

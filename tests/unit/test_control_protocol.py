@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nftblockd.addr import parse_target
 from nftblockd.control.protocol import (
     BLOCKLIST_DEFAULT,
     DEFAULT_MAX_REQUEST,
@@ -37,7 +38,7 @@ from nftblockd.control.protocol import (
     encode_result,
     parse_args,
 )
-from nftblockd.events import BanInfo, parse_target
+from nftblockd.events import BanInfo
 
 STREAM = (
     encode_request(1, "ping")

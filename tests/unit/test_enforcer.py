@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from nftblockd.addr import IPNet, parse_target
 from nftblockd.allowlist import build_allowlist
 from nftblockd.config import parse_config
-from nftblockd.events import Ban, IPNet, Unban, parse_target
+from nftblockd.events import Ban, Unban
 from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.ruleset import plan_ruleset

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nftblockd.events import AddressError, Ban, parse_target
+from nftblockd.addr import AddressError, parse_target
+from nftblockd.events import Ban
 from nftblockd.state.f2bimport import UNKNOWN_BANTIME, F2bBan, F2bImportError, read_fail2ban_bans
 
 NOW = 1_800_000_000.0

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from nftblockd.addr import parse_target
 from nftblockd.config import FeedConfig
-from nftblockd.events import parse_target
 from nftblockd.feeds.aggregate import aggregate
 from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate, backoff_delay, jittered
 from tests.helpers.httpserver import FeedServer

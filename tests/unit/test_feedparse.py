@@ -1,4 +1,4 @@
-"""feedparse: formats, strictness, and agreement with events.parse_target (hypothesis)."""
+"""feeds.parse: formats, strictness, and agreement of addr.parse_key with addr.parse_target (hypothesis)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from nftblockd.events import AddressError, parse_target
-from nftblockd.feeds.parse import FeedFormatError, ParseResult, pack, parse_entry, parse_feed, unpack
+from nftblockd.addr import AddressError, key_net, net_key, parse_key, parse_target
+from nftblockd.feeds.parse import FeedFormatError, ParseResult, parse_feed
 
 DATA = Path(__file__).parent.parent / "data" / "feeds"
 
@@ -218,7 +218,7 @@ def test_json_empty_list_and_empty_body() -> None:
 def test_pack_unpack_round_trip() -> None:
     for text in ("0.0.0.0/8", "1.2.3.4/32", "255.255.255.255/32", "::/0", "2a01:4f8::/32", "ffff::1/128"):
         net = ipaddress.ip_network(text)
-        assert unpack(pack(net), net.version) == net
+        assert key_net(net_key(net), net.version) == net
 
 
 # -- properties -------------------------------------------------------------------------------------------
@@ -260,12 +260,12 @@ def test_parse_entry_agrees_with_parse_target(text: str) -> None:
     try:
         expected = parse_target(text)
     except AddressError:
-        assert parse_entry(text) is None
+        assert parse_key(text) is None
         return
-    got = parse_entry(text)
+    got = parse_key(text)
     assert got is not None, text
     version, packed, widened = got
-    assert unpack(packed, version) == expected
+    assert key_net(packed, version) == expected
     try:
         parse_target(text, strict=True)
         strict_ok = True
@@ -331,8 +331,8 @@ def test_stats_as_dict_and_host_bits_in_csv_and_json() -> None:
     ("12345::", None),
 ])
 def test_parse_entry_edge_cases(text: str, expected: str | None) -> None:
-    got = parse_entry(text)
-    assert (None if got is None else str(unpack(got[1], got[0]))) == expected
+    got = parse_key(text)
+    assert (None if got is None else str(key_net(got[1], got[0]))) == expected
 
 
 @settings(deadline=None)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from nftblockd.events import Ban, parse_target
+from nftblockd.addr import parse_target
+from nftblockd.events import Ban
 from nftblockd.state.change import StateChange
 from nftblockd.state.persister import Persister, PersistStatus
 

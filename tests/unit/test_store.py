@@ -21,10 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from nftblockd.events import Ban, IPNet, format_target, normalise_network, parse_target
+from nftblockd.addr import pack_target, parse_target, target_text
+from nftblockd.events import Ban
 from nftblockd.sources.base import PositionStore
 from nftblockd.state import schema as schema_mod
 from nftblockd.state.schema import SCHEMA_VERSION
@@ -33,9 +32,6 @@ from nftblockd.state.store import (
     Store,
     StoreError,
     StoreProblem,
-    pack_target,
-    target_text,
-    unpack_target,
 )
 from tests.helpers.store import (
     all_positions,
@@ -93,52 +89,6 @@ def fill(path: Path, n: int) -> int:
         s.set_positions({"file:/var/log/auth.log": '{"offset": 42}'})
         s.set_feed_meta("drop", {"etag": "x"})
     return sum(1 for b in bans if b.until is None or b.until > NOW)
-
-
-# --- packed targets -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("text, size", [("1.2.3.4", 4), ("10.0.0.0/8", 5), ("2001:db8::1", 16),
-                                        ("2001:db8::/64", 17), ("0.0.0.0/0", 5), ("::/0", 17)])
-def test_pack_round_trip(text: str, size: int) -> None:
-    net = parse_target(text)
-    key = pack_target(net)
-    assert len(key) == size
-    assert unpack_target(key) == net
-    assert target_text(key) == format_target(net) == text
-
-
-def test_pack_folds_v4_mapped_addresses() -> None:
-    mapped = ipaddress.IPv6Network("::ffff:1.2.3.4/128")
-    assert pack_target(mapped) == pack_target(ipaddress.IPv4Network("1.2.3.4/32"))
-    mapped_range = ipaddress.IPv6Network("::ffff:10.0.0.0/104")
-    assert pack_target(mapped_range) == pack_target(parse_target("10.0.0.0/8"))
-
-
-def test_unpack_refuses_other_lengths() -> None:
-    for bad in (b"", b"abc", b"x" * 6, b"x" * 18):
-        with pytest.raises(ValueError):
-            unpack_target(bad)
-        with pytest.raises(ValueError):
-            target_text(bad)
-
-
-_nets = st.one_of(
-    st.builds(lambda i, p: ipaddress.IPv4Network((i, p), strict=False),
-              st.integers(0, 2**32 - 1), st.integers(0, 32)),
-    st.builds(lambda i, p: ipaddress.IPv6Network((i, p), strict=False),
-              st.integers(0, 2**128 - 1), st.integers(0, 128)),
-    st.builds(lambda i, p: ipaddress.IPv6Network(((0xFFFF << 32) | i, p), strict=False),
-              st.integers(0, 2**32 - 1), st.integers(96, 128)),
-)
-
-
-@given(_nets)
-def test_pack_is_a_canonical_key(net: IPNet) -> None:
-    key = pack_target(net)
-    assert unpack_target(key) == normalise_network(net)
-    assert target_text(key) == format_target(normalise_network(net))
-    assert pack_target(unpack_target(key)) == key
 
 
 # --- round trips --------------------------------------------------------------------------------------

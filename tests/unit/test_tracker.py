@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nftblockd.addr import IPNet
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import Config, Escalation, JailConfig
 from nftblockd.detect.tracker import (
@@ -24,7 +25,7 @@ from nftblockd.detect.tracker import (
     TrackOutcome,
     UnknownJailError,
 )
-from nftblockd.events import Ban, Hit, IPNet
+from nftblockd.events import Ban, Hit
 
 T0 = 1_700_000_000.0
 A = ipaddress.ip_address
