@@ -501,13 +501,14 @@ def _cmd_test_filter(ctx: _Context, ns: argparse.Namespace) -> int:
 
 def _cmd_import_fail2ban(ctx: _Context, ns: argparse.Namespace) -> int:
     try:
-        from nftblockd.state.f2bimport import read_fail2ban_bans  # type: ignore[import-not-found, unused-ignore]
+        from nftblockd.state.f2bimport import read_fail2ban_bans, refusal  # type: ignore[import-not-found, unused-ignore]
     except ModuleNotFoundError as exc:
         if exc.name != f"{__package__}.f2bimport":
             raise
         raise Failed("import-fail2ban is not available in this build") from None
+    now = time.time()
     try:
-        bans = read_fail2ban_bans(ns.db, time.time())
+        bans = read_fail2ban_bans(ns.db, now)
     # The reader may fail with sqlite's, the filesystem's or its own errors; all mean "cannot read it".
     except Exception as exc:
         raise Failed(f"cannot read fail2ban bans from {ns.db}: {exc}") from None
@@ -516,8 +517,12 @@ def _cmd_import_fail2ban(ctx: _Context, ns: argparse.Namespace) -> int:
     for ban in bans:
         try:
             target = canonical_target(str(ban.ip))
+            why = refusal(ban, parse_target(target), now)
         except AddressError as exc:
             skipped.append(f"skipped fail2ban entry (jail {ban.jail}): {exc}")
+            continue
+        if why is not None:
+            skipped.append(f"skipped fail2ban entry: {why}")
             continue
         if ban.remaining is not None and ban.remaining <= 0:
             continue  # expired between fail2ban's bookkeeping and now

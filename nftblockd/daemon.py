@@ -387,7 +387,7 @@ class Daemon:
             jails.append({"name": j.jail.name, "filter": j.filter.name, "lines": st.lines, "matched": st.matched,
                           "ignored": st.ignored, "rejected": st.rejected, "failures": st.failures,
                           "bans": st.bans, "already_banned": st.already_banned, "allowlisted": st.allowlisted,
-                          "stale": st.stale, "banned_now": self.tracker.banned_count(j.jail.name),
+                          "never_ban": st.never_ban, "stale": st.stale, "banned_now": self.tracker.banned_count(j.jail.name),
                           "missing": [why for s in j.sources for why in getattr(s, "missing", list)()],
                           "sources": [{"name": getattr(s, "name", ""), **dataclasses.asdict(s.stats)}
                                       for s in j.sources]})

@@ -36,6 +36,7 @@ DEFAULT_MAX_RESPONSE: Final = 1024 * 1024 * 1024  # the client trusts the daemon
 ERROR_CODES: Final = frozenset({
     "invalid_address",  # a target is not an IP address or CIDR
     "allowlisted",  # a target overlaps the allowlist; never banned
+    "never_ban",  # a target is (or overlaps) never-ban space: unspecified, multicast, link-local... (neverban.py)
     "unknown_set",  # no blocklist by that name
     "bad_request",  # the request is malformed: JSON, shape, unknown command or argument
     "not_found",  # the named thing (feed, ban) does not exist
@@ -46,7 +47,7 @@ ERROR_CODES: Final = frozenset({
 })
 
 ErrorCode: TypeAlias = Literal[
-    "invalid_address", "allowlisted", "unknown_set", "bad_request", "not_found", "internal", "unavailable",
+    "invalid_address", "allowlisted", "never_ban", "unknown_set", "bad_request", "not_found", "internal", "unavailable",
     "forbidden", "refused",
 ]
 

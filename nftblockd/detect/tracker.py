@@ -30,8 +30,10 @@ States. Each (jail, offender) is in one of three states:
 
 What a hit does, in this order:
   1. The offender is BANNED → ALREADY_BANNED.
-  2. The host is on the allowlist (global `allowlist:` + the jail's `ignoreip:` + the machine's own
-     addresses) → ALLOWLISTED, carrying the entry that matched. Nothing is counted, nothing is banned.
+  2. The host is in never-ban space (unspecified, loopback, link-local, multicast, reserved, broadcast:
+     `neverban.py`) → NEVER_BAN; or on the allowlist (global `allowlist:` + the jail's `ignoreip:` + the
+     machine's own addresses) → ALLOWLISTED. Either carries the entry that matched. Nothing is counted,
+     nothing is banned. (Both live in one lookup table per jail, so the check costs one bisect per hit.)
   3. The failure's time is chosen by the time rule below; a line too old (or too far ahead) → STALE.
   4. The failure is added and failures older than `findtime` are dropped. Fewer than `maxretry` remain →
      COUNTED. `maxretry` remain → BANNED, with the `Ban` to apply and the `BanRecord` to persist; the
@@ -109,6 +111,7 @@ from nftblockd.events import (
     normalise_network,
     parse_target,
 )
+from .neverban import NEVER_BAN
 
 HistoryRow: TypeAlias = tuple[str, str, float, float | None]
 """(jail, target as text, ban start, ban end or None): what the store persists for one ban."""
@@ -128,6 +131,7 @@ class Kind(enum.Enum):
     BANNED = "banned"
     ALREADY_BANNED = "already_banned"
     ALLOWLISTED = "allowlisted"
+    NEVER_BAN = "never_ban"
     STALE = "stale"
 
 
@@ -328,6 +332,12 @@ _BANNED, _ALREADY = Kind.BANNED, Kind.ALREADY_BANNED
 _new: Callable[[type[Any], tuple[Any, ...]], Any] = tuple.__new__
 _COUNTED = Outcome(Kind.COUNTED)
 _STALE = Outcome(Kind.STALE)
+_NEVER_NETS = frozenset(NEVER_BAN)
+
+
+def _protected(entry: IPNet) -> Outcome:
+    """The outcome of a host inside a jail's protected space: never-ban space, or the allowlist."""
+    return Outcome(Kind.NEVER_BAN if entry in _NEVER_NETS else Kind.ALLOWLISTED, allow=entry)
 
 
 class Tracker:
@@ -352,6 +362,7 @@ class Tracker:
         self.evictions = 0  # counting records dropped because max_tracked bit
         self._tracked = 0
         self._allow = allowlist
+        self._protect = allowlist.union(NEVER_BAN)  # what no jail may ban: the allowlist and never-ban space
         self._jails: dict[str, _Jail] = {}
         for p in pols:
             horizon = p.history_horizon
@@ -388,7 +399,7 @@ class Tracker:
                 del j.banned[key]
             i = bisect_right(j.a4_starts, x) - 1
             if i >= 0 and j.a4_ends[i] >= x:
-                return Outcome(Kind.ALLOWLISTED, allow=j.a4_nets[i])
+                return _protected(j.a4_nets[i])
         else:
             shift = j.v6_shift
             first = x >> shift << shift
@@ -402,7 +413,7 @@ class Tracker:
             if i >= 0 and j.a6_ends[i] >= first:
                 own = j.allow.v6.find(x, x)
                 if own is not None:
-                    return Outcome(Kind.ALLOWLISTED, allow=own)
+                    return _protected(own)
                 # An allowed neighbour shares the range: this offender is the single address.
                 key = _V6_NET | x << 8 | 128
                 b = j.banned.get(key)
@@ -542,7 +553,7 @@ class Tracker:
                     continue
                 del r.banned[key]
             if entry is not None:
-                out.append(Outcome(Kind.ALLOWLISTED, allow=entry))
+                out.append(_protected(entry))
                 continue
             out.append(self._count(r, key, now, now))
         return out
@@ -628,6 +639,7 @@ class Tracker:
         them (user-pain #16, locked out after the admin's address changed).
         """
         self._allow = allowlist
+        self._protect = allowlist.union(NEVER_BAN)
         lifted = []
         for j in self._jails.values():
             j.set_allow(self._jail_allow(j.policy))
@@ -639,7 +651,7 @@ class Tracker:
         return lifted
 
     def _jail_allow(self, p: JailPolicy) -> Allowlist:
-        return self._allow.union(p.ignoreip) if p.ignoreip else self._allow
+        return self._protect.union(p.ignoreip) if p.ignoreip else self._protect
 
     def _resolve(self, j: _Jail, net: IPNet) -> tuple[int, IPNet | None]:
         """The offender key for `net` in `j`, and the allow entry protecting `net` (None if unprotected).

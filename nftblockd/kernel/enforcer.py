@@ -30,6 +30,7 @@ from nftblockd.config import Config
 from nftblockd.events import Ban, Decision, IPNet, Unban, format_target
 from nftblockd.kernel.bans import DELETE, BanState, BulkChange, Change, OpSpec, Outcome, SetOp
 from nftblockd.kernel.batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
+from nftblockd.neverban import never_ban_keys, never_ban_range
 from nftblockd.kernel.ruleset import Ruleset
 from nftblockd.kernel.setwriter import Features, SetWriter
 from nftblockd.service.logsetup import quote
@@ -84,6 +85,7 @@ class Counters:
     unbans: int = 0
     refused: int = 0
     allowlisted: int = 0
+    never_ban: int = 0  # bans of never-ban space refused here (each source should refuse them first)
     kernel_errors: dict[int, int] = field(default_factory=dict)
     set_full: int = 0
     rebuilds: int = 0
@@ -113,6 +115,7 @@ class BulkResult:
     changes: list[BulkChange] = field(default_factory=list)
     failed: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
     allowlisted: dict[int, list[int]] = field(default_factory=dict)
+    never_ban: dict[int, list[int]] = field(default_factory=dict)  # never-ban space (neverban.py), refused
 
 
 class Enforcer:
@@ -218,8 +221,14 @@ class Enforcer:
                 if isinstance(d, Ban):
                     t = d.target  # already normalised; ipaddress's broadcast_address is slow on this path
                     first = int(t.network_address)
-                    hit = self.allow.contains_range(t.version, first,
-                                                    first | ((1 << (t.max_prefixlen - t.prefixlen)) - 1))
+                    last = first | ((1 << (t.max_prefixlen - t.prefixlen)) - 1)
+                    why = never_ban_range(t.version, first, last)
+                    if why is not None:  # the last guard: every source should have refused it already
+                        self.counters.never_ban += 1
+                        results[i] = Result(d.target, Outcome.CONFLICT, "never_ban",
+                                            f"{format_target(d.target)} is never banned: {why}")
+                        continue
+                    hit = self.allow.contains_range(t.version, first, last)
                     if hit is not None:
                         self.counters.allowlisted += 1
                         results[i] = Result(d.target, Outcome.CONFLICT, "allowlisted",
@@ -273,6 +282,12 @@ class Enforcer:
             for version, keys in keys_by_version.items():
                 if not keys:
                     continue
+                never = never_ban_keys(version, keys)
+                if never:
+                    out.never_ban[version] = never
+                    self.counters.never_ban += len(never)
+                    drop = set(never)
+                    keys = [k for k in keys if k not in drop]
                 if len(self.allow):
                     allowed = [k for k in keys if self.allow.contains_range(version, k, k) is not None]
                     if allowed:
@@ -302,7 +317,8 @@ class Enforcer:
             self.metrics.allowlist_hits.inc(sum(len(v) for v in out.allowlisted.values()))
             if started is not None and applied:
                 self.metrics.ban_latency.observe((origin,), time.monotonic() - started, applied)
-        self.counters.refused += len(out.failed) + sum(len(v) for v in out.allowlisted.values())
+        self.counters.refused += len(out.failed) + sum(len(v) for v in out.allowlisted.values()) + sum(
+            len(v) for v in out.never_ban.values())
         if persist and self.persist is not None and (applied or history):
             packed: list[PackedBans] = []
             for c in changes:

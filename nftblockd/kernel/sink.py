@@ -155,6 +155,7 @@ class JailBanSink:
                 history = []  # saved with the first group
                 refused.update((self.enforcer.plan.set(name).version, key) for name, key in res.failed)
                 refused.update((v, k) for v, ks in res.allowlisted.items() for k in ks)
+                refused.update((v, k) for v, ks in res.never_ban.items() for k in ks)
             except KeyError:  # the blocklist went away in a reload while the batch was on its way
                 log.error("jail %s: blocklist %r no longer exists; %d bans not applied", jail, blocklist,
                           sum(len(bs) for bs in by_version.values()))

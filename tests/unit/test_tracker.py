@@ -645,12 +645,15 @@ def test_tracker_from_config_protects_own_addresses_and_loopback() -> None:
     ))
     tr = Tracker.from_config(cfg, [A("198.51.100.5")])
     assert tr.jails == ("sshd",)
-    for host in ("10.1.1.1", "198.51.100.5", "127.0.0.1", "::1"):
+    for host in ("10.1.1.1", "198.51.100.5"):
         assert fail(tr, host, 1, T0).kind is Kind.ALLOWLISTED, host
+    for host in ("127.0.0.1", "::1"):  # loopback is never-ban space as well as allowlisted
+        assert fail(tr, host, 1, T0).kind is Kind.NEVER_BAN, host
     assert fail(tr, "192.0.2.1", 1, T0).kind is Kind.BANNED
     lax = Tracker.from_config(Config(file="t.yaml", allowlist_self=False, jails=cfg.jails),
                               [A("198.51.100.5")])
     assert fail(lax, "198.51.100.5", 1, T0).kind is Kind.BANNED
+    assert fail(lax, "127.0.0.1", 1, T0).kind is Kind.NEVER_BAN  # even without allowlist_self
 
 
 def test_policy_durations() -> None:
@@ -830,3 +833,32 @@ def test_failures_of_an_untracked_offender_and_bad_rows() -> None:
         BanRecord.from_row(("sshd", "192.0.2.1", T0, "tomorrow"))
     with pytest.raises(ValueError):
         Tracker([sshd()], max_skew=-1.0)
+
+
+# -- never-ban space (issue 13, item 2) -----------------------------------------------------------------
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "255.255.255.255", "224.0.0.1", "240.0.0.1", "169.254.9.9",
+                                  "::", "fe80::1", "ff02::1", "::ffff:224.0.0.1"])
+def test_never_ban_space_is_never_counted_or_banned(host: str) -> None:
+    tr = Tracker([sshd(maxretry=1, ipv6_prefix=64)])
+    out = tr.observe(hit("sshd", host, T0), T0)
+    assert out.kind is Kind.NEVER_BAN and out.ban is None and out.allow is not None
+    assert tr.tracked == 0 and tr.banned_count() == 0
+
+
+def test_never_ban_space_beside_the_allowlist_and_ignoreip() -> None:
+    tr = Tracker([sshd(maxretry=1, ignoreip=(N("198.51.100.0/24"),))], Allowlist.from_networks([N("192.0.2.0/24")]))
+    assert tr.observe(hit("sshd", "224.0.0.9", T0), T0).kind is Kind.NEVER_BAN
+    assert tr.observe(hit("sshd", "192.0.2.9", T0), T0).kind is Kind.ALLOWLISTED
+    assert tr.observe(hit("sshd", "198.51.100.9", T0), T0).kind is Kind.ALLOWLISTED
+    assert tr.observe(hit("sshd", "203.0.113.9", T0), T0).kind is Kind.BANNED
+    tr.replace_allowlist(Allowlist())
+    assert tr.observe(hit("sshd", "0.0.0.0", T0), T0).kind is Kind.NEVER_BAN
+    assert not tr.note_ban(Ban(N("224.0.0.9/32"), "bad", T0 + H, "jail", "", "sshd"), T0)
+
+
+def test_an_ipv6_neighbour_of_never_ban_space_is_banned_alone() -> None:
+    # ::2 is no never-ban address, but its /64 holds :: and ::1: the offender is the single address.
+    tr = Tracker([sshd(maxretry=1, ipv6_prefix=64)])
+    out = tr.observe(hit("sshd", "::2", T0), T0)
+    assert out.kind is Kind.BANNED and out.ban is not None and out.ban.target == N("::2/128")
