@@ -108,7 +108,7 @@ class JailConfig:
     escalation: Escalation = Escalation()
     blocklist: str = "default"
     ignoreip: tuple[IPNet, ...] = ()
-    ipv6_prefix: int = 128
+    ipv6_prefix: int = 64  # count and ban IPv6 offenders by /64: a single host holds a whole /64
     enabled: bool = True
     recidive: bool = False  # counts bans of other jails (`watch`, or all) instead of log lines
     watch: tuple[str, ...] = ()
@@ -492,7 +492,7 @@ class _Builder:
             factor = self.get(esc, "factor", (*path, "escalation"), (int, float), 2.0)
             if factor < 1:
                 self.fail((*path, "escalation", "factor"), "factor must be at least 1")
-            v6 = self.positive_int(j, "ipv6_prefix", path, 128, 16, 128)
+            v6 = self.positive_int(j, "ipv6_prefix", path, 64, 16, 128)
             out.append(JailConfig(
                 name=name,
                 filter=flt,

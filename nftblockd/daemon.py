@@ -397,7 +397,8 @@ class Daemon:
             store = {"path": str(Path(self.cfg.state_dir) / "state.db"), "persistent": self.store.persistent,
                      "degraded": saving.degraded, "unsaved_changes": saving.unsaved_changes,
                      "last_error": saving.last_error, "degraded_since": saving.degraded_since}
-        return {"jails": jails, "tracker": {"tracked": self.tracker.tracked}, "store": store}
+        return {"jails": jails, "tracker": {"tracked": self.tracker.tracked, "evictions": self.tracker.evictions,
+                                    "evicted_several": self.tracker.evicted_several}, "store": store}
 
     def _changed(self, decisions: Sequence[Decision], results: Sequence[Result]) -> None:
         """Unbans end the tracker's BANNED state, so new failures can ban again."""
