@@ -122,7 +122,7 @@ from nftblockd.events import (
     normalise_network,
     parse_target,
 )
-from .neverban import NEVER_BAN
+from nftblockd.neverban import NEVER_BAN
 
 HistoryRow: TypeAlias = tuple[str, str, float, float | None]
 """(jail, target as text, ban start, ban end or None): what the store persists for one ban."""

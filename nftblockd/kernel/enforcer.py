@@ -30,9 +30,9 @@ from nftblockd.config import Config
 from nftblockd.events import Ban, Decision, IPNet, Unban, format_target
 from nftblockd.kernel.bans import DELETE, BanState, BulkChange, Change, OpSpec, Outcome, SetOp
 from nftblockd.kernel.batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
-from nftblockd.neverban import never_ban_keys, never_ban_range
 from nftblockd.kernel.ruleset import Ruleset
 from nftblockd.kernel.setwriter import Features, SetWriter
+from nftblockd.neverban import never_ban_keys, never_ban_range
 from nftblockd.service.logsetup import quote
 from nftblockd.service.metrics import Metrics
 from nftblockd.state.change import PackedBans, StateChange
