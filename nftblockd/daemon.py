@@ -386,8 +386,13 @@ class Daemon:
             st = j.stats
             jails.append({"name": j.jail.name, "filter": j.filter.name, "lines": st.lines, "matched": st.matched,
                           "ignored": st.ignored, "rejected": st.rejected, "failures": st.failures,
-                          "bans": st.bans, "already_banned": st.already_banned, "allowlisted": st.allowlisted,
-                          "never_ban": st.never_ban, "stale": st.stale, "banned_now": self.tracker.banned_count(j.jail.name),
+                          # bans: applied in the kernel; decided: what the tracker decided (a full set
+                          # refuses the difference, counted in ban_refused)
+                          "bans": self.sink.stats.applied_by_jail.get(j.jail.name, 0), "decided": st.bans,
+                          "ban_refused": self.sink.stats.refused_by_jail.get(j.jail.name, 0),
+                          "already_banned": st.already_banned, "allowlisted": st.allowlisted,
+                          "never_ban": st.never_ban, "stale": st.stale,
+                          "banned_now": self.tracker.banned_count(j.jail.name),
                           "missing": [why for s in j.sources for why in getattr(s, "missing", list)()],
                           "sources": [{"name": getattr(s, "name", ""), **dataclasses.asdict(s.stats)}
                                       for s in j.sources]})

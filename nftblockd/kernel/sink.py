@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from nftblockd.events import Ban, IPNet
@@ -72,6 +72,10 @@ class SinkStats:
     applied: int = 0
     refused: int = 0
     errors: int = 0
+    # per jail, what the kernel holds and what it refused (a full set): a jail's status must not count a ban
+    # the kernel never got (issue 13: 1,500 bans counted with 1,000 in a full set)
+    applied_by_jail: dict[str, int] = field(default_factory=dict)
+    refused_by_jail: dict[str, int] = field(default_factory=dict)
 
 
 _END = None
@@ -173,9 +177,15 @@ class JailBanSink:
                     applied.append(b)
                 else:
                     self._refused(b)
-        self.stats.applied += len(applied)
+        st = self.stats
+        st.applied += len(applied)
+        by_jail = st.applied_by_jail
+        for b in applied:
+            by_jail[b.jail] = by_jail.get(b.jail, 0) + 1
         return applied
 
     def _refused(self, ban: Ban) -> None:
-        self.stats.refused += 1
+        st = self.stats
+        st.refused += 1
+        st.refused_by_jail[ban.jail] = st.refused_by_jail.get(ban.jail, 0) + 1
         self.ledger.forget_ban(ban.target, jail=ban.jail or None)

@@ -83,3 +83,26 @@ def test_cli_bans_of_never_ban_space_are_refused_with_the_reason(netns: NetNS,
     for t in ("224.0.0.2", "0.0.0.0", "ff02::2"):
         assert f"{t} is never banned" in r.stderr
     assert elements(netns) == {"203.0.113.7", *bulk[:70]}
+
+
+# -- item 7: a full set ------------------------------------------------------------------------------------
+
+
+def test_a_full_set_is_not_counted_as_bans(netns: NetNS, tmp_path: Path) -> None:
+    log = tmp_path / "auth.log"
+    log.write_text("")
+    d = DaemonProc(netns, tmp_path / "d", jail_config(log, size=1000)).start()
+    try:
+        append(log, "".join(failures(f"10.{i >> 8 & 255}.{i & 255}.1") for i in range(1500)))
+
+        def settled() -> dict[str, int] | None:
+            st = next(j for j in d.cli_json("status")["jails"] if j["name"] == "sshd")
+            return st if st["bans"] + st["ban_refused"] == 1500 else None
+
+        st = wait_for(settled, what="1500 ban decisions settled")
+        in_kernel = len(netns.set_elements("nftblock", "default_ip4"))
+        assert in_kernel == 1000
+        assert st["bans"] == in_kernel and st["ban_refused"] == 500 and st["decided"] == 1500
+        assert d.cli_json("status")["errors"]["set_full"] >= 500
+    finally:
+        d.close()
