@@ -3,13 +3,16 @@ with `nft -j`. Each test reproduces one finding of the issue and checks the fix.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.daemon import DaemonProc
+from tests.helpers.daemon import REPO, DaemonProc
 from tests.helpers.netns import NetNS, wait_for
 
 NEVER = ["0.0.0.0", "::", "255.255.255.255", "224.0.0.1", "240.0.0.1", "fe80::1", "ff02::1"]
@@ -106,3 +109,21 @@ def test_a_full_set_is_not_counted_as_bans(netns: NetNS, tmp_path: Path) -> None
         assert d.cli_json("status")["errors"]["set_full"] >= 500
     finally:
         d.close()
+
+
+# -- item 7: without CAP_NET_ADMIN ---------------------------------------------------------------------------
+
+
+def test_without_cap_net_admin_the_daemon_names_the_capability(netns: NetNS, tmp_path: Path) -> None:
+    cfg = tmp_path / "nftblockd.yaml"
+    cfg.write_text("reconcile: {interval: 1h}\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("NOTIFY_SOCKET", None)
+    # root without CAP_NET_ADMIN: dropped from the bounding set, so the exec'd Python never has it
+    r = subprocess.run(["ip", "netns", "exec", netns.name, "setpriv", "--bounding-set=-net_admin",
+                        "--inh-caps=-net_admin", "--", sys.executable, "-m", "nftblockd.daemon_main", "--config",
+                        str(cfg), "--socket", str(tmp_path / "c.sock"), "--state-dir", str(tmp_path / "state")],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "CAP_NET_ADMIN" in r.stderr, r.stderr
+    assert "get type 16" not in r.stderr
