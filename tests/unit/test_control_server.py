@@ -341,17 +341,18 @@ async def test_idle_connections_cannot_lock_out_status(sock_dir: Path, make_serv
     # Issue 13, item 5: 64 idle connections locked `nftblock status` out for as long as they were held.
     srv = await make_server(sock_dir / "c.sock")  # the defaults: 64 connections, 60 s idle timeout
     idle = [await Conn.open(srv.path) for _ in range(64)]
-    for c in idle[:8]:  # some have been used, some never sent a byte: all are idle now
-        assert (await c.call(1, "ping"))["ok"] is True
-    await asyncio.wait_for(_until(lambda: srv.connections == 64), 10)
+    for i, c in enumerate(idle):  # each has been used once and idles now, idle[0] the longest
+        assert (await c.call(i, "ping"))["ok"] is True
+    assert srv.connections == 64
     ops = []
     for i in range(3):  # three operators, each keeping the connection open
         ops.append(await Conn.open(srv.path))
         reply = await ops[-1].call(i, "echo", {"status": True})
         assert reply["ok"] is True, reply
     assert srv.evicted == 3
-    # the connections closed to make room were among the idle ones: they see end-of-stream
-    await asyncio.wait_for(_until(lambda: sum(c.reader.at_eof() for c in idle) == 3), 10)
+    for c in idle[:3]:  # the three idle the longest were closed to make room
+        assert await asyncio.wait_for(c.reader.read(), 10) == b""
+    assert (await idle[3].call(99, "ping"))["ok"] is True
     for c in idle + ops:
         await c.close()
 
@@ -368,11 +369,6 @@ async def test_a_connection_idle_past_the_timeout_is_closed(sock_dir: Path, make
     assert srv.idle_closed == 2
     await c.close()
     await half.close()
-
-
-async def _until(pred: Callable[[], bool]) -> None:
-    while not pred():
-        await asyncio.sleep(0.01)
 
 
 # --- shutdown ------------------------------------------------------------------------------------------
