@@ -25,7 +25,7 @@ from typing import Any, NoReturn, TextIO
 
 from nftblockd.control.client import ClientError, ControlClient
 from nftblockd.durations import format_duration, parse_timeout
-from nftblockd.events import AddressError, format_target, parse_target
+from nftblockd.events import MAX_REASON, AddressError, format_target, parse_target
 
 DEFAULT_SOCKET = "/run/nftblockd/control.sock"
 DEFAULT_F2B_DB = "/var/lib/fail2ban/fail2ban.sqlite3"
@@ -296,6 +296,8 @@ def _refusals(result: Mapping[str, Any]) -> list[str]:
 
 def _cmd_ban(ctx: _Context, ns: argparse.Namespace) -> int:
     timeout = _wire_timeout(ns.timeout)
+    if len(ns.comment) > MAX_REASON:
+        raise UsageError(f"--comment: at most {MAX_REASON} characters, got {len(ns.comment)}")
     targets = _targets_from_args(ctx, ns.targets)
     if not targets:
         ctx.warn("no targets on stdin; nothing to ban")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nftblockd.durations import parse_duration, parse_timeout
+from nftblockd.durations import MAX_TIMEOUT, format_duration, parse_duration, parse_timeout
 from nftblockd.events import AddressError, IPNet, parse_target
 from nftblockd.yamlsrc import Located, Path_, YamlError, load_yaml
 
@@ -241,14 +241,24 @@ class _Builder:
             return default
         return v
 
-    def duration(self, m: dict[str, Any], key: str, path: Path_, default: float) -> float:
+    def duration(self, m: dict[str, Any], key: str, path: Path_, default: float, *, positive: bool = False,
+                 most: float | None = None) -> float:
+        """A duration; `positive` refuses 0 (a findtime or an interval of 0 has no meaning and made the
+        daemon fail at start with a traceback instead of here with file:line), `most` caps it."""
         if key not in m:
             return default
         try:
-            return parse_duration(m[key])
+            value = parse_duration(m[key])
         except ValueError as exc:
             self.fail((*path, key), str(exc))
             return default
+        if positive and value <= 0:
+            self.fail((*path, key), f"must be longer than 0, got {m[key]!r}")
+            return default
+        if most is not None and value > most:
+            self.fail((*path, key), f"must be at most {format_duration(most)}, got {m[key]!r}")
+            return default
+        return value
 
     def timeout(self, m: dict[str, Any], key: str, path: Path_, default: float | None) -> float | None:
         if key not in m:
@@ -403,7 +413,7 @@ class _Builder:
 
     def reconcile(self, value: Any) -> float:
         m = self.mapping(value, ("reconcile",), {"interval"})
-        return self.duration(m, "interval", ("reconcile",), 30.0)
+        return self.duration(m, "interval", ("reconcile",), 30.0, positive=True)
 
     def metrics(self, value: Any) -> str | None:
         m = self.mapping(value, ("metrics",), {"listen"})
@@ -500,11 +510,11 @@ class _Builder:
                 journal_matches=matches,
                 journal_path=journal_path,
                 maxretry=self.positive_int(j, "maxretry", path, 5, 1, 1_000_000),
-                findtime=self.duration(j, "findtime", path, 600.0),
+                findtime=self.duration(j, "findtime", path, 600.0, positive=True),
                 bantime=self.timeout(j, "bantime", path, 3600.0),
                 escalation=Escalation(
                     factor=float(factor),
-                    max=self.duration(esc, "max", (*path, "escalation"), 7 * 86400.0),
+                    max=self.duration(esc, "max", (*path, "escalation"), 7 * 86400.0, most=MAX_TIMEOUT),
                     enabled=self.get(esc, "enabled", (*path, "escalation"), bool, True),
                 ),
                 blocklist=blocklist,
@@ -555,9 +565,9 @@ class _Builder:
                 path=fpath,
                 format=fmt,
                 column=self.get(f, "column", path, (int, str), 0),
-                refresh=self.duration(f, "refresh", path, 3600.0),
+                refresh=self.duration(f, "refresh", path, 3600.0, positive=True),
                 jitter=float(jitter),
-                timeout=self.duration(f, "timeout", path, 30.0),
+                timeout=self.duration(f, "timeout", path, 30.0, positive=True),
                 max_size=self.positive_int(f, "max_size", path, 64 * 1024 * 1024, 1, 2**34),
                 ban_timeout=self.timeout(f, "ban_timeout", path, None),
                 max_shrink=float(shrink),

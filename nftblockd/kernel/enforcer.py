@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import Config
-from nftblockd.events import Ban, Decision, IPNet, Unban, format_target
+from nftblockd.events import Ban, Decision, IPNet, Unban, clip_reason, format_target
 from nftblockd.kernel.bans import DELETE, BanState, BulkChange, Change, OpSpec, Outcome, SetOp
 from nftblockd.kernel.batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
 from nftblockd.kernel.ruleset import Ruleset
@@ -338,7 +338,7 @@ class Enforcer:
                     shown += 1
                     addr = str(ipaddress.ip_address(k) if c.set_name.endswith("4") else ipaddress.IPv6Address(k))
                     audit_log.info("ban jail=%s address=%s set=%s duration=%s reason=%s", quote(jail), addr,
-                                   c.set_name, dur, quote(reason or origin),
+                                   c.set_name, dur, quote(clip_reason(reason or origin)),
                                    extra={"jail": jail, "address": addr, "set": c.set_name, "origin": origin})
             if applied <= shown:
                 return out
@@ -515,10 +515,11 @@ class Enforcer:
                 assert isinstance(d, Ban)
                 dur = "permanent" if d.until is None else f"{max(0, round(d.until - time.time()))}s"
                 audit_log.info("ban jail=%s address=%s set=%s duration=%s reason=%s", quote(fields["jail"]),
-                               fields["address"], r.set_name, dur, quote(d.reason or d.origin), extra=fields)
+                               fields["address"], r.set_name, dur, quote(clip_reason(d.reason or d.origin)),
+                               extra=fields)
             elif kind == "unban":
                 audit_log.info("unban jail=%s address=%s set=%s reason=%s", quote(fields["jail"]),
-                               fields["address"], r.set_name, quote(d.reason or d.origin), extra=fields)
+                               fields["address"], r.set_name, quote(clip_reason(d.reason or d.origin)), extra=fields)
             else:
                 audit_log.info("refused %s %s: %s", "ban" if isinstance(d, Ban) else "unban",
                                fields["address"], quote(r.message), extra=fields)

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar
 
-from nftblockd.events import Ban, IPNet, Origin
+from nftblockd.events import Ban, IPNet, Origin, clip_reason
 
 __all__ = [
     "SCHEMA_VERSION", "BanRow", "CompactBans", "HistoryRow", "PruneStats", "ReadOnlyDatabase", "Store",
@@ -385,6 +385,8 @@ _SQL_LABEL_ID = "SELECT id FROM labels WHERE blocklist = ? AND origin = ? AND re
 
 
 def _label_id(conn: sqlite3.Connection, key: tuple[str, str, str, str]) -> int:
+    blocklist, origin, reason, jail = key
+    key = (blocklist, origin, clip_reason(reason), clip_reason(jail))  # a client's text is bounded on disk too
     conn.execute(_SQL_ADD_LABEL, key)
     return int(conn.execute(_SQL_LABEL_ID, key).fetchone()[0])
 

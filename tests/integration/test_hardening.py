@@ -88,6 +88,20 @@ def test_cli_bans_of_never_ban_space_are_refused_with_the_reason(netns: NetNS,
     assert elements(netns) == {"203.0.113.7", *bulk[:70]}
 
 
+def test_a_huge_timeout_is_refused_as_a_bad_request(jail: tuple[DaemonProc, Path]) -> None:
+    import json
+    import socket
+
+    d, _log = jail
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(d.socket)
+        s.sendall(b'{"v":1,"id":7,"cmd":"ban","args":{"targets":["203.0.113.9"],"timeout":1e308}}\n')
+        reply = json.loads(s.makefile("rb").readline())
+    assert reply["ok"] is False and reply["error"]["code"] == "bad_request", reply
+    assert "at most 3650d" in reply["error"]["message"]
+
+
 # -- item 7: a full set ------------------------------------------------------------------------------------
 
 

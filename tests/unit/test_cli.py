@@ -196,6 +196,12 @@ async def test_ban_invalid_address_is_usage_error_and_sends_nothing(sock: Path, 
     assert daemon.calls == []
 
 
+async def test_ban_with_a_huge_comment_is_usage_error_and_sends_nothing(sock: Path, daemon: FakeDaemon) -> None:
+    r = await nftblock("ban", "192.0.2.1", "--comment", "x" * 5000, sock=sock)
+    assert r.code == 2 and one_line(r.err) == "nftblock: --comment: at most 256 characters, got 5000"
+    assert daemon.calls == []
+
+
 async def test_ban_allowlisted_address_fails_with_one_line(sock: Path, daemon: FakeDaemon) -> None:
     r = await nftblock("ban", "10.1.2.3", "192.0.2.7", sock=sock)
     assert r.code == 1
