@@ -523,7 +523,7 @@ class FeedFetcher:
             except (aiohttp.ClientError, OSError) as exc:
                 raise self._fail(f"cannot fetch {self.cfg.url}: {exc or type(exc).__name__}",
                                  transient=True) from None
-        body = self._decode(bytes(raw), encoding)
+        body = self._decode(raw, encoding)  # type: ignore[arg-type]  # no copy of the raw body into bytes
         return _Copy(body, etag, last_modified)
 
     async def _get_file(self) -> _Copy | None:
@@ -560,22 +560,24 @@ class FeedFetcher:
         return raw
 
     def _inflate(self, data: bytes, cap: int) -> bytes:
+        """The inflated body (a bytearray, not copied again into bytes), at most `cap` bytes.
+
+        Output comes _CHUNK bytes at a time into one buffer, so a bomb costs at most cap + _CHUNK bytes on top
+        of the compressed input (asking zlib for cap + 1 bytes at once, then copying them, cost twice cap).
+        """
         out = bytearray()
-        rest = data
+        rest: bytes = data
         try:
             while rest:
                 # wbits 47: gzip or zlib header, detected; raw deflate is tried if both fail
                 d = zlib.decompressobj(47)
                 try:
-                    out += d.decompress(rest, cap + 1 - len(out))
+                    self._inflate_member(d, rest, out, cap)
                 except zlib.error:
                     if out:
                         raise
                     d = zlib.decompressobj(-15)
-                    out += d.decompress(rest, cap + 1 - len(out))
-                if len(out) > cap:
-                    raise self._fail(f"the body inflates to over max_size {cap} bytes; rejected whole",
-                                     transient=False)
+                    self._inflate_member(d, rest, out, cap)
                 if not d.eof:
                     raise self._fail("the compressed body is truncated", transient=True)
                 rest = d.unused_data
@@ -585,7 +587,19 @@ class FeedFetcher:
                     break
         except zlib.error as exc:
             raise self._fail(f"corrupt compressed body: {exc}", transient=False) from None
-        return bytes(out)
+        return out  # type: ignore[return-value]  # a bytearray serves every use of a body
+
+    def _inflate_member(self, d: zlib._Decompress, data: bytes, out: bytearray, cap: int) -> None:
+        buf = data
+        while not d.eof:
+            chunk = d.decompress(buf, _CHUNK)
+            buf = d.unconsumed_tail
+            if not chunk and not buf:
+                return  # input exhausted before the end of the stream: the caller says "truncated"
+            out += chunk
+            if len(out) > cap:
+                raise self._fail(f"the body inflates to over max_size {cap} bytes; rejected whole",
+                                 transient=False)
 
     # -- the loop -------------------------------------------------------------------------------------------
 

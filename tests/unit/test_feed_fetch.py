@@ -10,6 +10,7 @@ import asyncio
 import gzip
 import json
 import os
+import tracemalloc
 import zlib
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
@@ -244,6 +245,23 @@ async def test_gzip_bomb_is_rejected(srv: FeedServer, cache: Path) -> None:
     f = fetcher(make_cfg(url=srv.url("/bomb.txt"), max_size=1024 * 1024), cache)
     with pytest.raises(FeedError, match="inflates to over max_size"):
         await f.fetch()
+
+
+async def test_gzip_bomb_memory_stays_at_the_cap(srv: FeedServer, cache: Path) -> None:
+    # Issue 13, item 5: inflating a bomb peaked at about twice max_size (the inflated cap as bytes, then
+    # copied into the output). Now output is produced 64 KiB at a time into one buffer.
+    cap = 8 * 1024 * 1024
+    bomb = gzip.compress(b"1.2.3.4\n" * (8 * cap // 8), compresslevel=9)  # 64 MiB inflated, ~64 kB sent
+    srv.route("/bomb.txt", bomb, headers={"Content-Encoding": "gzip"})
+    f = fetcher(make_cfg(url=srv.url("/bomb.txt"), max_size=cap), cache)
+    tracemalloc.start()
+    try:
+        with pytest.raises(FeedError, match="inflates to over max_size"):
+            await f.fetch()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.25 * cap, f"peak {peak / cap:.2f} x max_size"
 
 
 async def test_html_error_page_keeps_the_last_good_copy(srv: FeedServer, cache: Path) -> None:
