@@ -141,3 +141,45 @@ def test_without_cap_net_admin_the_daemon_names_the_capability(netns: NetNS, tmp
     assert r.returncode == 1, r.stderr
     assert "CAP_NET_ADMIN" in r.stderr, r.stderr
     assert "get type 16" not in r.stderr
+
+
+# -- item 5: SIGTERM and a hanging feed ---------------------------------------------------------------------
+
+HANG = """
+import socket, sys, time
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+print("accepted", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_sigterm_does_not_wait_for_a_hanging_feed(netns: NetNS, tmp_path: Path) -> None:
+    server = netns.popen(sys.executable, "-c", HANG, stdout=subprocess.PIPE)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        cfg = f"""
+reconcile: {{interval: 1h}}
+blocklists: {{default: {{}}, fb: {{}}}}
+feeds:
+  slow: {{url: "http://127.0.0.1:{port}/list.txt", blocklist: fb, timeout: 1h}}
+"""
+        d = DaemonProc(netns, tmp_path / "d", cfg).start()
+        try:
+            assert server.stdout.readline().strip() == b"accepted"  # the fetch is in flight, and hangs
+            t0 = time.monotonic()
+            rc = d.stop(timeout=20)  # SIGTERM; killed (and rc < 0) if it waits for the fetch
+            took = time.monotonic() - t0
+            assert rc == 0, d.log()
+            print(f"SIGTERM with a hanging feed fetch: exited in {took:.2f} s")
+        finally:
+            d.close()
+    finally:
+        server.kill()
+        server.wait()
+        if server.stdout is not None:
+            server.stdout.close()

@@ -650,6 +650,17 @@ async def test_refresh_now_and_accept_wake_the_loop(srv: FeedServer, cache: Path
     await loop.close()
 
 
+async def test_stop_does_not_wait_for_a_hanging_fetch(srv: FeedServer, cache: Path) -> None:
+    # Issue 13, item 5: SIGTERM waited for a hanging feed fetch (28.8 s, the fetch timeout). The fetch
+    # timeout here is an hour: only BOUND ends the wait if stop does not cut the fetch short.
+    srv.route("/slow.txt", hang=True)
+    f = fetcher(make_cfg(url=srv.url("/slow.txt"), timeout=3600.0), cache)
+    loop = Loop(f)
+    await first_of(srv.hanging.wait(), loop.task)  # the fetch is in flight
+    await loop.close()
+    assert f.status().next_refresh is None
+
+
 async def test_on_update_errors_propagate_unwrapped(srv: FeedServer, cache: Path) -> None:
     srv.route("/drop.txt", DROP)
 
