@@ -145,6 +145,7 @@ class FeedCounters:
     errors: int = 0
     shrink_held: int = 0  # fetches held back by the shrink guard
     invalid: int = 0  # invalid entries in the copy in force
+    markup: int = 0  # stray markup lines skipped in the copy in force (feeds.parse)
     host_bits_normalised: int = 0  # in the copy in force
     refused: int = 0  # entries of the copy in force refused by sanitising (too broad, special, allowlisted)
 
@@ -291,6 +292,7 @@ class FeedFetcher:
             counters=FeedCounters(
                 fetch_ok=c.fetch_ok, not_modified=c.not_modified, errors=c.errors, shrink_held=c.shrink_held,
                 invalid=g.parse.invalid if g else 0,
+                markup=g.parse.markup if g else 0,
                 host_bits_normalised=g.parse.host_bits_normalised if g else 0,
                 refused=g.sanitise.refused if g else 0,
             ),
@@ -468,8 +470,8 @@ class FeedFetcher:
             self._error = f"cannot write the cache in {self.cache_dir}: {exc}"
             log.error("feed %s: %s", self.cfg.name, self._error)
         st, ss = parsed.stats, sanitised.stats
-        log.info("feed %s: %d entries (%d invalid, %d host bits normalised, %d refused: %d too broad, "
-                 "%d special, %d allowlisted)", self.cfg.name, st.entries, st.invalid,
+        log.info("feed %s: %d entries (%d invalid, %d markup lines skipped, %d host bits normalised, %d refused: "
+                 "%d too broad, %d special, %d allowlisted)", self.cfg.name, st.entries, st.invalid, st.markup,
                  st.host_bits_normalised, ss.refused, ss.too_broad, ss.special, ss.allowlisted)
         return self._update(parsed, sanitised, origin, now)
 
