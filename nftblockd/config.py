@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nftblockd.durations import MAX_TIMEOUT, format_duration, parse_duration, parse_timeout
+from nftblockd.durations import MAX_TIMEOUT, PERMANENT_WORDS, format_duration, parse_duration, parse_timeout
 from nftblockd.events import AddressError, IPNet, parse_target
 from nftblockd.yamlsrc import Located, Path_, YamlError, load_yaml
 
@@ -133,6 +133,14 @@ class FeedConfig:
     min_prefix_v4: int = 8
     min_prefix_v6: int = 16
     allow_special: bool = False
+    # An entry that leaves the list stays blocked until the next refresh confirms it gone (lists that flap).
+    defer_removals: bool = False
+    # A Retry-After the server sends (429, 503) is honoured up to this many seconds; None: up to `refresh`,
+    # 0: ignored. A server cannot silence a feed for longer than that.
+    max_retry_after: float | None = None
+    # No successful fetch for this long: the feed's entries are withdrawn (a list that old blocks whoever has
+    # the addresses now). None: the last good copy stays in force however old it is.
+    max_stale: float | None = None
     line: int = field(default=0, compare=False)  # for messages only, as BlocklistConfig.line
 
 
@@ -538,7 +546,8 @@ class _Builder:
                 continue
             f = self.mapping(body, path, {
                 "url", "path", "format", "column", "refresh", "jitter", "timeout", "max_size", "blocklist",
-                "ban_timeout", "max_shrink", "min_prefix_v4", "min_prefix_v6", "allow_special",
+                "ban_timeout", "max_shrink", "min_prefix_v4", "min_prefix_v6", "allow_special", "defer_removals",
+                "max_retry_after", "max_stale",
             })
             url = self.get(f, "url", path, str, None)
             fpath = self.get(f, "path", path, str, None)
@@ -574,6 +583,11 @@ class _Builder:
                 min_prefix_v4=self.positive_int(f, "min_prefix_v4", path, 8, 1, 32),
                 min_prefix_v6=self.positive_int(f, "min_prefix_v6", path, 16, 1, 128),
                 allow_special=self.get(f, "allow_special", path, bool, False),
+                defer_removals=self.get(f, "defer_removals", path, bool, False),
+                max_retry_after=(None if f.get("max_retry_after") is None
+                                 else self.duration(f, "max_retry_after", path, 0.0)),
+                max_stale=(None if f.get("max_stale") is None or str(f["max_stale"]).lower() in PERMANENT_WORDS
+                           else self.duration(f, "max_stale", path, 0.0, positive=True)),
                 line=self.doc.line(path),
             ))
         return tuple(out)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import hashlib
 import json
 import logging
@@ -57,6 +58,7 @@ import aiohttp
 
 from nftblockd import __version__
 from nftblockd.config import FeedConfig
+from nftblockd.durations import format_duration
 from nftblockd.events import IPNet
 from nftblockd.feeds.aggregate import Policy, Sanitised, SanitiseStats, sanitise
 from nftblockd.feeds.parse import FeedFormatError, ParseResult, ParseStats, parse_feed
@@ -72,6 +74,7 @@ __all__ = [
     "SystemClock",
     "backoff_delay",
     "jittered",
+    "retry_after",
 ]
 
 log = logging.getLogger("nftblockd.feed")
@@ -81,7 +84,7 @@ CACHE_VERSION = 1
 _CHUNK = 64 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
-Origin = Literal["fetch", "cache", "accepted"]
+Origin = Literal["fetch", "cache", "accepted", "withdrawn"]
 
 
 # -- seams --------------------------------------------------------------------------------------------------
@@ -107,13 +110,15 @@ class SystemClock:
 
 
 class FeedError(Exception):
-    """Fetching or reading a feed failed. `transient`: the source may answer differently soon (retry)."""
+    """Fetching or reading a feed failed. `transient`: the source may answer differently soon (retry).
+    `retry_after`: seconds the server asked us to wait (its Retry-After header), if it said."""
 
-    def __init__(self, feed: str, message: str, *, transient: bool) -> None:
+    def __init__(self, feed: str, message: str, *, transient: bool, retry_after: float | None = None) -> None:
         super().__init__(f"feed {feed}: {message}")
         self.feed = feed
         self.reason = message
         self.transient = transient
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +132,8 @@ class FeedUpdate:
     origin: Origin
     fetched_at: float
     ban_timeout: float | None = None  # FeedConfig.ban_timeout: None = entries stay until the feed drops them
+    # defer_removals: the copy this one replaced, kept in force one more refresh (its entries are unioned in)
+    deferred: Sanitised | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +151,7 @@ class FeedCounters:
     not_modified: int = 0  # 304s and unchanged files
     errors: int = 0
     shrink_held: int = 0  # fetches held back by the shrink guard
+    withdrawn: int = 0  # times max_stale withdrew the feed's entries
     invalid: int = 0  # invalid entries in the copy in force
     markup: int = 0  # stray markup lines skipped in the copy in force (feeds.parse)
     host_bits_normalised: int = 0  # in the copy in force
@@ -176,6 +184,23 @@ def jittered(delay: float, jitter: float, rand: Callable[[], float]) -> float:
 def backoff_delay(failures: int, base: float, cap: float) -> float:
     """Delay after `failures` consecutive transient errors: `base`, 2 `base`, 4 `base`... at most `cap`."""
     return float(min(cap, base * 2.0 ** min(max(failures - 1, 0), 32)))
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """Seconds a Retry-After header value asks for (delay-seconds or an HTTP-date), or None if absent or
+    unreadable. Never negative."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(min(int(text), 10**9))
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now)
 
 
 # -- internal state -----------------------------------------------------------------------------------------
@@ -216,6 +241,7 @@ class _Counts:
     not_modified: int = 0
     errors: int = 0
     shrink_held: int = 0
+    withdrawn: int = 0
 
 
 # -- the fetcher --------------------------------------------------------------------------------------------
@@ -248,6 +274,9 @@ class FeedFetcher:
         self._retry_base = retry_base
         self._watch_file = watch_file
         self._good: _Good | None = None
+        self._current: tuple[ParseResult, Sanitised] | None = None  # the copy in force, as last handed over
+        self._deferred: Sanitised | None = None  # defer_removals: the copy before it, still in force
+        self._withdrawn = False  # max_stale withdrew the entries; a successful fetch brings them back
         self._pending: _Pending | None = None
         self._accepted = False
         self._counts = _Counts()
@@ -291,6 +320,7 @@ class FeedFetcher:
             pending_shrink=PendingShrink(g.entries if g else 0, p.parsed.entries, p.since) if p else None,
             counters=FeedCounters(
                 fetch_ok=c.fetch_ok, not_modified=c.not_modified, errors=c.errors, shrink_held=c.shrink_held,
+                withdrawn=c.withdrawn,
                 invalid=g.parse.invalid if g else 0,
                 markup=g.parse.markup if g else 0,
                 host_bits_normalised=g.parse.host_bits_normalised if g else 0,
@@ -343,6 +373,12 @@ class FeedFetcher:
         meta, copy, parsed, sanitised = loaded
         stamp = meta.get("fetched_at")
         fetched_at = float(stamp) if isinstance(stamp, int | float) else 0.0
+        age = self._clock.time() - fetched_at
+        if self.cfg.max_stale is not None and age > self.cfg.max_stale:
+            self._error = (f"the cached copy is {format_duration(age)} old (max_stale "
+                           f"{format_duration(self.cfg.max_stale)}); not applied, waiting for a fetch")
+            log.warning("feed %s: %s", self.cfg.name, self._error)
+            return None
         self._good = _Good(copy.etag, copy.last_modified, copy.file_sig, fetched_at, parsed.entries,
                            parsed.stats, sanitised.stats)
         log.info("feed %s: loaded the cached copy from %s (%d entries)", self.cfg.name,
@@ -415,6 +451,10 @@ class FeedFetcher:
                 self._clear_pending()  # the source is back to the copy in force
                 if self._good is not None:
                     self._good.fetched_at = now
+                if self._deferred is not None and self._current is not None:
+                    # A refresh confirmed the copy in force: what it dropped may go now (defer_removals).
+                    parsed, sanitised = self._current
+                    return self._update(parsed, sanitised, "fetch", now)
                 return None
             try:
                 parsed, sanitised = await asyncio.to_thread(self._process, copy.body)
@@ -477,7 +517,32 @@ class FeedFetcher:
 
     def _update(self, parsed: ParseResult, sanitised: Sanitised, origin: Origin, at: float) -> FeedUpdate:
         cfg = self.cfg
-        return FeedUpdate(cfg.name, cfg.blocklist, parsed, sanitised, origin, at, cfg.ban_timeout)
+        deferred = None
+        if cfg.defer_removals and origin in ("fetch", "accepted") and self._current is not None \
+                and self._current[1] is not sanitised:
+            deferred = self._current[1]  # the copy this one replaces stays in force one more refresh
+        self._current = (parsed, sanitised)
+        self._deferred = deferred
+        self._withdrawn = origin == "withdrawn"
+        return FeedUpdate(cfg.name, cfg.blocklist, parsed, sanitised, origin, at, cfg.ban_timeout, deferred)
+
+    def _withdraw_if_stale(self) -> FeedUpdate | None:
+        """max_stale: the copy in force is too old and no fetch succeeds: withdraw its entries (once)."""
+        limit = self.cfg.max_stale
+        g = self._good
+        if limit is None or g is None or self._withdrawn:
+            return None
+        now = self._clock.time()
+        if now - g.fetched_at <= limit:
+            return None
+        age = format_duration(now - g.fetched_at)
+        log.error("feed %s: no successful fetch for %s (max_stale %s); withdrawing its %d entries", self.cfg.name,
+                  age, format_duration(limit), g.entries)
+        self._good = None  # the next fetch is unconditional: a 304 must not leave the feed empty
+        self._error = f"withdrawn: no successful fetch for {age} (max_stale {format_duration(limit)})"
+        self._counts.withdrawn += 1
+        empty = ParseResult([], [], ParseStats())
+        return self._update(empty, sanitise([], [], self._policy, self._allow), "withdrawn", now)
 
     # -- transports ------------------------------------------------------------------------------------------
 
@@ -506,7 +571,10 @@ class FeedFetcher:
                     if resp.status != 200:
                         transient = resp.status >= 500 or resp.status in _TRANSIENT_STATUS
                         what = f"HTTP {resp.status} {resp.reason or ''}".rstrip()
-                        raise self._fail(what, transient=transient)
+                        wait = retry_after(resp.headers.get("Retry-After"), self._clock.time())
+                        if wait is not None:
+                            what += f" (the server asks to retry after {wait:.0f}s)"
+                        raise FeedError(self.cfg.name, what, transient=transient, retry_after=wait)
                     if resp.content_length is not None and resp.content_length > cap:
                         raise self._fail(f"the body is {resp.content_length} bytes, over max_size {cap}",
                                          transient=False)
@@ -654,12 +722,23 @@ class FeedFetcher:
                 else:
                     failures = 0
                     delay = self._interval()
+                delay = max(delay, self._honoured(exc.retry_after))
+                withdrawn = self._withdraw_if_stale()
+                if withdrawn is not None:
+                    await on_update(withdrawn)
                 continue
             failures = 0
             delay = self._interval()
             if update is not None:
                 await on_update(update)
         self._next_refresh = None
+
+    def _honoured(self, asked: float | None) -> float:
+        """How much of a server's Retry-After to wait: all of it, up to max_retry_after (default: refresh)."""
+        if asked is None:
+            return 0.0
+        cap = self.cfg.refresh if self.cfg.max_retry_after is None else self.cfg.max_retry_after
+        return min(asked, cap)
 
     def _interval(self) -> float:
         return jittered(self.cfg.refresh, self.cfg.jitter, self._rand)

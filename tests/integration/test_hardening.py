@@ -183,3 +183,40 @@ feeds:
         server.wait()
         if server.stdout is not None:
             server.stdout.close()
+
+
+# -- item 7: feed removals deferred by one refresh ------------------------------------------------------------
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_feed_removals_are_deferred_by_one_refresh(netns: NetNS, tmp_path: Path) -> None:
+    feed = tmp_path / "list.txt"
+    feed.write_text("45.10.0.1\n45.10.0.5\n45.10.0.9\n")
+    cfg = f"""
+reconcile: {{interval: 1h}}
+blocklists: {{default: {{}}, fb: {{}}}}
+feeds:
+  flappy: {{path: "{feed}", blocklist: fb, defer_removals: true}}
+"""
+    d = DaemonProc(netns, tmp_path / "d", cfg).start()
+    try:
+        def fb() -> set[str]:
+            return set(netns.set_elements("nftblock", "fb_ip4"))
+
+        def fetched() -> int:
+            return int(next(f for f in d.cli_json("feeds")["feeds"] if f["name"] == "flappy")["counters"]["fetch_ok"])
+
+        wait_for(lambda: fb() == {"45.10.0.1", "45.10.0.5", "45.10.0.9"}, what="the first copy")
+        n = fetched()
+        _write_atomically(feed, "45.10.0.1\n45.10.0.5\n")  # 45.10.0.9 leaves the list
+        wait_for(lambda: fetched() > n, what="the second copy")
+        assert fb() == {"45.10.0.1", "45.10.0.5", "45.10.0.9"}  # still blocked for one refresh
+        _write_atomically(feed, "45.10.0.1\n45.10.0.5\n")  # the next copy confirms it gone
+        wait_for(lambda: fb() == {"45.10.0.1", "45.10.0.5"}, what="the removal, one refresh later")
+    finally:
+        d.close()

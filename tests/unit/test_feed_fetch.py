@@ -21,7 +21,7 @@ import pytest
 from nftblockd.config import FeedConfig
 from nftblockd.events import parse_target
 from nftblockd.feeds.aggregate import aggregate
-from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate, backoff_delay, jittered
+from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate, backoff_delay, jittered, retry_after
 from tests.helpers.httpserver import FeedServer
 
 DATA = Path(__file__).parent.parent / "data" / "feeds"
@@ -700,3 +700,98 @@ async def test_stop_before_anything(cache: Path) -> None:
     await asyncio.wait_for(f.run(record, stop), BOUND)
     assert calls == []
 
+
+
+
+# -- Retry-After, max_stale, defer_removals (issue 13, item 7) --------------------------------------------
+
+
+def test_retry_after_values() -> None:
+    now = 1_714_557_600.0  # Wed, 01 May 2024 10:00:00 GMT
+    assert retry_after(None, now) is None
+    assert retry_after("120", now) == 120
+    assert retry_after(" 0 ", now) == 0
+    assert retry_after("Wed, 01 May 2024 10:05:00 GMT", now) == 300
+    assert retry_after("Wed, 01 May 2024 09:00:00 GMT", now) == 0  # in the past: at once
+    assert retry_after("soon", now) is None and retry_after("-5", now) is None
+
+
+@pytest.mark.parametrize(("header", "max_retry_after", "slept"), [
+    ("120", None, 120),  # honoured
+    ("86400", None, 600),  # capped at the refresh interval by default
+    ("86400", 1800.0, 1800),  # or at max_retry_after
+    ("120", 0.0, 30),  # ignored: the backoff alone
+])
+async def test_run_honours_retry_after(srv: FeedServer, cache: Path, header: str, max_retry_after: float | None,
+                                       slept: float) -> None:
+    srv.route("/drop.txt", b"busy", status=429, headers={"Retry-After": header})
+    clock = FakeClock()
+    f = fetcher(make_cfg(url=srv.url("/drop.txt"), refresh=600, max_retry_after=max_retry_after), cache,
+                clock=clock, retry_base=30)
+    loop = Loop(f)
+    assert await loop.slept(clock) == slept
+    assert "retry after" in error_of(f)
+    await loop.close()
+
+
+async def test_max_stale_withdraws_the_entries_then_a_fetch_brings_them_back(srv: FeedServer,
+                                                                             cache: Path) -> None:
+    srv.route("/drop.txt", DROP, etag='"v1"')
+    clock = FakeClock()
+    f = fetcher(make_cfg(url=srv.url("/drop.txt"), refresh=3600, max_stale=3 * 3600.0), cache, clock=clock,
+                retry_base=3600)  # one attempt an hour, errors or not
+    loop = Loop(f)
+    assert (await loop.update()).parsed.entries == 10
+    srv.route("/drop.txt", b"down", status=500, etag='"v1"')
+    for _ in range(3):  # 1 h, 2 h, 3 h without a successful fetch: still in force
+        clock.advance(await loop.slept(clock))
+    assert loop.updates.empty() and f.status().entries == 10
+    clock.advance(await loop.slept(clock))  # 4 h
+    gone = await loop.update()
+    assert gone.origin == "withdrawn" and gone.parsed.entries == 0 and not gone.sanitised.v4
+    st = f.status()
+    assert st.entries == 0 and st.counters.withdrawn == 1 and "withdrawn" in error_of(f)
+    clock.advance(await loop.slept(clock))
+    assert loop.updates.empty()  # withdrawn once
+    srv.route("/drop.txt", DROP, etag='"v1"')  # back, with the same validator: no 304 may keep it empty
+    clock.advance(await loop.slept(clock))
+    back = await loop.update()
+    assert back.origin == "fetch" and back.parsed.entries == 10
+    assert "If-None-Match" not in srv.hits("/drop.txt")[-1].headers
+    await loop.close()
+
+
+async def test_a_cache_older_than_max_stale_is_not_applied(srv: FeedServer, cache: Path) -> None:
+    srv.route("/drop.txt", DROP)
+    cfg = make_cfg(url=srv.url("/drop.txt"), max_stale=86400.0)
+    clock = FakeClock()
+    await fetcher(cfg, cache, clock=clock).fetch()
+    clock.advance(2 * 86400)
+    f = fetcher(cfg, cache, clock=clock)
+    assert await f.load_cache() is None
+    assert "max_stale" in error_of(f)
+    assert (await f.fetch()) is not None  # unconditional: nothing in force to be "not modified"
+
+
+async def test_defer_removals_keeps_a_dropped_entry_one_refresh(srv: FeedServer, cache: Path) -> None:
+    srv.route("/drop.txt", b"1.2.3.4\n5.6.7.8\n9.9.9.9\n", etag='"v1"')
+    f = fetcher(make_cfg(url=srv.url("/drop.txt"), defer_removals=True), cache)
+    first = await f.fetch()
+    assert first is not None and first.deferred is None
+    srv.route("/drop.txt", b"1.2.3.4\n5.6.7.8\n", etag='"v2"')  # 9.9.9.9 leaves the list
+    second = await f.fetch()
+    assert second is not None and second.deferred is first.sanitised
+    union = aggregate([second.sanitised, second.deferred])
+    assert "9.9.9.9/32" in {str(n) for n in union.networks()}  # still blocked
+    third = await f.fetch()  # 304: the next refresh confirms it gone
+    assert third is not None and third.deferred is None and third.sanitised is second.sanitised
+    assert await f.fetch() is None  # and then nothing more to hand over
+
+
+async def test_without_defer_removals_nothing_is_deferred(srv: FeedServer, cache: Path) -> None:
+    srv.route("/drop.txt", b"1.2.3.4\n5.6.7.8\n", etag='"v1"')
+    f = fetcher(make_cfg(url=srv.url("/drop.txt")), cache)
+    await f.fetch()
+    srv.route("/drop.txt", b"1.2.3.4\n", etag='"v2"')
+    upd = await f.fetch()
+    assert upd is not None and upd.deferred is None
