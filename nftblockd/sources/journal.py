@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -143,7 +144,32 @@ class JournalSource:
         except (OSError, ValueError) as exc:
             where = self._path or self._files or self._namespace or "the local journal"
             raise SourceError(f"source {self.name!r}: cannot open {where}: {exc}") from exc
+        self._check_files(reader)
         return reader
+
+    def _check_files(self, reader: Any) -> None:
+        """A journal with no files at all is said and counted: without journald (or with a wrong path) a
+        journal jail would otherwise start silently and never see a line. It is followed all the same, in
+        case journald starts later."""
+        try:
+            if reader.has_runtime_files() or reader.has_persistent_files():
+                return
+        except OSError:
+            return
+        if self._path is not None:
+            where = f"no journal files in {self._path}"
+        elif self._files is not None:
+            where = f"no journal files among {', '.join(self._files)}"
+        elif self._namespace is not None:
+            where = (f"no journal files for namespace {self._namespace!r} "
+                     f"(is systemd-journald@{self._namespace} running?)")
+        else:
+            running = os.path.exists("/run/systemd/journal/socket")
+            where = ("no journal files in /run/log/journal or /var/log/journal" +
+                     ("" if running else " and no /run/systemd/journal/socket: is systemd-journald running?"))
+        self.stats.errors += 1
+        log.warning("source %s: %s; following it anyway, nothing will be read until journal files appear",
+                    self.name, where)
 
     def _seek(self, reader: Any) -> None:
         saved = self._store.get(self._key)

@@ -99,6 +99,14 @@ def _ident(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
@@ -400,6 +408,9 @@ class FileTail:
                 continue
             if stat.S_ISREG(st.st_mode):
                 found[path] = st
+            elif path not in self._warned:
+                # Said and counted once per name: a jail that silently reads nothing is worse than an error.
+                self._warn(path, f"{path} is {_kind(st.st_mode)}, not a regular file; it is not followed")
         return found
 
     async def _reconcile(self, d: str, out: asyncio.Queue[LineBatch], *, initial: bool = False) -> None:

@@ -202,3 +202,18 @@ def test_bad_arguments_are_refused() -> None:
         JournalSource("x", [("A", "b\nc")], store)
     with pytest.raises(ValueError, match="at most one"):
         JournalSource("x", SSHD, store, path="/a", namespace="b")
+
+
+# -- no journal to read (issue 13, item 7) --------------------------------------------------------------------
+
+
+async def test_a_journal_with_no_files_is_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A journal jail on a host without journald (or a journal directory with nothing in it) started silently
+    # with 0 files and 0 errors.
+    empty = tmp_path / "journal"
+    empty.mkdir()
+    src = JournalSource("sshd", [("SYSLOG_IDENTIFIER", "sshd")], MemoryPositionStore(), path=str(empty))
+    with caplog.at_level("WARNING"):
+        async with running(src):
+            assert src.stats.errors == 1
+    assert f"no journal files in {empty}" in caplog.text

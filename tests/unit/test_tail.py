@@ -444,3 +444,26 @@ def test_position_round_trip_and_garbage() -> None:
     assert FilePosition.loads(pos.dumps()) == pos
     for junk in (None, "", "{", "[]", '{"dev": 1}', '{"dev":1,"ino":2,"offset":-5}'):
         assert FilePosition.loads(junk) is None
+
+
+# -- paths that are not regular files (issue 13, item 7) --------------------------------------------------
+
+
+async def test_a_path_that_is_a_directory_fifo_or_device_is_reported(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    d = tmp_path / "auth.log"
+    d.mkdir()
+    fifo = tmp_path / "pipe.log"
+    os.mkfifo(fifo)
+    log = tmp_path / "real.log"
+    append(log, "old")
+    with caplog.at_level("WARNING"):
+        async with running(tail([d, fifo, Path("/dev/null"), log])) as c:
+            append(log, "new")
+            assert await c.wait_lines(1) == ["new"]
+            assert c.source.stats.errors == 3 and c.source.stats.files_opened == 1
+            assert c.source.followed() == {str(log): len(b"old\nnew\n")}
+    text = caplog.text
+    assert f"{d} is a directory, not a regular file" in text
+    assert f"{fifo} is a FIFO, not a regular file" in text
+    assert "/dev/null is a character device, not a regular file" in text
