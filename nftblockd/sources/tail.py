@@ -138,7 +138,13 @@ def _why_missing(pattern: str, d: str, base: str, present: Sequence[str]) -> str
         if any(rx.match(n) and (base.startswith(".") or n[0] != ".") for n in present):
             return None
         return f"{pattern}: no file matches"
-    return None if base in present else f"{pattern} does not exist"
+    if base in present:
+        return None
+    try:
+        st = os.stat(os.path.join(d, base))
+    except OSError:
+        return f"{pattern} does not exist"
+    return f"{pattern} is {_kind(st.st_mode)}, not a regular file"
 
 
 def missing_files(patterns: Sequence[str]) -> list[str]:

@@ -231,7 +231,7 @@ def test_missing_files_names_what_a_config_would_not_find(tmp_path: Path) -> Non
     assert missing_files([str(tmp_path / "x.log"), str(tmp_path / "x*.log"), str(tmp_path / "hid/.*.log")]) == []
     assert missing_files([str(tmp_path / "adir.log"), str(tmp_path / "*.gz"), str(tmp_path / "hid" / "*.log"),
                           str(tmp_path / "no" / "x.log")]) == [
-        f"{tmp_path}/adir.log does not exist", f"{tmp_path}/*.gz: no file matches",
+        f"{tmp_path}/adir.log is a directory, not a regular file", f"{tmp_path}/*.gz: no file matches",
         f"{tmp_path}/hid/*.log: no file matches",  # as glob(): `*` does not match a leading dot
         f"{tmp_path}/no/x.log: its directory {tmp_path}/no does not exist"]
 
@@ -464,6 +464,9 @@ async def test_a_path_that_is_a_directory_fifo_or_device_is_reported(tmp_path: P
             assert await c.wait_lines(1) == ["new"]
             assert c.source.stats.errors == 3 and c.source.stats.files_opened == 1
             assert c.source.followed() == {str(log): len(b"old\nnew\n")}
+            assert c.source.missing() == [f"{d} is a directory, not a regular file",
+                                          f"{fifo} is a FIFO, not a regular file",
+                                          "/dev/null is a character device, not a regular file"]
     text = caplog.text
     assert f"{d} is a directory, not a regular file" in text
     assert f"{fifo} is a FIFO, not a regular file" in text
