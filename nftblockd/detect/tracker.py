@@ -78,21 +78,23 @@ escalation counts and the recidive counts of the last findtime. `history_snapsho
 once. Records older than their jail's horizon are forgotten by `sweep` (the store prunes the same way).
 `forget_ban(..., forgive=True)` also drops the offender's history and counts: an operator's "that was me".
 
-Memory. A COUNTING record with one failure is one float under an int key; with several, a sorted tuple of
-floats, kept apart (`many`). One-failure records live in two generations per jail: every `findtime` the
-older generation is dropped whole (nothing in it has failed for a full findtime, so all of it is stale) and
-the current one becomes the older; at the same moment, records with several failures whose latest failure
-left the window are dropped. That bounds stale records without scanning on every hit.
+Memory. Counting records live in two generations per jail: every `findtime` the older generation is dropped
+whole (nothing in it has failed for a full findtime, so all of it is stale) and the current one becomes the
+older. That bounds stale records without scanning on every hit. A record is one float (one failure: most
+scanners fail once), or a sorted tuple of floats, under an int key.
 On top, `max_tracked` caps the counting records of the whole tracker. When it bites, a batch (1/64 of the
 cap) is evicted, in this order, so that a flood of cheap single failures cannot push out an offender close
 to its ban (issue 13: 2 failures from A, then 110k single failures from others, then A's third went unbanned):
-  1. one-failure records, the older generation first, oldest first (the largest jail's first);
+  1. one-failure records, the older generation first (the largest jail's first), oldest first;
   2. only when no one-failure record is left anywhere: records with several failures, those farthest from
      their jail's maxretry first, then those whose latest failure is oldest (`evicted_several` counts them).
-So pushing out an offender with k failures takes filling the whole cap with records of k failures or more:
-k lines each from `max_tracked` distinct offenders (distinct /`ipv6_prefix` networks for IPv6, which is why
-IPv6 is grouped by /64 by default), each then one step from a ban itself. `evictions` counts every evicted
-record (the daemon's metric reads it at each scrape).
+Records with several failures that step 1 walks past are moved out of its way (from the older generation
+into the current one, or to the end of the current one), so each is walked past once per round of
+evictions; the hot path does not know eviction exists. Pushing out an offender with k failures thus takes
+filling the whole cap with records of k failures or more: k lines each from `max_tracked` distinct
+offenders (distinct /`ipv6_prefix` networks for IPv6, which is why IPv6 is grouped by /64 by default), each
+then one step from a ban itself. `evictions` counts every evicted record (the daemon's metric reads it at
+each scrape).
 Bans and history are bounded by the kernel set sizes and the horizon, not by `max_tracked`.
 """
 
@@ -101,7 +103,6 @@ from __future__ import annotations
 import enum
 import heapq
 import ipaddress
-import itertools
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
@@ -272,14 +273,14 @@ class _Banned:
         self.until = math.inf if ban.until is None else ban.until
 
 
+_Times: TypeAlias = float | tuple[float, ...]  # one failure as a bare float: most scanners fail once
 _Past: TypeAlias = tuple[tuple[float, float | None], ...]  # (at, until) of earlier bans, by `at`
 
 
 class _Jail:
     __slots__ = ("a4_ends", "a4_nets", "a4_starts", "a6_ends", "a6_nets", "a6_starts", "allow", "banned",
                  "cur", "findtime", "gen_hi", "gen_lo", "gen_start", "history", "horizon", "live_window",
-                 "many", "max_skew", "maxretry", "name", "old", "policy", "reasons", "recidive", "v6_low",
-                 "v6_shift",
+                 "max_skew", "maxretry", "name", "old", "policy", "reasons", "recidive", "v6_low", "v6_shift",
                  "v6_tag")
 
     def __init__(self, policy: JailPolicy, allow: Allowlist, horizon: float, max_skew: float) -> None:
@@ -294,11 +295,8 @@ class _Jail:
         self.v6_shift = 128 - policy.ipv6_prefix
         self.v6_low = (1 << self.v6_shift) - 1
         self.v6_tag = _V6_NET | policy.ipv6_prefix
-        # COUNTING records: one failure (a bare float) in two generations, several (a sorted tuple) apart,
-        # so that eviction finds the one-failure records without looking at the others (module rules).
-        self.cur: dict[int, float] = {}
-        self.old: dict[int, float] = {}
-        self.many: dict[int, tuple[float, ...]] = {}
+        self.cur: dict[int, _Times] = {}
+        self.old: dict[int, _Times] = {}
         self.max_skew = max_skew
         self.anchor(-math.inf)  # the first counted failure anchors the generations
         self.banned: dict[int, _Banned] = {}
@@ -453,29 +451,10 @@ class Tracker:
         if not j.gen_lo <= now < j.gen_hi:
             self._rotate(j, now)
         cur = j.cur
-        one = cur.pop(key, None)
-        if one is None:
-            many = j.many
-            rec = many.get(key)
-            if rec is not None:  # COUNTING with several failures
-                lo = now - j.findtime
-                hi = now + self.max_skew
-                # Sorted, so pruning looks at the ends only; out of order is rare (interleaved sources).
-                if rec[0] < lo or rec[-1] > hi:
-                    rec = tuple(v for v in rec if lo <= v <= hi)
-                    if not rec:  # every earlier failure left the window: one failure again
-                        del many[key]
-                        cur[key] = t
-                        return _COUNTED
-                times = (*rec, t) if t >= rec[-1] else tuple(sorted((*rec, t)))
-                if len(times) >= j.maxretry:
-                    del many[key]
-                    self._tracked -= 1
-                    return self._ban(j, key, len(times), now)
-                many[key] = times
-                return _COUNTED
-            one = j.old.pop(key, None)
-            if one is None:  # IDLE → COUNTING (or straight to BANNED with maxretry 1)
+        rec = cur.get(key)
+        if rec is None:
+            rec = j.old.pop(key, None)
+            if rec is None:  # IDLE → COUNTING (or straight to BANNED with maxretry 1)
                 if j.maxretry == 1:
                     return self._ban(j, key, 1, now)
                 if self._tracked >= self.max_tracked:
@@ -483,14 +462,23 @@ class Tracker:
                 cur[key] = t
                 self._tracked += 1
                 return _COUNTED
-        # One earlier failure, from either generation (records exist only when maxretry >= 2).
-        if now - j.findtime <= one <= now + self.max_skew:
-            if j.maxretry == 2:
-                self._tracked -= 1
-                return self._ban(j, key, 2, now)
-            j.many[key] = (one, t) if t >= one else (t, one)
-        else:  # it left the window: this failure is the only one
+        lo = now - j.findtime
+        hi = now + self.max_skew
+        # Times are kept sorted so pruning looks at the ends only; out of order is rare (interleaved sources).
+        if isinstance(rec, tuple):
+            if rec[0] < lo or rec[-1] > hi:
+                rec = tuple(v for v in rec if lo <= v <= hi)
+            times = (*rec, t) if not rec or t >= rec[-1] else tuple(sorted((*rec, t)))
+        elif lo <= rec <= hi:
+            times = (rec, t) if t >= rec else (t, rec)
+        else:  # the one earlier failure left the window (records exist only when maxretry >= 2)
             cur[key] = t
+            return _COUNTED
+        if len(times) >= j.maxretry:
+            cur.pop(key, None)
+            self._tracked -= 1
+            return self._ban(j, key, len(times), now)
+        cur[key] = times if len(times) > 1 else times[0]
         return _COUNTED
 
     def _rotate(self, j: _Jail, now: float) -> None:
@@ -508,13 +496,6 @@ class Tracker:
         else:
             j.old = j.cur
         j.cur = {}
-        many = j.many
-        if many:  # once per findtime: records whose latest failure left the window
-            lo = now - j.findtime
-            stale = [k for k, v in many.items() if v[-1] < lo]
-            for k in stale:
-                del many[k]
-            dropped += len(stale)
         j.anchor(now)
         self._tracked -= dropped
 
@@ -524,28 +505,53 @@ class Tracker:
         # rescan the deleted slots on every call.
         want = max(1, self.max_tracked // 64)
         got = 0
-        jails = list(self._jails.values())
-        for older in (True, False):
-            while got < want:
-                j = max(jails, key=(lambda s: len(s.old)) if older else (lambda s: len(s.cur)))
-                d = j.old if older else j.cur
-                if not d:
-                    break
-                victims = list(itertools.islice(d, want - got))
-                for k in victims:
-                    del d[k]
-                got += len(victims)
+        jails = sorted(self._jails.values(), key=lambda s: len(s.old), reverse=True)
+        for j in jails:  # 1. one-failure records of the older generations
+            if got == want:
+                break
+            got += self._evict_singles(j, j.old, want - got, older=True)
+        for j in sorted(jails, key=lambda s: len(s.cur), reverse=True):  # 2. ... then of the current ones
+            if got == want:
+                break
+            got += self._evict_singles(j, j.cur, want - got, older=False)
         if got < want:
-            # No one-failure record is left anywhere: whoever filled the table paid two lines or more per
-            # record. Those farthest from their jail's maxretry go first, then the longest quiet.
+            # 3. No one-failure record is left anywhere: whoever filled the table paid two lines or more per
+            # record. Those farthest from their jail's maxretry go first, then those quiet the longest.
             picked = heapq.nsmallest(want - got, (
-                (len(v) - j.maxretry, v[-1], i, k) for i, j in enumerate(jails) for k, v in j.many.items()))
-            for _, _, i, k in picked:
-                del jails[i].many[k]
+                (len(v) - j.maxretry, v[-1], i, k, d is j.old)
+                for i, j in enumerate(jails) for d in (j.old, j.cur) for k, v in d.items()
+                if isinstance(v, tuple)))
+            for _, _, i, k, older in picked:
+                del (jails[i].old if older else jails[i].cur)[k]
             got += len(picked)
             self.evicted_several += len(picked)
         self._tracked -= got
         self.evictions += got
+
+    @staticmethod
+    def _evict_singles(j: _Jail, d: dict[int, _Times], want: int, *, older: bool) -> int:
+        """Delete up to `want` one-failure records from the front of generation `d`; returns how many.
+
+        Records with several failures met on the way are moved out of the way, so the next call does not
+        walk over them again: from the older generation into the current one (they live one generation
+        longer; their times are still checked on every hit), within the current one to its end (behind every
+        one-failure record present). So each is passed over once per round of evictions, not once per call.
+        """
+        victims: list[int] = []
+        passed: list[int] = []
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                passed.append(k)
+            else:
+                victims.append(k)
+                if len(victims) == want:
+                    break
+        for k in victims:
+            del d[k]
+        cur = j.cur
+        for k in passed:
+            cur[k] = d.pop(k)
+        return len(victims)
 
     def _ban(self, j: _Jail, key: int, failures: int, now: float) -> Outcome:
         p = j.policy
@@ -642,7 +648,7 @@ class Tracker:
                 hit = j.banned.pop(key, None) is not None
                 if forgive:
                     hit = j.history.pop(key, None) is not None or hit
-                    for d in (j.cur, j.old, j.many):
+                    for d in (j.cur, j.old):
                         if d.pop(key, None) is not None:
                             self._tracked -= 1
                             hit = True
@@ -797,20 +803,16 @@ class Tracker:
         if r.maxretry == 1:
             return
         for key, times in counts.items():
-            one = r.cur.pop(key, None)
-            if one is None:
-                one = r.old.pop(key, None)
-            several = r.many.pop(key, ())
-            if one is None and not several:
-                self._tracked += 1
-            mine = several if one is None else (one,)
+            old = r.cur.get(key)
+            if old is None:
+                old = r.old.pop(key, None)
+                if old is None:
+                    self._tracked += 1
+            mine = old if isinstance(old, tuple) else () if old is None else (old,)
             # Keep the newest maxretry - 1: a full set would have banned already, and banning at load time
             # would act on the past; the next ban observed completes it.
             merged = tuple(sorted({*mine, *times}))[-(r.maxretry - 1):]
-            if len(merged) > 1:
-                r.many[key] = merged
-            else:
-                r.cur[key] = merged[0]
+            r.cur[key] = merged if len(merged) > 1 else merged[0]
 
     # -- introspection ------------------------------------------------------------------------------------
 
@@ -846,8 +848,10 @@ class Tracker:
         net = target if isinstance(target, ipaddress.IPv4Network | ipaddress.IPv6Network) \
             else ipaddress.ip_network(target)
         key, _ = self._resolve(j, net)
-        one = j.cur.get(key, j.old.get(key))
-        times = j.many.get(key, ()) if one is None else (one,)
+        rec = j.cur.get(key, j.old.get(key))
+        if rec is None:
+            return 0
+        times = rec if isinstance(rec, tuple) else (rec,)
         return sum(1 for v in times if now - j.findtime <= v <= now + self.max_skew)
 
 
