@@ -433,9 +433,6 @@ class FileTail:
                 continue
             if stat.S_ISREG(st.st_mode):
                 found[path] = st
-            elif path not in self._warned:
-                # Said and counted once per name: a jail that silently reads nothing is worse than an error.
-                self._warn(path, f"{path} is {_kind(st.st_mode)}, not a regular file; it is not followed")
         return found
 
     async def _reconcile(self, d: str, out: asyncio.Queue[LineBatch], *, initial: bool = False) -> None:

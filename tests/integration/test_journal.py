@@ -213,7 +213,25 @@ async def test_a_journal_with_no_files_is_reported(tmp_path: Path, caplog: pytes
     empty = tmp_path / "journal"
     empty.mkdir()
     src = JournalSource("sshd", [("SYSLOG_IDENTIFIER", "sshd")], MemoryPositionStore(), path=str(empty))
+    with caplog.at_level("INFO"):
+        async with running(src):
+            assert src.missing() == [f"no journal files in {empty}"]
+    assert f"no journal files in {empty} yet" in caplog.text
+
+
+async def test_no_journald_at_all_is_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from nftblockd.sources import journal as journal_source
+    from systemd import journal
+
+    probe = journal.Reader(journal.LOCAL_ONLY | journal.SYSTEM_ONLY)
+    has_files = probe.get_usage() > 0
+    probe.close()
+    if has_files:
+        pytest.skip("this host has a local journal")
+    monkeypatch.setattr(journal_source, "JOURNALD_SOCKET", str(tmp_path / "no-such-socket"))
+    src = JournalSource("sshd", [("SYSLOG_IDENTIFIER", "sshd")], MemoryPositionStore())
     with caplog.at_level("WARNING"):
         async with running(src):
-            assert src.stats.errors == 1
-    assert f"no journal files in {empty}" in caplog.text
+            assert src.stats.errors == 1 and "systemd-journald is not running" in src.missing()[0]
+    assert "systemd-journald is not running" in caplog.text
