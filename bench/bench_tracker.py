@@ -54,6 +54,10 @@ def make_addresses(n: int, rnd: random.Random) -> list[IPAddr]:
                 out.append(ipaddress.IPv6Address(x))
         else:
             x = rnd.getrandbits(32) | 0x01000000
+            # Scanners come from public space: never-ban space (224/3, 127/8, 169.254/16: neverban.py) would
+            # measure the refusal path instead of counting and banning.
+            if x >> 29 == 7 or x >> 24 == 127 or x >> 16 == 0xA9FE:
+                continue
             if x not in seen:
                 seen.add(x)
                 out.append(ipaddress.IPv4Address(x))

@@ -25,6 +25,7 @@ from typing import Any, NoReturn, TextIO
 from nftblockd.addr import AddressError, format_target, parse_target, parse_v4
 from nftblockd.control.client import ClientError, ControlClient
 from nftblockd.durations import format_duration, parse_timeout
+from nftblockd.events import MAX_REASON
 
 DEFAULT_SOCKET = "/run/nftblockd/control.sock"
 DEFAULT_F2B_DB = "/var/lib/fail2ban/fail2ban.sqlite3"
@@ -292,6 +293,8 @@ def _refusals(result: Mapping[str, Any]) -> list[str]:
 
 def _cmd_ban(ctx: _Context, ns: argparse.Namespace) -> int:
     timeout = _wire_timeout(ns.timeout)
+    if len(ns.comment) > MAX_REASON:
+        raise UsageError(f"--comment: at most {MAX_REASON} characters, got {len(ns.comment)}")
     targets = _targets_from_args(ctx, ns.targets)
     if not targets:
         ctx.warn("no targets on stdin; nothing to ban")
@@ -497,13 +500,14 @@ def _cmd_test_filter(ctx: _Context, ns: argparse.Namespace) -> int:
 
 def _cmd_import_fail2ban(ctx: _Context, ns: argparse.Namespace) -> int:
     try:
-        from nftblockd.state.f2bimport import read_fail2ban_bans  # type: ignore[import-not-found, unused-ignore]
+        from nftblockd.state.f2bimport import read_fail2ban_bans, refusal  # type: ignore[import-not-found, unused-ignore]
     except ModuleNotFoundError as exc:
         if exc.name != f"{__package__}.f2bimport":
             raise
         raise Failed("import-fail2ban is not available in this build") from None
+    now = time.time()
     try:
-        bans = read_fail2ban_bans(ns.db, time.time())
+        bans = read_fail2ban_bans(ns.db, now)
     # The reader may fail with sqlite's, the filesystem's or its own errors; all mean "cannot read it".
     except Exception as exc:
         raise Failed(f"cannot read fail2ban bans from {ns.db}: {exc}") from None
@@ -512,8 +516,12 @@ def _cmd_import_fail2ban(ctx: _Context, ns: argparse.Namespace) -> int:
     for ban in bans:
         try:
             target = canonical_target(str(ban.ip))
+            why = refusal(ban, parse_target(target), now)
         except AddressError as exc:
             skipped.append(f"skipped fail2ban entry (jail {ban.jail}): {exc}")
+            continue
+        if why is not None:
+            skipped.append(f"skipped fail2ban entry: {why}")
             continue
         if ban.remaining is not None and ban.remaining <= 0:
             continue  # expired between fail2ban's bookkeeping and now

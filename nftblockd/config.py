@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nftblockd.addr import AddressError, IPNet, parse_target
-from nftblockd.durations import parse_duration, parse_timeout
+from nftblockd.durations import MAX_TIMEOUT, PERMANENT_WORDS, format_duration, parse_duration, parse_timeout
 from nftblockd.yamlsrc import Located, Path_, YamlError, load_yaml
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,23}$")
@@ -108,7 +108,7 @@ class JailConfig:
     escalation: Escalation = Escalation()
     blocklist: str = "default"
     ignoreip: tuple[IPNet, ...] = ()
-    ipv6_prefix: int = 128
+    ipv6_prefix: int = 64  # count and ban IPv6 offenders by /64: a single host holds a whole /64
     enabled: bool = True
     recidive: bool = False  # counts bans of other jails (`watch`, or all) instead of log lines
     watch: tuple[str, ...] = ()
@@ -133,6 +133,14 @@ class FeedConfig:
     min_prefix_v4: int = 8
     min_prefix_v6: int = 16
     allow_special: bool = False
+    # An entry that leaves the list stays blocked until the next refresh confirms it gone (lists that flap).
+    defer_removals: bool = False
+    # A Retry-After the server sends (429, 503) is honoured up to this many seconds; None: up to `refresh`,
+    # 0: ignored. A server cannot silence a feed for longer than that.
+    max_retry_after: float | None = None
+    # No successful fetch for this long: the feed's entries are withdrawn (a list that old blocks whoever has
+    # the addresses now). None: the last good copy stays in force however old it is.
+    max_stale: float | None = None
     line: int = field(default=0, compare=False)  # for messages only, as BlocklistConfig.line
 
 
@@ -241,14 +249,24 @@ class _Builder:
             return default
         return v
 
-    def duration(self, m: dict[str, Any], key: str, path: Path_, default: float) -> float:
+    def duration(self, m: dict[str, Any], key: str, path: Path_, default: float, *, positive: bool = False,
+                 most: float | None = None) -> float:
+        """A duration; `positive` refuses 0 (a findtime or an interval of 0 has no meaning and made the
+        daemon fail at start with a traceback instead of here with file:line), `most` caps it."""
         if key not in m:
             return default
         try:
-            return parse_duration(m[key])
+            value = parse_duration(m[key])
         except ValueError as exc:
             self.fail((*path, key), str(exc))
             return default
+        if positive and value <= 0:
+            self.fail((*path, key), f"must be longer than 0, got {m[key]!r}")
+            return default
+        if most is not None and value > most:
+            self.fail((*path, key), f"must be at most {format_duration(most)}, got {m[key]!r}")
+            return default
+        return value
 
     def timeout(self, m: dict[str, Any], key: str, path: Path_, default: float | None) -> float | None:
         if key not in m:
@@ -403,7 +421,7 @@ class _Builder:
 
     def reconcile(self, value: Any) -> float:
         m = self.mapping(value, ("reconcile",), {"interval"})
-        return self.duration(m, "interval", ("reconcile",), 30.0)
+        return self.duration(m, "interval", ("reconcile",), 30.0, positive=True)
 
     def metrics(self, value: Any) -> str | None:
         m = self.mapping(value, ("metrics",), {"listen"})
@@ -492,7 +510,7 @@ class _Builder:
             factor = self.get(esc, "factor", (*path, "escalation"), (int, float), 2.0)
             if factor < 1:
                 self.fail((*path, "escalation", "factor"), "factor must be at least 1")
-            v6 = self.positive_int(j, "ipv6_prefix", path, 128, 16, 128)
+            v6 = self.positive_int(j, "ipv6_prefix", path, 64, 16, 128)
             out.append(JailConfig(
                 name=name,
                 filter=flt,
@@ -500,11 +518,11 @@ class _Builder:
                 journal_matches=matches,
                 journal_path=journal_path,
                 maxretry=self.positive_int(j, "maxretry", path, 5, 1, 1_000_000),
-                findtime=self.duration(j, "findtime", path, 600.0),
+                findtime=self.duration(j, "findtime", path, 600.0, positive=True),
                 bantime=self.timeout(j, "bantime", path, 3600.0),
                 escalation=Escalation(
                     factor=float(factor),
-                    max=self.duration(esc, "max", (*path, "escalation"), 7 * 86400.0),
+                    max=self.duration(esc, "max", (*path, "escalation"), 7 * 86400.0, most=MAX_TIMEOUT),
                     enabled=self.get(esc, "enabled", (*path, "escalation"), bool, True),
                 ),
                 blocklist=blocklist,
@@ -528,7 +546,8 @@ class _Builder:
                 continue
             f = self.mapping(body, path, {
                 "url", "path", "format", "column", "refresh", "jitter", "timeout", "max_size", "blocklist",
-                "ban_timeout", "max_shrink", "min_prefix_v4", "min_prefix_v6", "allow_special",
+                "ban_timeout", "max_shrink", "min_prefix_v4", "min_prefix_v6", "allow_special", "defer_removals",
+                "max_retry_after", "max_stale",
             })
             url = self.get(f, "url", path, str, None)
             fpath = self.get(f, "path", path, str, None)
@@ -555,15 +574,20 @@ class _Builder:
                 path=fpath,
                 format=fmt,
                 column=self.get(f, "column", path, (int, str), 0),
-                refresh=self.duration(f, "refresh", path, 3600.0),
+                refresh=self.duration(f, "refresh", path, 3600.0, positive=True),
                 jitter=float(jitter),
-                timeout=self.duration(f, "timeout", path, 30.0),
+                timeout=self.duration(f, "timeout", path, 30.0, positive=True),
                 max_size=self.positive_int(f, "max_size", path, 64 * 1024 * 1024, 1, 2**34),
                 ban_timeout=self.timeout(f, "ban_timeout", path, None),
                 max_shrink=float(shrink),
                 min_prefix_v4=self.positive_int(f, "min_prefix_v4", path, 8, 1, 32),
                 min_prefix_v6=self.positive_int(f, "min_prefix_v6", path, 16, 1, 128),
                 allow_special=self.get(f, "allow_special", path, bool, False),
+                defer_removals=self.get(f, "defer_removals", path, bool, False),
+                max_retry_after=(None if f.get("max_retry_after") is None
+                                 else self.duration(f, "max_retry_after", path, 0.0)),
+                max_stale=(None if f.get("max_stale") is None or str(f["max_stale"]).lower() in PERMANENT_WORDS
+                           else self.duration(f, "max_stale", path, 0.0, positive=True)),
                 line=self.doc.line(path),
             ))
         return tuple(out)

@@ -373,8 +373,13 @@ class Daemon:
             st = j.stats
             jails.append({"name": j.jail.name, "filter": j.filter.name, "lines": st.lines, "matched": st.matched,
                           "ignored": st.ignored, "rejected": st.rejected, "failures": st.failures,
-                          "bans": st.bans, "already_banned": st.already_banned, "allowlisted": st.allowlisted,
-                          "stale": st.stale, "banned_now": self.tracker.banned_count(j.jail.name),
+                          # bans: applied in the kernel; decided: what the tracker decided (a full set
+                          # refuses the difference, counted in ban_refused)
+                          "bans": self.sink.stats.applied_by_jail.get(j.jail.name, 0), "decided": st.bans,
+                          "ban_refused": self.sink.stats.refused_by_jail.get(j.jail.name, 0),
+                          "already_banned": st.already_banned, "allowlisted": st.allowlisted,
+                          "never_ban": st.never_ban, "stale": st.stale,
+                          "banned_now": self.tracker.banned_count(j.jail.name),
                           "missing": [why for s in j.sources for why in getattr(s, "missing", list)()],
                           "sources": [{"name": getattr(s, "name", ""), **dataclasses.asdict(s.stats)}
                                       for s in j.sources]})
@@ -384,7 +389,8 @@ class Daemon:
             store = {"path": str(Path(self.cfg.state_dir) / "state.db"), "persistent": self.store.persistent,
                      "degraded": saving.degraded, "unsaved_changes": saving.unsaved_changes,
                      "last_error": saving.last_error, "degraded_since": saving.degraded_since}
-        return {"jails": jails, "tracker": {"tracked": self.tracker.tracked}, "store": store}
+        return {"jails": jails, "tracker": {"tracked": self.tracker.tracked, "evictions": self.tracker.evictions,
+                                    "evicted_several": self.tracker.evicted_several}, "store": store}
 
     def _changed(self, decisions: Sequence[Decision], results: Sequence[DecisionResult]) -> None:
         """Unbans end the tracker's BANNED state, so new failures can ban again."""

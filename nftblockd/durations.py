@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 PERMANENT_WORDS = frozenset({"permanent", "never", "forever"})
+# The longest finite ban: ten years. Longer is what "permanent" is for, and a timeout of 1e308 seconds
+# overflowed the kernel's millisecond arithmetic (issue 13) instead of being refused as the client's mistake.
+MAX_TIMEOUT = 3650 * 86400.0
 
 
 def parse_duration(value: object) -> float:
@@ -16,12 +20,12 @@ def parse_duration(value: object) -> float:
     if isinstance(value, int | float):
         if value < 0:
             raise ValueError(f"a duration cannot be negative: {value!r}")
-        return float(value)
+        return _finite(value, value)
     if not isinstance(value, str):
         raise ValueError(f"expected a duration such as 30s, 10m, 1h or 2d, got {value!r}")
     text = value.strip().lower().replace(" ", "")
     if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
+        return _finite(float(text), value)
     pos = 0
     total = 0.0
     for m in _PART.finditer(text):
@@ -31,7 +35,22 @@ def parse_duration(value: object) -> float:
         pos = m.end()
     if pos != len(text) or not text:
         raise ValueError(f"expected a duration such as 30s, 10m, 1h or 2d, got {value!r}")
-    return total
+    return _finite(total, value)
+
+
+def _finite(seconds: float, value: object) -> float:
+    try:
+        out = float(seconds)
+    except OverflowError:  # an int too large for a float
+        out = math.inf
+    if not math.isfinite(out):
+        raise ValueError(f"the duration {_short(value)} is too large")
+    return out
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_timeout(value: object) -> float | None:
@@ -44,6 +63,9 @@ def parse_timeout(value: object) -> float | None:
     seconds = parse_duration(value)
     if seconds <= 0:
         raise ValueError("a ban timeout must be positive (write 'permanent' for a ban that never expires)")
+    if seconds > MAX_TIMEOUT:
+        raise ValueError(f"a ban timeout is at most {format_duration(MAX_TIMEOUT)} (got {_short(value)}); write "
+                         "'permanent' for a ban that never expires")
     return seconds
 
 

@@ -41,6 +41,17 @@ class Hit(NamedTuple):
 Origin: TypeAlias = Literal["cli", "jail", "feed", "fail2ban", "store", "remote", "kernel"]
 
 
+# The longest reason or comment a ban carries. A client's text is refused beyond it (control protocol, CLI);
+# the audit log and the database clip to it as the last guard (issue 13: a 5 MB comment became a 5 MB audit
+# line and a 5 MB database row). The kernel keeps less still: a comment is at most 253 bytes there.
+MAX_REASON = 256
+
+
+def clip_reason(text: str) -> str:
+    """`text`, cut to MAX_REASON characters (an ellipsis marks the cut)."""
+    return text if len(text) <= MAX_REASON else text[:MAX_REASON - 1] + "\u2026"
+
+
 @dataclass(frozen=True, slots=True)
 class Ban:
     """Block `target` in `blocklist` until the wall-clock time `until` (epoch seconds; None = no expiry).

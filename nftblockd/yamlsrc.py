@@ -1,7 +1,9 @@
 """Load YAML into plain Python values while remembering the line of every mapping key and list item.
 
 Config errors must name file and line; PyYAML's composed nodes carry marks, so we walk the node tree
-ourselves instead of using `safe_load`. Pure apart from reading the text it is given.
+ourselves instead of using `safe_load`. Pure apart from reading the text it is given. Walking it ourselves
+means bounding it ourselves: aliases may not expand the document beyond EXPANSION times what it writes, nor
+refer to themselves, and nesting is limited (each refused with file:line, never a traceback).
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ class YamlError(ValueError):
         self.file, self.line, self.reason = file, line, reason
 
 
+# YAML aliases share one node, so a small file can stand for a huge tree ("billion laughs": 9 levels of 9 aliases
+# are 387 million values; issue 13 measured over a minute and 778 MB before this bound). A document may expand
+# to EXPANSION times the values it writes, plus EXPANSION_FLOOR: far more than reusing an allowlist in every
+# jail needs, and refused within milliseconds for a bomb.
+EXPANSION = 10
+EXPANSION_FLOOR = 10_000
+MAX_DEPTH = 200  # nesting; a config is a few levels deep, and deeper inputs would exhaust Python's stack
+
+
 def load_yaml(text: str, file: str) -> Located:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -50,41 +61,95 @@ def load_yaml(text: str, file: str) -> Located:
         raise YamlError(file, line, f"invalid YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
         raise YamlError(file, 1, f"invalid YAML: {exc}") from None
+    except RecursionError:
+        raise YamlError(file, 1, "invalid YAML: nested too deeply") from None
     out = Located(value=None, file=file)
     if node is None:
         out.value = {}
         return out
-    out.value = _convert(node, (), out.lines, file, out.problems)
+    budget = _Budget(EXPANSION * _distinct_nodes(node) + EXPANSION_FLOOR, file, out.problems)
+    out.value = _convert(node, (), out.lines, budget, set())
     return out
 
 
-def _convert(node: yaml.Node, path: Path_, lines: dict[Path_, int], file: str, problems: list[YamlError]) -> Any:
+class _Budget:
+    """Values `_convert` may still produce, where to report running out, and the problems it collects."""
+
+    __slots__ = ("file", "left", "limit", "problems")
+
+    def __init__(self, limit: int, file: str, problems: list[YamlError]) -> None:
+        self.limit = self.left = limit
+        self.file = file
+        self.problems = problems
+
+
+def _distinct_nodes(root: yaml.Node) -> int:
+    """Nodes written in the document (an alias counts once, however often it is used)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                stack += (k, v)
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+    return len(seen)
+
+
+def _convert(node: yaml.Node, path: Path_, lines: dict[Path_, int], budget: _Budget, active: set[int]) -> Any:
+    file = budget.file
     lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        result: dict[Any, Any] = {}
-        for knode, vnode in node.value:
-            if not isinstance(knode, yaml.ScalarNode):
-                raise YamlError(file, knode.start_mark.line + 1, "mapping keys must be plain text")
-            key = _scalar(knode)
-            if not isinstance(key, str | int):
-                raise YamlError(file, knode.start_mark.line + 1, f"mapping keys must be text, got {key!r}")
-            skey = str(key)
-            if skey in result:
-                first = lines[(*path, skey)]
-                problems.append(YamlError(file, knode.start_mark.line + 1,
-                                          f"duplicate key {skey!r} (first on line {first}); this one is ignored"))
-                continue
-            lines[(*path, skey)] = knode.start_mark.line + 1
-            result[skey] = _convert(vnode, (*path, skey), lines, file, problems)
-        return result
-    if isinstance(node, yaml.SequenceNode):
+    budget.left -= 1
+    if budget.left < 0:
+        raise YamlError(file, _line(lines, path), f"the document expands to more than {budget.limit} values "
+                        "through YAML aliases (an alias bomb?)")
+    if isinstance(node, yaml.ScalarNode):
+        return _scalar(node)
+    if id(node) in active:
+        raise YamlError(file, _line(lines, path), f"a YAML alias refers to itself (the value that starts at line "
+                        f"{node.start_mark.line + 1} contains itself)")
+    if len(active) >= MAX_DEPTH:
+        raise YamlError(file, _line(lines, path), f"values nested more than {MAX_DEPTH} deep")
+    active.add(id(node))
+    try:
+        if isinstance(node, yaml.MappingNode):
+            result: dict[Any, Any] = {}
+            for knode, vnode in node.value:
+                if not isinstance(knode, yaml.ScalarNode):
+                    raise YamlError(file, knode.start_mark.line + 1, "mapping keys must be plain text")
+                key = _scalar(knode)
+                if not isinstance(key, str | int):
+                    raise YamlError(file, knode.start_mark.line + 1, f"mapping keys must be text, got {key!r}")
+                skey = str(key)
+                if skey in result:
+                    first = lines[(*path, skey)]
+                    budget.problems.append(YamlError(file, knode.start_mark.line + 1, f"duplicate key {skey!r} "
+                                                     f"(first on line {first}); this one is ignored"))
+                    continue
+                lines[(*path, skey)] = knode.start_mark.line + 1
+                result[skey] = _convert(vnode, (*path, skey), lines, budget, active)
+            return result
+        assert isinstance(node, yaml.SequenceNode)
         items = []
         for i, item in enumerate(node.value):
             lines[(*path, i)] = item.start_mark.line + 1
-            items.append(_convert(item, (*path, i), lines, file, problems))
+            items.append(_convert(item, (*path, i), lines, budget, active))
         return items
-    assert isinstance(node, yaml.ScalarNode)
-    return _scalar(node)
+    finally:
+        active.discard(id(node))
+
+
+def _line(lines: dict[Path_, int], path: Path_) -> int:
+    """The line of the nearest mapping key on `path`: where an alias is used (a node's own mark is where its
+    anchor was written)."""
+    p = path
+    while p and not isinstance(p[-1], str):
+        p = p[:-1]
+    return lines.get(p, lines.get((), 1))
 
 
 def _scalar(node: yaml.ScalarNode) -> Any:

@@ -27,6 +27,7 @@ from nftblockd.control.server import Peer
 from nftblockd.events import Ban, Decision, Unban
 from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import Enforcer
+from nftblockd.neverban import never_ban_range
 
 Extra = Callable[[], dict[str, Any]]
 BULK_THRESHOLD = 64  # from this many targets on, single addresses take the bulk path
@@ -153,6 +154,11 @@ class ControlAPI:
         res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=first.reason,
                                             jail=first.jail, comment=first.reason[:200], now=now)
         refused: list[dict[str, Any]] = []
+        for version, never in res.never_ban.items():
+            for k in never:
+                t = format_host(k, version)
+                refused.append({"target": t, "code": "never_ban",
+                                "message": f"{t} is never banned: {never_ban_range(version, k, k)}"})
         for version, allowed in res.allowlisted.items():
             for k in allowed:
                 t = format_host(k, version)

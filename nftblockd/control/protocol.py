@@ -28,7 +28,7 @@ from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 from nftblockd.addr import format_target
 from nftblockd.durations import parse_timeout
-from nftblockd.events import BanInfo
+from nftblockd.events import MAX_REASON, BanInfo
 
 VERSION: Final = 1
 DEFAULT_MAX_REQUEST: Final = 64 * 1024 * 1024  # a bulk `ban -` of 1,000,000 IPv6 addresses is ~42 MB
@@ -37,6 +37,7 @@ DEFAULT_MAX_RESPONSE: Final = 1024 * 1024 * 1024  # the client trusts the daemon
 ERROR_CODES: Final = frozenset({
     "invalid_address",  # a target is not an IP address or CIDR
     "allowlisted",  # a target overlaps the allowlist; never banned
+    "never_ban",  # a target is (or overlaps) never-ban space: unspecified, multicast, link-local... (neverban.py)
     "unknown_set",  # no blocklist by that name
     "bad_request",  # the request is malformed: JSON, shape, unknown command or argument
     "not_found",  # the named thing (feed, ban) does not exist
@@ -47,7 +48,7 @@ ERROR_CODES: Final = frozenset({
 })
 
 ErrorCode: TypeAlias = Literal[
-    "invalid_address", "allowlisted", "unknown_set", "bad_request", "not_found", "internal", "unavailable",
+    "invalid_address", "allowlisted", "never_ban", "unknown_set", "bad_request", "not_found", "internal", "unavailable",
     "forbidden", "refused",
 ]
 
@@ -446,12 +447,19 @@ def _targets(cmd: str, args: dict[str, Any]) -> list[Any]:
     return t
 
 
+def _bounded(where: str, text: str) -> str:
+    if len(text) > MAX_REASON:
+        raise ProtocolError(f"{where}: at most {MAX_REASON} characters, got {len(text)}")
+    return text
+
+
 def _parse_ban(args: dict[str, Any]) -> BanArgs:
     _check_keys("ban", args, ("targets", "timeout", "set", "comment", "origin"))
     timeout = parse_wire_timeout(args.get("timeout"))
     comment = args.get("comment") or ""
     if not isinstance(comment, str):
         raise ProtocolError("ban: 'comment' must be a string")
+    _bounded("ban: 'comment'", comment)
     origin = args.get("origin") or "cli"
     if origin not in ORIGINS:
         raise ProtocolError(f"ban: 'origin' must be one of {', '.join(ORIGINS)}")
@@ -469,6 +477,8 @@ def _parse_ban(args: dict[str, Any]) -> BanArgs:
             reason, jail = t.get("reason", comment), t.get("jail", "")
             if not isinstance(target, str) or not isinstance(reason, str) or not isinstance(jail, str):
                 raise ProtocolError(f"ban: targets[{i}]: 'target', 'reason' and 'jail' must be strings")
+            _bounded(f"ban: targets[{i}].reason", reason)
+            _bounded(f"ban: targets[{i}].jail", jail)
             item_timeout = timeout
             if "timeout" in t:
                 item_timeout = parse_wire_timeout(t["timeout"], f"targets[{i}].timeout")

@@ -7,6 +7,12 @@ client sees, anything else becomes `internal` with the traceback in the log.
 
 Per connection, requests are handled strictly in order (a client may pipeline); across connections they run
 concurrently. While a request is being handled the connection is not read, which is the back-pressure.
+
+Bounds, so that idle or slow peers cannot lock an operator out of `nftblock status` (issue 13: 64 idle
+connections did): a connection that sends nothing for `idle_timeout` seconds while no request of its own is
+running is closed; and when `max_connections` are open, a newcomer takes the place of the connection idle
+the longest (not busy with a request), so only `max_connections` requests *running at once* can turn one
+away. Clients that keep a connection open (the fail2ban action) reconnect when they find it closed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import pwd
 import socket
 import stat
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -72,6 +79,8 @@ class Handler(Protocol):
 class _Connection:
     task: asyncio.Task[Any] | None
     busy: bool = False  # handling a request: let it finish on close
+    active: float = 0.0  # monotonic time of the last bytes read or the last answer sent
+    evicted_for_room: bool = False
 
 
 class ControlServer:
@@ -91,6 +100,7 @@ class ControlServer:
         max_request: int = DEFAULT_MAX_REQUEST,
         max_connections: int = 64,
         close_timeout: float = 5.0,
+        idle_timeout: float = 60.0,
     ) -> None:
         self.path = Path(path)
         self._handler = handler
@@ -100,6 +110,9 @@ class ControlServer:
         self._max_request = max_request
         self._max_connections = max_connections
         self._close_timeout = close_timeout
+        self._idle_timeout = idle_timeout
+        self.idle_closed = 0  # connections closed for idling past idle_timeout
+        self.evicted = 0  # idle connections closed to make room for a newcomer
         self._server: asyncio.AbstractServer | None = None
         self._inode: tuple[int, int] | None = None
         self._connections: set[_Connection] = set()
@@ -221,12 +234,16 @@ class ControlServer:
     # --- connections -----------------------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Connection(asyncio.current_task())
+        conn = _Connection(asyncio.current_task(), active=time.monotonic())
         self._connections.add(conn)
         try:
             await self._serve_connection(conn, reader, writer)
         except ConnectionError:
             pass  # the client went away; what it asked for has been done or was never read
+        except asyncio.CancelledError:
+            if not conn.evicted_for_room:
+                raise
+            # closed to make room for a newcomer: that is this connection's end, not the server's
         finally:
             self._connections.discard(conn)
             writer.close()
@@ -239,8 +256,8 @@ class ControlServer:
         if self._closing:
             await self._refuse(reader, writer, "unavailable", "nftblockd is shutting down")
             return
-        if len(self._connections) > self._max_connections:
-            log.warning("control: refusing a connection: %d already open", self._max_connections)
+        if len(self._connections) > self._max_connections and not self._make_room(conn):
+            log.warning("control: refusing a connection: %d requests already running", self._max_connections)
             await self._refuse(reader, writer, "unavailable",
                                f"too many control connections ({self._max_connections}); try again")
             return
@@ -257,17 +274,42 @@ class ControlServer:
         log.debug("control: connection from uid %d pid %d", peer.uid, peer.pid)
         decoder = RequestDecoder(self._max_request)
         while not self._closing:
-            data = await reader.read(_READ_CHUNK)
+            try:
+                async with asyncio.timeout(self._idle_timeout):
+                    data = await reader.read(_READ_CHUNK)
+            except TimeoutError:
+                self.idle_closed += 1
+                log.debug("control: closing the connection of pid %d: idle for %gs", peer.pid,
+                          self._idle_timeout)
+                return
+            conn.active = time.monotonic()
             events = decoder.feed(data) if data else decoder.feed_eof()
             for event in events:
                 conn.busy = True
                 response = await self._respond(event, peer)
                 await self._send(writer, response)
                 conn.busy = False
+                conn.active = time.monotonic()
                 if self._closing:
                     return  # pipelined requests after this one are not started during shutdown
             if not data:
                 return
+
+    def _make_room(self, newcomer: _Connection) -> bool:
+        """Close the connection idle the longest to let `newcomer` in; False when every other one is busy."""
+        idle = [c for c in self._connections if c is not newcomer and not c.busy and c.task is not None
+                and not c.evicted_for_room]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: c.active)
+        victim.evicted_for_room = True
+        assert victim.task is not None
+        victim.task.cancel()
+        self._connections.discard(victim)  # its slot is the newcomer's now, whenever its task ends
+        self.evicted += 1
+        log.info("control: %d connections open; closing the one idle the longest to make room",
+                 self._max_connections)
+        return True
 
     async def _respond(self, event: Request | Invalid, peer: Peer) -> bytes:
         if isinstance(event, Invalid):

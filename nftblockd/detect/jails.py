@@ -33,7 +33,7 @@ log = logging.getLogger("nftblockd.jails")
 
 # Enum members as module constants: `Kind.COUNTED` is a class attribute lookup per failure
 _COUNTED, _BANNED, _ALREADY = Kind.COUNTED, Kind.BANNED, Kind.ALREADY_BANNED
-_ALLOWLISTED, _STALE = Kind.ALLOWLISTED, Kind.STALE
+_ALLOWLISTED, _STALE, _NEVER = Kind.ALLOWLISTED, Kind.STALE, Kind.NEVER_BAN
 
 QUEUE_BATCHES = 64  # per source: 64 chunks of at most 256 KiB; the sources stop reading when it is full
 
@@ -48,6 +48,7 @@ class JailStats:
     bans: int = 0
     already_banned: int = 0
     allowlisted: int = 0
+    never_ban: int = 0  # hosts in never-ban space (0.0.0.0, multicast, link-local...): never counted
     stale: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
 
@@ -185,6 +186,8 @@ class JailRunner:
                 st.allowlisted += 1
             elif kind is _STALE:
                 st.stale += 1
+            elif kind is _NEVER:
+                st.never_ban += 1
         mx = self.metrics
         if mx is not None:
             name = self.jail.name

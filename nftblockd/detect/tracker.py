@@ -30,8 +30,10 @@ States. Each (jail, offender) is in one of three states:
 
 What a hit does, in this order:
   1. The offender is BANNED → ALREADY_BANNED.
-  2. The host is on the allowlist (global `allowlist:` + the jail's `ignoreip:` + the machine's own
-     addresses) → ALLOWLISTED, carrying the entry that matched. Nothing is counted, nothing is banned.
+  2. The host is in never-ban space (unspecified, loopback, link-local, multicast, reserved, broadcast:
+     `neverban.py`) → NEVER_BAN; or on the allowlist (global `allowlist:` + the jail's `ignoreip:` + the
+     machine's own addresses) → ALLOWLISTED. Either carries the entry that matched. Nothing is counted,
+     nothing is banned. (Both live in one lookup table per jail, so the check costs one bisect per hit.)
   3. The failure's time is chosen by the time rule below; a line too old (or too far ahead) → STALE.
   4. The failure is added and failures older than `findtime` are dropped. Fewer than `maxretry` remain →
      COUNTED. `maxretry` remain → BANNED, with the `Ban` to apply and the `BanRecord` to persist; the
@@ -78,17 +80,29 @@ once. Records older than their jail's horizon are forgotten by `sweep` (the stor
 
 Memory. Counting records live in two generations per jail: every `findtime` the older generation is dropped
 whole (nothing in it has failed for a full findtime, so all of it is stale) and the current one becomes the
-older. That bounds stale records without scanning on every hit. On top, `max_tracked` caps the counting
-records of the whole tracker: when it bites, a batch of the least recently started records of the largest
-jail is evicted and `evictions` counts them. A record is one float, or a tuple of floats, under an int key.
+older. That bounds stale records without scanning on every hit. A record is one float (one failure: most
+scanners fail once), or a sorted tuple of floats, under an int key.
+On top, `max_tracked` caps the counting records of the whole tracker. When it bites, a batch (1/64 of the
+cap) is evicted, in this order, so that a flood of cheap single failures cannot push out an offender close
+to its ban (issue 13: 2 failures from A, then 110k single failures from others, then A's third went unbanned):
+  1. one-failure records, the older generation first (the largest jail's first), oldest first;
+  2. only when no one-failure record is left anywhere: records with several failures, those farthest from
+     their jail's maxretry first, then those whose latest failure is oldest (`evicted_several` counts them).
+Records with several failures that step 1 walks past are moved out of its way (from the older generation
+into the current one, or to the end of the current one), so each is walked past once per round of
+evictions; the hot path does not know eviction exists. Pushing out an offender with k failures thus takes
+filling the whole cap with records of k failures or more: k lines each from `max_tracked` distinct
+offenders (distinct /`ipv6_prefix` networks for IPv6, which is why IPv6 is grouped by /64 by default), each
+then one step from a ban itself. `evictions` counts every evicted record (the daemon's metric reads it at
+each scrape).
 Bans and history are bounded by the kernel set sizes and the horizon, not by `max_tracked`.
 """
 
 from __future__ import annotations
 
 import enum
+import heapq
 import ipaddress
-import itertools
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
@@ -109,6 +123,7 @@ from nftblockd.allowlist import EMPTY, Allowlist, build_allowlist
 from nftblockd.config import Config, Escalation, JailConfig
 from nftblockd.durations import format_duration
 from nftblockd.events import Ban, Hit
+from nftblockd.neverban import NEVER_BAN
 
 HistoryRow: TypeAlias = tuple[str, str, float, float | None]
 """(jail, target as text, ban start, ban end or None): what the store persists for one ban."""
@@ -125,6 +140,7 @@ class Kind(enum.Enum):
     BANNED = "banned"
     ALREADY_BANNED = "already_banned"
     ALLOWLISTED = "allowlisted"
+    NEVER_BAN = "never_ban"
     STALE = "stale"
 
 
@@ -187,7 +203,7 @@ class JailPolicy:
     escalation: Escalation = field(default_factory=Escalation)
     blocklist: str = "default"
     ignoreip: tuple[IPNet, ...] = ()
-    ipv6_prefix: int = 128
+    ipv6_prefix: int = 64  # as the example config: one host walks its /64, and /128 counting is evadable
     recidive: bool = False
     watch: frozenset[str] = frozenset()
     history_horizon: float | None = None
@@ -313,6 +329,12 @@ _BANNED, _ALREADY = Kind.BANNED, Kind.ALREADY_BANNED
 _new: Callable[[type[Any], tuple[Any, ...]], Any] = tuple.__new__
 _COUNTED = TrackOutcome(Kind.COUNTED)
 _STALE = TrackOutcome(Kind.STALE)
+_NEVER_NETS = frozenset(NEVER_BAN)
+
+
+def _protected(entry: IPNet) -> TrackOutcome:
+    """The outcome of a host inside a jail's protected space: never-ban space, or the allowlist."""
+    return TrackOutcome(Kind.NEVER_BAN if entry in _NEVER_NETS else Kind.ALLOWLISTED, allow=entry)
 
 
 class Tracker:
@@ -335,8 +357,10 @@ class Tracker:
         self.max_tracked = max_tracked
         self.max_skew = max_skew
         self.evictions = 0  # counting records dropped because max_tracked bit
+        self.evicted_several = 0  # ... of which records with several failures (an attack on the cap?)
         self._tracked = 0
         self._allow = allowlist
+        self._protect = allowlist.union(NEVER_BAN)  # what no jail may ban: the allowlist and never-ban space
         self._jails: dict[str, _Jail] = {}
         for p in pols:
             horizon = p.history_horizon
@@ -375,7 +399,7 @@ class Tracker:
                 del j.banned[key]
             i = bisect_right(j.a4_starts, x) - 1
             if i >= 0 and j.a4_ends[i] >= x:
-                return TrackOutcome(Kind.ALLOWLISTED, allow=j.a4_nets[i])
+                return _protected(j.a4_nets[i])
         else:
             shift = j.v6_shift
             first = x >> shift << shift
@@ -389,7 +413,7 @@ class Tracker:
             if i >= 0 and j.a6_ends[i] >= first:
                 own = j.allow.v6.find(x, x)
                 if own is not None:
-                    return TrackOutcome(Kind.ALLOWLISTED, allow=own)
+                    return _protected(own)
                 # An allowed neighbour shares the range: this offender is the single address.
                 key = tagged_key(6, x, 128)
                 b = j.banned.get(key)
@@ -463,20 +487,58 @@ class Tracker:
         self._tracked -= dropped
 
     def _evict(self) -> None:
+        """Make room under `max_tracked`: see the module rules (Memory) for the order."""
         # A batch at a time: cheap per eviction, and deleting from a dict's front one key at a time would
         # rescan the deleted slots on every call.
-        batch = max(1, self.max_tracked // 64)
-        jails = self._jails.values()
-        j = max(jails, key=lambda s: len(s.old))
-        d = j.old
-        if not d:
-            j = max(jails, key=lambda s: len(s.cur))
-            d = j.cur
-        victims = list(itertools.islice(d, batch))
+        want = max(1, self.max_tracked // 64)
+        got = 0
+        jails = sorted(self._jails.values(), key=lambda s: len(s.old), reverse=True)
+        for j in jails:  # 1. one-failure records of the older generations
+            if got == want:
+                break
+            got += self._evict_singles(j, j.old, want - got, older=True)
+        for j in sorted(jails, key=lambda s: len(s.cur), reverse=True):  # 2. ... then of the current ones
+            if got == want:
+                break
+            got += self._evict_singles(j, j.cur, want - got, older=False)
+        if got < want:
+            # 3. No one-failure record is left anywhere: whoever filled the table paid two lines or more per
+            # record. Those farthest from their jail's maxretry go first, then those quiet the longest.
+            picked = heapq.nsmallest(want - got, (
+                (len(v) - j.maxretry, v[-1], i, k, d is j.old)
+                for i, j in enumerate(jails) for d in (j.old, j.cur) for k, v in d.items()
+                if isinstance(v, tuple)))
+            for _, _, i, k, older in picked:
+                del (jails[i].old if older else jails[i].cur)[k]
+            got += len(picked)
+            self.evicted_several += len(picked)
+        self._tracked -= got
+        self.evictions += got
+
+    @staticmethod
+    def _evict_singles(j: _Jail, d: dict[int, _Times], want: int, *, older: bool) -> int:
+        """Delete up to `want` one-failure records from the front of generation `d`; returns how many.
+
+        Records with several failures met on the way are moved out of the way, so the next call does not
+        walk over them again: from the older generation into the current one (they live one generation
+        longer; their times are still checked on every hit), within the current one to its end (behind every
+        one-failure record present). So each is passed over once per round of evictions, not once per call.
+        """
+        victims: list[int] = []
+        passed: list[int] = []
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                passed.append(k)
+            else:
+                victims.append(k)
+                if len(victims) == want:
+                    break
         for k in victims:
             del d[k]
-        self._tracked -= len(victims)
-        self.evictions += len(victims)
+        cur = j.cur
+        for k in passed:
+            cur[k] = d.pop(k)
+        return len(victims)
 
     def _ban(self, j: _Jail, key: int, failures: int, now: float) -> TrackOutcome:
         p = j.policy
@@ -529,7 +591,7 @@ class Tracker:
                     continue
                 del r.banned[key]
             if entry is not None:
-                out.append(TrackOutcome(Kind.ALLOWLISTED, allow=entry))
+                out.append(_protected(entry))
                 continue
             out.append(self._count(r, key, now, now))
         return out
@@ -615,6 +677,7 @@ class Tracker:
         them (user-pain #16, locked out after the admin's address changed).
         """
         self._allow = allowlist
+        self._protect = allowlist.union(NEVER_BAN)
         lifted = []
         for j in self._jails.values():
             j.set_allow(self._jail_allow(j.policy))
@@ -626,7 +689,7 @@ class Tracker:
         return lifted
 
     def _jail_allow(self, p: JailPolicy) -> Allowlist:
-        return self._allow.union(p.ignoreip) if p.ignoreip else self._allow
+        return self._protect.union(p.ignoreip) if p.ignoreip else self._protect
 
     def _resolve(self, j: _Jail, net: IPNet) -> tuple[int, IPNet | None]:
         """The offender key for `net` in `j`, and the allow entry protecting `net` (None if unprotected).

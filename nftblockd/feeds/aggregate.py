@@ -10,12 +10,13 @@ The rules, applied per feed by `sanitise` (each feed has its own `Policy`):
    /0, whatever the config says) is refused whole and counted `too_broad`. It is not split into allowed
    pieces: a feed that lists `0.0.0.0/1` is broken, and blocking half the Internet in /8s would be no better.
 2. **Special-purpose space** (private, loopback, link-local, CGNAT, documentation, benchmarking, multicast,
-   reserved; the tables below) is *cut out* of entries, not grounds to refuse them: FireHOL level1 lists
-   10.0.0.0/8 and 192.168.0.0/16 on purpose, and users locked themselves out of their own LANs with it. An
-   entry wholly inside special space is dropped and counted `special`; an entry that merely contains some
-   (a /8 around 100.64.0.0/10) is kept minus the special part and counted `special_trimmed`.
-   `Policy.allow_special` turns this off, except for the ranges marked *always* (loopback, unspecified,
-   "this network"), which no feed may ever block.
+   reserved; the tables are `neverban.SPECIAL_V4/V6`, shared with every other path a ban can come from) is
+   *cut out* of entries, not grounds to refuse them: FireHOL level1 lists 10.0.0.0/8 and 192.168.0.0/16 on
+   purpose, and users locked themselves out of their own LANs with it. An entry wholly inside special space
+   is dropped and counted `special`; an entry that merely contains some (a /8 around 100.64.0.0/10) is kept
+   minus the special part and counted `special_trimmed`. `Policy.allow_special` turns this off, except for
+   the never-ban ranges (unspecified, "this network", loopback, link-local, multicast, reserved, broadcast),
+   which nothing may ever block.
 3. **The allowlist** (config `allowlist:` plus the host's own addresses, passed in) is cut out the same way:
    wholly allowlisted entries are dropped (`allowlisted`), overlapping ones split (`allowlist_trimmed`).
    An allowlisted address is never blocked by a feed.
@@ -39,6 +40,7 @@ from itertools import chain
 from typing import Any, TypeVar
 
 from nftblockd.addr import IPNet, Range, key_net, key_range, net_key
+from nftblockd.neverban import SPECIAL_V4, SPECIAL_V6
 
 __all__ = [
     "SPECIAL_V4",
@@ -55,38 +57,6 @@ __all__ = [
     "sanitise",
 ]
 
-# (network, what it is, always refused even with allow_special)
-SPECIAL_V4: tuple[tuple[str, str, bool], ...] = (
-    ("0.0.0.0/8", "this network (RFC 1122)", True),
-    ("10.0.0.0/8", "private (RFC 1918)", False),
-    ("100.64.0.0/10", "shared address space / CGNAT (RFC 6598)", False),
-    ("127.0.0.0/8", "loopback (RFC 1122)", True),
-    ("169.254.0.0/16", "link-local (RFC 3927)", False),
-    ("172.16.0.0/12", "private (RFC 1918)", False),
-    ("192.0.0.0/24", "IETF protocol assignments (RFC 6890)", False),
-    ("192.0.2.0/24", "documentation TEST-NET-1 (RFC 5737)", False),
-    ("192.88.99.0/24", "6to4 relay anycast (RFC 7526)", False),
-    ("192.168.0.0/16", "private (RFC 1918)", False),
-    ("198.18.0.0/15", "benchmarking (RFC 2544)", False),
-    ("198.51.100.0/24", "documentation TEST-NET-2 (RFC 5737)", False),
-    ("203.0.113.0/24", "documentation TEST-NET-3 (RFC 5737)", False),
-    ("224.0.0.0/4", "multicast (RFC 5771)", False),
-    ("240.0.0.0/4", "reserved and limited broadcast (RFC 1112, RFC 919)", False),
-)
-SPECIAL_V6: tuple[tuple[str, str, bool], ...] = (
-    ("::/128", "unspecified (RFC 4291)", True),
-    ("::1/128", "loopback (RFC 4291)", True),
-    ("::ffff:0:0/96", "IPv4-mapped (RFC 4291; such entries are read as IPv4)", False),
-    ("64:ff9b:1::/48", "local-use NAT64 (RFC 8215)", False),
-    ("100::/64", "discard-only (RFC 6666)", False),
-    ("2001:2::/48", "benchmarking (RFC 5180)", False),
-    ("2001:db8::/32", "documentation (RFC 3849)", False),
-    ("3fff::/20", "documentation (RFC 9637)", False),
-    ("fc00::/7", "unique local (RFC 4193)", False),
-    ("fe80::/10", "link-local (RFC 4291)", False),
-    ("fec0::/10", "site-local, deprecated (RFC 3879)", False),
-    ("ff00::/8", "multicast (RFC 4291)", False),
-)
 
 
 # -- values -----------------------------------------------------------------------------------------------
@@ -346,16 +316,16 @@ def _sanitise_family(entries: Sequence[int], bits: int, min_prefix: int, special
     return cidrs, stats
 
 
-def _table_ranges(table: tuple[tuple[str, str, bool], ...], *, always_only: bool) -> list[Range]:
-    nets = [ipaddress.ip_network(cidr) for cidr, _, always in table if always or not always_only]
+def _table_ranges(table: tuple[tuple[str, str, bool], ...], *, never_only: bool) -> list[Range]:
+    nets = [ipaddress.ip_network(cidr) for cidr, _, never in table if never or not never_only]
     return merge_ranges([key_range(net_key(n), n.version) for n in nets])
 
 
 _EXCLUDE = {
-    (4, False): _table_ranges(SPECIAL_V4, always_only=False),
-    (4, True): _table_ranges(SPECIAL_V4, always_only=True),
-    (6, False): _table_ranges(SPECIAL_V6, always_only=False),
-    (6, True): _table_ranges(SPECIAL_V6, always_only=True),
+    (4, False): _table_ranges(SPECIAL_V4, never_only=False),
+    (4, True): _table_ranges(SPECIAL_V4, never_only=True),
+    (6, False): _table_ranges(SPECIAL_V6, never_only=False),
+    (6, True): _table_ranges(SPECIAL_V6, never_only=True),
 }
 
 

@@ -28,7 +28,8 @@ The rules a `FeedFetcher` keeps:
   "unchanged" while its (inode, size, mtime) are. Validators are only sent when a good copy is loaded, so a
   304 can never leave us with nothing.
 - **Refresh**: `run()` refreshes every `refresh` seconds ± `jitter`; after a restart with a fresh cache it
-  waits for the cache to age rather than hitting the feed at every restart. A local file is also followed
+  waits for the cache to age rather than hitting the feed at every restart. `stop` cuts a fetch in flight
+  short: shutdown never waits for a feed that hangs. A local file is also followed
   with inotify (asyncinotify, on its directory: `CLOSE_WRITE`, `MOVED_TO`, `ATTRIB` of its name), so an
   edited or atomically replaced file is picked up at once; `refresh_now()` does the same for the CLI.
 
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: HTTP and file fetches with timeouts, on the event loop)
 import contextlib
+import email.utils
 import hashlib
 import json
 import logging
@@ -57,6 +59,7 @@ import aiohttp
 from nftblockd import __version__
 from nftblockd.addr import IPNet
 from nftblockd.config import FeedConfig
+from nftblockd.durations import format_duration
 from nftblockd.feeds.aggregate import Policy, Sanitised, SanitiseStats, sanitise
 from nftblockd.feeds.parse import FeedFormatError, ParseResult, ParseStats, parse_feed
 
@@ -71,6 +74,7 @@ __all__ = [
     "SystemClock",
     "backoff_delay",
     "jittered",
+    "retry_after",
 ]
 
 log = logging.getLogger("nftblockd.feed")
@@ -80,7 +84,7 @@ CACHE_VERSION = 1
 _CHUNK = 64 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
-Origin = Literal["fetch", "cache", "accepted"]
+Origin = Literal["fetch", "cache", "accepted", "withdrawn"]
 
 
 # -- seams --------------------------------------------------------------------------------------------------
@@ -106,13 +110,15 @@ class SystemClock:
 
 
 class FeedError(Exception):
-    """Fetching or reading a feed failed. `transient`: the source may answer differently soon (retry)."""
+    """Fetching or reading a feed failed. `transient`: the source may answer differently soon (retry).
+    `retry_after`: seconds the server asked us to wait (its Retry-After header), if it said."""
 
-    def __init__(self, feed: str, message: str, *, transient: bool) -> None:
+    def __init__(self, feed: str, message: str, *, transient: bool, retry_after: float | None = None) -> None:
         super().__init__(f"feed {feed}: {message}")
         self.feed = feed
         self.reason = message
         self.transient = transient
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +132,8 @@ class FeedUpdate:
     origin: Origin
     fetched_at: float
     ban_timeout: float | None = None  # FeedConfig.ban_timeout: None = entries stay until the feed drops them
+    # defer_removals: the copy this one replaced, kept in force one more refresh (its entries are unioned in)
+    deferred: Sanitised | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +151,9 @@ class FeedCounters:
     not_modified: int = 0  # 304s and unchanged files
     errors: int = 0
     shrink_held: int = 0  # fetches held back by the shrink guard
+    withdrawn: int = 0  # times max_stale withdrew the feed's entries
     invalid: int = 0  # invalid entries in the copy in force
+    markup: int = 0  # stray markup lines skipped in the copy in force (feeds.parse)
     host_bits_normalised: int = 0  # in the copy in force
     refused: int = 0  # entries of the copy in force refused by sanitising (too broad, special, allowlisted)
 
@@ -174,6 +184,23 @@ def jittered(delay: float, jitter: float, rand: Callable[[], float]) -> float:
 def backoff_delay(failures: int, base: float, cap: float) -> float:
     """Delay after `failures` consecutive transient errors: `base`, 2 `base`, 4 `base`... at most `cap`."""
     return float(min(cap, base * 2.0 ** min(max(failures - 1, 0), 32)))
+
+
+def retry_after(value: str | None, now: float) -> float | None:
+    """Seconds a Retry-After header value asks for (delay-seconds or an HTTP-date), or None if absent or
+    unreadable. Never negative."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(min(int(text), 10**9))
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - now)
 
 
 # -- internal state -----------------------------------------------------------------------------------------
@@ -214,6 +241,7 @@ class _Counts:
     not_modified: int = 0
     errors: int = 0
     shrink_held: int = 0
+    withdrawn: int = 0
 
 
 # -- the fetcher --------------------------------------------------------------------------------------------
@@ -246,6 +274,9 @@ class FeedFetcher:
         self._retry_base = retry_base
         self._watch_file = watch_file
         self._good: _Good | None = None
+        self._current: tuple[ParseResult, Sanitised] | None = None  # the copy in force, as last handed over
+        self._deferred: Sanitised | None = None  # defer_removals: the copy before it, still in force
+        self._withdrawn = False  # max_stale withdrew the entries; a successful fetch brings them back
         self._pending: _Pending | None = None
         self._accepted = False
         self._counts = _Counts()
@@ -289,7 +320,9 @@ class FeedFetcher:
             pending_shrink=PendingShrink(g.entries if g else 0, p.parsed.entries, p.since) if p else None,
             counters=FeedCounters(
                 fetch_ok=c.fetch_ok, not_modified=c.not_modified, errors=c.errors, shrink_held=c.shrink_held,
+                withdrawn=c.withdrawn,
                 invalid=g.parse.invalid if g else 0,
+                markup=g.parse.markup if g else 0,
                 host_bits_normalised=g.parse.host_bits_normalised if g else 0,
                 refused=g.sanitise.refused if g else 0,
             ),
@@ -340,6 +373,12 @@ class FeedFetcher:
         meta, copy, parsed, sanitised = loaded
         stamp = meta.get("fetched_at")
         fetched_at = float(stamp) if isinstance(stamp, int | float) else 0.0
+        age = self._clock.time() - fetched_at
+        if self.cfg.max_stale is not None and age > self.cfg.max_stale:
+            self._error = (f"the cached copy is {format_duration(age)} old (max_stale "
+                           f"{format_duration(self.cfg.max_stale)}); not applied, waiting for a fetch")
+            log.warning("feed %s: %s", self.cfg.name, self._error)
+            return None
         self._good = _Good(copy.etag, copy.last_modified, copy.file_sig, fetched_at, parsed.entries,
                            parsed.stats, sanitised.stats)
         log.info("feed %s: loaded the cached copy from %s (%d entries)", self.cfg.name,
@@ -412,6 +451,10 @@ class FeedFetcher:
                 self._clear_pending()  # the source is back to the copy in force
                 if self._good is not None:
                     self._good.fetched_at = now
+                if self._deferred is not None and self._current is not None:
+                    # A refresh confirmed the copy in force: what it dropped may go now (defer_removals).
+                    parsed, sanitised = self._current
+                    return self._update(parsed, sanitised, "fetch", now)
                 return None
             try:
                 parsed, sanitised = await asyncio.to_thread(self._process, copy.body)
@@ -467,14 +510,39 @@ class FeedFetcher:
             self._error = f"cannot write the cache in {self.cache_dir}: {exc}"
             log.error("feed %s: %s", self.cfg.name, self._error)
         st, ss = parsed.stats, sanitised.stats
-        log.info("feed %s: %d entries (%d invalid, %d host bits normalised, %d refused: %d too broad, "
-                 "%d special, %d allowlisted)", self.cfg.name, st.entries, st.invalid,
+        log.info("feed %s: %d entries (%d invalid, %d markup lines skipped, %d host bits normalised, %d refused: "
+                 "%d too broad, %d special, %d allowlisted)", self.cfg.name, st.entries, st.invalid, st.markup,
                  st.host_bits_normalised, ss.refused, ss.too_broad, ss.special, ss.allowlisted)
         return self._update(parsed, sanitised, origin, now)
 
     def _update(self, parsed: ParseResult, sanitised: Sanitised, origin: Origin, at: float) -> FeedUpdate:
         cfg = self.cfg
-        return FeedUpdate(cfg.name, cfg.blocklist, parsed, sanitised, origin, at, cfg.ban_timeout)
+        deferred = None
+        if cfg.defer_removals and origin in ("fetch", "accepted") and self._current is not None \
+                and self._current[1] is not sanitised:
+            deferred = self._current[1]  # the copy this one replaces stays in force one more refresh
+        self._current = (parsed, sanitised)
+        self._deferred = deferred
+        self._withdrawn = origin == "withdrawn"
+        return FeedUpdate(cfg.name, cfg.blocklist, parsed, sanitised, origin, at, cfg.ban_timeout, deferred)
+
+    def _withdraw_if_stale(self) -> FeedUpdate | None:
+        """max_stale: the copy in force is too old and no fetch succeeds: withdraw its entries (once)."""
+        limit = self.cfg.max_stale
+        g = self._good
+        if limit is None or g is None or self._withdrawn:
+            return None
+        now = self._clock.time()
+        if now - g.fetched_at <= limit:
+            return None
+        age = format_duration(now - g.fetched_at)
+        log.error("feed %s: no successful fetch for %s (max_stale %s); withdrawing its %d entries", self.cfg.name,
+                  age, format_duration(limit), g.entries)
+        self._good = None  # the next fetch is unconditional: a 304 must not leave the feed empty
+        self._error = f"withdrawn: no successful fetch for {age} (max_stale {format_duration(limit)})"
+        self._counts.withdrawn += 1
+        empty = ParseResult([], [], ParseStats())
+        return self._update(empty, sanitise([], [], self._policy, self._allow), "withdrawn", now)
 
     # -- transports ------------------------------------------------------------------------------------------
 
@@ -503,7 +571,10 @@ class FeedFetcher:
                     if resp.status != 200:
                         transient = resp.status >= 500 or resp.status in _TRANSIENT_STATUS
                         what = f"HTTP {resp.status} {resp.reason or ''}".rstrip()
-                        raise self._fail(what, transient=transient)
+                        wait = retry_after(resp.headers.get("Retry-After"), self._clock.time())
+                        if wait is not None:
+                            what += f" (the server asks to retry after {wait:.0f}s)"
+                        raise FeedError(self.cfg.name, what, transient=transient, retry_after=wait)
                     if resp.content_length is not None and resp.content_length > cap:
                         raise self._fail(f"the body is {resp.content_length} bytes, over max_size {cap}",
                                          transient=False)
@@ -523,7 +594,7 @@ class FeedFetcher:
             except (aiohttp.ClientError, OSError) as exc:
                 raise self._fail(f"cannot fetch {self.cfg.url}: {exc or type(exc).__name__}",
                                  transient=True) from None
-        body = self._decode(bytes(raw), encoding)
+        body = self._decode(raw, encoding)  # type: ignore[arg-type]  # no copy of the raw body into bytes
         return _Copy(body, etag, last_modified)
 
     async def _get_file(self) -> _Copy | None:
@@ -560,22 +631,24 @@ class FeedFetcher:
         return raw
 
     def _inflate(self, data: bytes, cap: int) -> bytes:
+        """The inflated body (a bytearray, not copied again into bytes), at most `cap` bytes.
+
+        Output comes _CHUNK bytes at a time into one buffer, so a bomb costs at most cap + _CHUNK bytes on top
+        of the compressed input (asking zlib for cap + 1 bytes at once, then copying them, cost twice cap).
+        """
         out = bytearray()
-        rest = data
+        rest: bytes = data
         try:
             while rest:
                 # wbits 47: gzip or zlib header, detected; raw deflate is tried if both fail
                 d = zlib.decompressobj(47)
                 try:
-                    out += d.decompress(rest, cap + 1 - len(out))
+                    self._inflate_member(d, rest, out, cap)
                 except zlib.error:
                     if out:
                         raise
                     d = zlib.decompressobj(-15)
-                    out += d.decompress(rest, cap + 1 - len(out))
-                if len(out) > cap:
-                    raise self._fail(f"the body inflates to over max_size {cap} bytes; rejected whole",
-                                     transient=False)
+                    self._inflate_member(d, rest, out, cap)
                 if not d.eof:
                     raise self._fail("the compressed body is truncated", transient=True)
                 rest = d.unused_data
@@ -585,7 +658,19 @@ class FeedFetcher:
                     break
         except zlib.error as exc:
             raise self._fail(f"corrupt compressed body: {exc}", transient=False) from None
-        return bytes(out)
+        return out  # type: ignore[return-value]  # a bytearray serves every use of a body
+
+    def _inflate_member(self, d: zlib._Decompress, data: bytes, out: bytearray, cap: int) -> None:
+        buf = data
+        while not d.eof:
+            chunk = d.decompress(buf, _CHUNK)
+            buf = d.unconsumed_tail
+            if not chunk and not buf:
+                return  # input exhausted before the end of the stream: the caller says "truncated"
+            out += chunk
+            if len(out) > cap:
+                raise self._fail(f"the body inflates to over max_size {cap} bytes; rejected whole",
+                                 transient=False)
 
     # -- the loop -------------------------------------------------------------------------------------------
 
@@ -610,8 +695,25 @@ class FeedFetcher:
             await self._pause(delay, stop)
             if stop.is_set():
                 break
+            fetching = asyncio.ensure_future(self.fetch())
+            stopping = asyncio.ensure_future(stop.wait())
             try:
-                update = await self.fetch()
+                await asyncio.wait({fetching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            if not fetching.done():
+                # Stopping: a fetch that hangs must not hold the daemon's shutdown for its whole timeout
+                # (issue 13 measured 28.8 s). The copy in force stays; the next start fetches again.
+                fetching.cancel()
+                try:
+                    await fetching
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise  # we are being cancelled ourselves, not only the fetch
+                break
+            try:
+                update = fetching.result()
             except FeedError as exc:
                 if exc.transient:
                     failures += 1
@@ -620,12 +722,23 @@ class FeedFetcher:
                 else:
                     failures = 0
                     delay = self._interval()
+                delay = max(delay, self._honoured(exc.retry_after))
+                withdrawn = self._withdraw_if_stale()
+                if withdrawn is not None:
+                    await on_update(withdrawn)
                 continue
             failures = 0
             delay = self._interval()
             if update is not None:
                 await on_update(update)
         self._next_refresh = None
+
+    def _honoured(self, asked: float | None) -> float:
+        """How much of a server's Retry-After to wait: all of it, up to max_retry_after (default: refresh)."""
+        if asked is None:
+            return 0.0
+        cap = self.cfg.refresh if self.cfg.max_retry_after is None else self.cfg.max_retry_after
+        return min(asked, cap)
 
     def _interval(self) -> float:
         return jittered(self.cfg.refresh, self.cfg.jitter, self._rand)

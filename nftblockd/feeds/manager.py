@@ -49,6 +49,7 @@ class FeedManager:
         allow = enforcer.allow.networks
         self.fetchers = {f.name: FeedFetcher(f, cache_dir, allow=allow) for f in cfg.feeds}
         self.latest: dict[str, Sanitised] = {}
+        self.deferred: dict[str, Sanitised] = {}  # defer_removals: the copy before the latest, still in force
         self._timeouts = {f.name: f.ban_timeout for f in cfg.feeds}
         self._sync_lock = asyncio.Lock()
         self.syncs = 0
@@ -79,6 +80,10 @@ class FeedManager:
 
     async def on_update(self, upd: FeedUpdate) -> None:
         self.latest[upd.name] = upd.sanitised
+        if upd.deferred is not None:
+            self.deferred[upd.name] = upd.deferred
+        else:
+            self.deferred.pop(upd.name, None)
         if self.metrics is not None:
             self.metrics.feed_fetch.labels(upd.name, upd.origin).inc()
         await self.sync(upd.blocklist)
@@ -88,6 +93,7 @@ class FeedManager:
         async with self._sync_lock:
             feeds = [f.name for f in self.cfg.feeds if f.blocklist == blocklist]
             parts = [self.latest[n] for n in feeds if n in self.latest]
+            parts += [self.deferred[n] for n in feeds if n in self.deferred]
             t0 = time.perf_counter()
             agg = aggregate(parts)
             timeouts = [self._timeouts[n] for n in feeds]

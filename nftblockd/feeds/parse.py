@@ -17,9 +17,14 @@ Formats
 Strictness (the feed's fault is reported, never guessed around)
     - An entry with host bits set (`10.0.0.5/8`) is widened to its network and counted.
     - Garbage is counted in `invalid`, the first few samples kept for the operator, and skipped.
-    - A body that is markup (an HTML error or captive-portal page, XML) raises `FeedFormatError`: it is an
-      error, never "a list with zero entries". So does a body whose lines are mostly garbage (more than
-      `max_invalid_share` of its data lines), or that has garbage and no entry at all.
+    - A body that is a markup document (an HTML error or captive-portal page, XML: its first line that is not
+      blank or a `#` comment opens a document, `<!doctype`, `<html`, `<?xml`, `<head`, `<body`, `<title`)
+      raises `FeedFormatError`: it is an error, never "a list with zero entries". So does a body whose lines
+      are mostly garbage (more than `max_invalid_share` of its data lines), or that has garbage and no entry
+      at all.
+    - A markup line elsewhere (`<pre>` around a list, a `<br>`, a proxy's injected `<script>`) is skipped and
+      counted in `markup`; such lines count towards the garbage share like invalid ones. One stray line
+      among valid entries used to reject the whole body (issue 13).
     - An empty body (or only comments) is a valid, empty list: whether that is acceptable is the shrink
       guard's decision, not the parser's.
     - Addresses are accepted exactly as `addr.parse_target` accepts them (no leading zeros, no scoped
@@ -74,12 +79,13 @@ class ParseStats:
     invalid: int = 0
     skipped: int = 0  # blank and comment lines, the header, JSON objects without the key
     invalid_samples: tuple[str, ...] = ()
+    markup: int = 0  # markup lines (`<...`) in a body that is not a markup document, skipped
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "lines": self.lines, "entries": self.entries, "v4": self.v4, "v6": self.v6,
             "host_bits_normalised": self.host_bits_normalised, "invalid": self.invalid,
-            "skipped": self.skipped, "invalid_samples": list(self.invalid_samples),
+            "skipped": self.skipped, "invalid_samples": list(self.invalid_samples), "markup": self.markup,
         }
 
 
@@ -112,6 +118,7 @@ class _Collector:
     normalised: int = 0
     invalid: int = 0
     skipped: int = 0
+    markup: int = 0
     samples: list[str] = field(default_factory=list)
 
     def add(self, text: str, where: str) -> None:
@@ -125,7 +132,10 @@ class _Collector:
             self.normalised += 1
 
     def bad(self, text: str, where: str) -> None:
-        self.invalid += 1
+        if text.lstrip().startswith("<"):
+            self.markup += 1
+        else:
+            self.invalid += 1
         if len(self.samples) < MAX_SAMPLES:
             self.samples.append(f"{where}: {text[:80]!r}")
 
@@ -134,13 +144,13 @@ class _Collector:
         stats = ParseStats(
             lines=self.lines, entries=entries, v4=len(self.v4), v6=len(self.v6),
             host_bits_normalised=self.normalised, invalid=self.invalid, skipped=self.skipped,
-            invalid_samples=tuple(self.samples),
+            invalid_samples=tuple(self.samples), markup=self.markup,
         )
-        if self.invalid and (entries == 0 or self.invalid > max_invalid_share * (entries + self.invalid)):
+        bad = self.invalid + self.markup
+        if bad and (entries == 0 or bad > max_invalid_share * (entries + bad)):
             sample = f" (first: {self.samples[0]})" if self.samples else ""
             raise FeedFormatError(
-                f"not a list of addresses: {self.invalid} of {entries + self.invalid} entries are not an "
-                f"address or CIDR{sample}"
+                f"not a list of addresses: {bad} of {entries + bad} entries are not an address or CIDR{sample}"
             )
         return ParseResult(self.v4, self.v6, stats)
 
@@ -170,11 +180,16 @@ def _decode(body: bytes | str) -> str:
     return text[1:] if text.startswith("\ufeff") else text
 
 
+_DOCUMENT_OPENERS = ("<!doctype", "<html", "<?xml", "<head", "<body", "<title")
+
+
 def _looks_like_markup(text: str) -> bool:
-    head = text[:2048].lstrip().lower()
-    if head.startswith("<"):
-        return True
-    return any(tag in head for tag in ("<html", "<!doctype", "<body", "<head>"))
+    """Whether the body is a markup document: its first line that is not blank or a `#` comment opens one."""
+    for line in text[:8192].splitlines():
+        s = line.strip()
+        if s and not s.startswith("#"):
+            return s.lower().startswith(_DOCUMENT_OPENERS)
+    return False
 
 
 def _parse_plain(text: str) -> _Collector:

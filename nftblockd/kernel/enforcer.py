@@ -27,11 +27,12 @@ from typing import Any, TypeVar
 from nftblockd.addr import IPNet, format_host, format_target, pack_hosts
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import Config
-from nftblockd.events import Ban, Decision, Unban
+from nftblockd.events import Ban, Decision, Unban, clip_reason
 from nftblockd.kernel.bans import DELETE, BanOutcome, BanState, BulkChange, Change, OpSpec, SetOp
 from nftblockd.kernel.batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
 from nftblockd.kernel.ruleset import Ruleset
 from nftblockd.kernel.setwriter import Features, SetWriter
+from nftblockd.neverban import never_ban_keys, never_ban_range
 from nftblockd.service.logsetup import quote
 from nftblockd.service.metrics import Metrics
 from nftblockd.state.change import PackedBans, StateChange
@@ -84,6 +85,7 @@ class Counters:
     unbans: int = 0
     refused: int = 0
     allowlisted: int = 0
+    never_ban: int = 0  # bans of never-ban space refused here (each source should refuse them first)
     kernel_errors: dict[int, int] = field(default_factory=dict)
     set_full: int = 0
     rebuilds: int = 0
@@ -114,6 +116,7 @@ class BulkResult:
     changes: list[BulkChange] = field(default_factory=list)
     failed: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
     allowlisted: dict[int, list[int]] = field(default_factory=dict)
+    never_ban: dict[int, list[int]] = field(default_factory=dict)  # never-ban space (neverban.py), refused
 
 
 class Enforcer:
@@ -219,8 +222,14 @@ class Enforcer:
                 if isinstance(d, Ban):
                     t = d.target  # already normalised; ipaddress's broadcast_address is slow on this path
                     first = int(t.network_address)
-                    hit = self.allow.contains_range(t.version, first,
-                                                    first | ((1 << (t.max_prefixlen - t.prefixlen)) - 1))
+                    last = first | ((1 << (t.max_prefixlen - t.prefixlen)) - 1)
+                    why = never_ban_range(t.version, first, last)
+                    if why is not None:  # the last guard: every source should have refused it already
+                        self.counters.never_ban += 1
+                        results[i] = DecisionResult(d.target, BanOutcome.CONFLICT, "never_ban",
+                                            f"{format_target(d.target)} is never banned: {why}")
+                        continue
+                    hit = self.allow.contains_range(t.version, first, last)
                     if hit is not None:
                         self.counters.allowlisted += 1
                         results[i] = DecisionResult(d.target, BanOutcome.CONFLICT, "allowlisted",
@@ -275,6 +284,12 @@ class Enforcer:
             for version, keys in keys_by_version.items():
                 if not keys:
                     continue
+                never = never_ban_keys(version, keys)
+                if never:
+                    out.never_ban[version] = never
+                    self.counters.never_ban += len(never)
+                    drop = set(never)
+                    keys = [k for k in keys if k not in drop]
                 if len(self.allow):
                     allowed = [k for k in keys if self.allow.contains_range(version, k, k) is not None]
                     if allowed:
@@ -304,7 +319,8 @@ class Enforcer:
             self.metrics.allowlist_hits.inc(sum(len(v) for v in out.allowlisted.values()))
             if started is not None and applied:
                 self.metrics.ban_latency.observe((origin,), time.monotonic() - started, applied)
-        self.counters.refused += len(out.failed) + sum(len(v) for v in out.allowlisted.values())
+        self.counters.refused += len(out.failed) + sum(len(v) for v in out.allowlisted.values()) + sum(
+            len(v) for v in out.never_ban.values())
         if persist and self.persist is not None and (applied or history):
             packed: list[PackedBans] = []
             for c in changes:
@@ -324,7 +340,7 @@ class Enforcer:
                     shown += 1
                     addr = format_host(k, self.plan.set(c.set_name).version)
                     audit_log.info("ban jail=%s address=%s set=%s duration=%s reason=%s", quote(jail), addr,
-                                   c.set_name, dur, quote(reason or origin),
+                                   c.set_name, dur, quote(clip_reason(reason or origin)),
                                    extra={"jail": jail, "address": addr, "set": c.set_name, "origin": origin})
             if applied <= shown:
                 return out
@@ -501,10 +517,11 @@ class Enforcer:
                 assert isinstance(d, Ban)
                 dur = "permanent" if d.until is None else f"{max(0, round(d.until - time.time()))}s"
                 audit_log.info("ban jail=%s address=%s set=%s duration=%s reason=%s", quote(fields["jail"]),
-                               fields["address"], r.set_name, dur, quote(d.reason or d.origin), extra=fields)
+                               fields["address"], r.set_name, dur, quote(clip_reason(d.reason or d.origin)),
+                               extra=fields)
             elif kind == "unban":
                 audit_log.info("unban jail=%s address=%s set=%s reason=%s", quote(fields["jail"]),
-                               fields["address"], r.set_name, quote(d.reason or d.origin), extra=fields)
+                               fields["address"], r.set_name, quote(clip_reason(d.reason or d.origin)), extra=fields)
             else:
                 audit_log.info("refused %s %s: %s", "ban" if isinstance(d, Ban) else "unban",
                                fields["address"], quote(r.message), extra=fields)

@@ -34,6 +34,23 @@ class KernelError(Exception):
         self.text = text
 
 
+# Reading or changing nftables takes CAP_NET_ADMIN in the network namespace; without it every request, the
+# first GETGEN included, fails with EPERM. Said in the error, since "get type 16" names nothing an operator
+# can act on.
+NEEDS_CAP = ("nftblockd needs the CAP_NET_ADMIN capability in this network namespace: run it as root, or "
+             "grant it with AmbientCapabilities=CAP_NET_ADMIN in its systemd unit")
+_WHAT = {m.NFT_MSG_GETGEN: "reading the ruleset generation", m.NFT_MSG_GETTABLE: "reading tables",
+         m.NFT_MSG_GETSET: "reading sets", m.NFT_MSG_GETSETELEM: "reading set elements",
+         m.NFT_MSG_GETCHAIN: "reading chains", m.NFT_MSG_GETRULE: "reading rules"}
+
+
+def _refused(errno: int, verb: str, msg_type: int, text: str) -> KernelError:
+    what = _WHAT.get(msg_type, f"{verb} type {msg_type}")
+    if errno == errno_mod.EPERM:
+        return KernelError(errno, what, text or NEEDS_CAP)
+    return KernelError(errno, what, text)
+
+
 class RepliesLost(Exception):
     """The receive buffer overflowed (ENOBUFS); whether a batch committed must be decided another way."""
 
@@ -176,7 +193,7 @@ class NftSocket:
                 if r.msg_type == m.NLMSG_ERROR:
                     e = m.parse_error(r)
                     if e.errno:
-                        raise KernelError(e.errno, f"dump type {msg_type}", e.text)
+                        raise _refused(e.errno, "dump", msg_type, e.text)
                     continue
                 parts.append(r)
 
@@ -194,7 +211,7 @@ class NftSocket:
                     if e.errno == errno_mod.ENOENT:
                         return None
                     if e.errno:
-                        raise KernelError(e.errno, f"get type {msg_type}", e.text)
+                        raise _refused(e.errno, "get", msg_type, e.text)
                     return reply
                 reply = r
 

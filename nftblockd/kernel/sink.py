@@ -32,7 +32,7 @@ import asyncio  # noqa: TID251 (an IO edge: a task drains the jails' bounded que
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from nftblockd.addr import IPNet
@@ -73,6 +73,10 @@ class SinkStats:
     applied: int = 0
     refused: int = 0
     errors: int = 0
+    # per jail, what the kernel holds and what it refused (a full set): a jail's status must not count a ban
+    # the kernel never got (issue 13: 1,500 bans counted with 1,000 in a full set)
+    applied_by_jail: dict[str, int] = field(default_factory=dict)
+    refused_by_jail: dict[str, int] = field(default_factory=dict)
 
 
 _END = None
@@ -156,6 +160,7 @@ class JailBanSink:
                 history = []  # saved with the first group
                 refused.update((self.enforcer.plan.set(name).version, key) for name, key in res.failed)
                 refused.update((v, k) for v, ks in res.allowlisted.items() for k in ks)
+                refused.update((v, k) for v, ks in res.never_ban.items() for k in ks)
             except KeyError:  # the blocklist went away in a reload while the batch was on its way
                 log.error("jail %s: blocklist %r no longer exists; %d bans not applied", jail, blocklist,
                           sum(len(bs) for bs in by_version.values()))
@@ -173,9 +178,15 @@ class JailBanSink:
                     applied.append(b)
                 else:
                     self._refused(b)
-        self.stats.applied += len(applied)
+        st = self.stats
+        st.applied += len(applied)
+        by_jail = st.applied_by_jail
+        for b in applied:
+            by_jail[b.jail] = by_jail.get(b.jail, 0) + 1
         return applied
 
     def _refused(self, ban: Ban) -> None:
-        self.stats.refused += 1
+        st = self.stats
+        st.refused += 1
+        st.refused_by_jail[ban.jail] = st.refused_by_jail.get(ban.jail, 0) + 1
         self.ledger.forget_ban(ban.target, jail=ban.jail or None)

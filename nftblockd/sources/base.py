@@ -81,7 +81,9 @@ class SourceStats:
     overlong: int = 0  # lines (messages) longer than max_line, skipped
     invalid_utf8: int = 0  # lines whose invalid UTF-8 was replaced by U+FFFD
     rotations: int = 0  # files: a followed name now points elsewhere (rename, delete); journal: INVALIDATE
-    truncations: int = 0  # files: the size shrank below the read offset (copytruncate), read again from 0
+    truncations: int = 0  # files: truncated in place (copytruncate) and read again from 0
+    truncated_salvaged: int = 0  # files: bytes a truncation would have lost, read from the rotated copy
+    truncated_lost: int = 0  # files: bytes written before a truncation that could not be read (no copy)
     files_opened: int = 0  # files: files started (new, rotated-in, re-created)
     positions_saved: int = 0  # PositionStore.set calls
     errors: int = 0  # transient failures (unreadable file, store failure), each logged once

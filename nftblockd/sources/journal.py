@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: waits for journal entries on the event loop)
 import logging
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ __all__ = ["JournalSource"]
 
 log = logging.getLogger(__name__)
 
+JOURNALD_SOCKET = "/run/systemd/journal/socket"  # where a running journald receives native messages
 _FIELD = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")  # journal field names, as sd-journal accepts them
 
 
@@ -93,6 +95,7 @@ class JournalSource:
         self._skip_cursor: str | None = None  # the entry a seek landed on was already handed over
         self._save_handle: asyncio.TimerHandle | None = None
         self._failure: OSError | None = None
+        self._no_files: str | None = None  # why there is nothing to read (no journal files), while it lasts
 
     # ------------------------------------------------------------------ run
 
@@ -144,7 +147,43 @@ class JournalSource:
         except (OSError, ValueError) as exc:
             where = self._path or self._files or self._namespace or "the local journal"
             raise SourceError(f"source {self.name!r}: cannot open {where}: {exc}") from exc
+        self._check_files(reader)
         return reader
+
+    def _check_files(self, reader: Any) -> None:
+        """A journal with no files at all is said, and listed by `missing()` while it lasts: without journald
+        (or with a wrong path) a journal jail would otherwise start silently and never see a line. It is
+        followed all the same, in case journald starts (or writes its first file) later."""
+        try:
+            # the bytes of the journal files it opened (has_runtime_files() only speaks of local journals)
+            if reader.get_usage() > 0:
+                self._no_files = None
+                return
+        except OSError:
+            return
+        no_journald = False
+        if self._path is not None:
+            why = f"no journal files in {self._path}"
+        elif self._files is not None:
+            why = f"no journal files among {', '.join(self._files)}"
+        elif self._namespace is not None:
+            why = f"no journal files for namespace {self._namespace!r}"
+        else:
+            no_journald = not os.path.exists(JOURNALD_SOCKET)
+            why = "no journal files in /run/log/journal or /var/log/journal" + (
+                f" and no {JOURNALD_SOCKET}: systemd-journald is not running" if no_journald else "")
+        if why == self._no_files:
+            return
+        self._no_files = why
+        if no_journald:  # nothing will ever come: an error
+            self.stats.errors += 1
+            log.warning("source %s: %s; nothing can be read until it runs", self.name, why)
+        else:  # a journald that has not written its first file yet (a fresh volatile journal) is normal
+            log.info("source %s: %s yet; they are read as soon as they appear", self.name, why)
+
+    def missing(self) -> list[str]:
+        """Why this source reads nothing, for `status` (empty while journal files exist)."""
+        return [] if self._no_files is None else [self._no_files]
 
     def _seek(self, reader: Any) -> None:
         saved = self._store.get(self._key)
@@ -175,6 +214,10 @@ class JournalSource:
         if change == journal.INVALIDATE:
             self.stats.rotations += 1
             log.debug("source %s: journal files were added or removed", self.name)
+        if change != journal.NOP and self._no_files is not None:
+            self._check_files(reader)
+            if self._no_files is None:
+                log.info("source %s: journal files appeared; following them", self.name)
         if change != journal.NOP:
             wake.set()
 

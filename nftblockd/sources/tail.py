@@ -19,8 +19,18 @@ How files are followed:
   log; then it is read a last time (a final line without newline included) and closed. A rotated file that
   reappears under a name a pattern matches (`auth.log*` also matches `auth.log.1`) stays followed under that
   name, so renamed files are never read twice.
-- Truncation (copytruncate). The size is below the read offset, or the first bytes changed: reading starts
-  again at 0 and the partial line held from before is dropped.
+- Truncation (copytruncate). Every read checks, right after it, that the TAIL_BYTES bytes just before the
+  offset are still the ones read there. A file truncated below the offset fails the check, and so does one
+  truncated and rewritten past it before we looked (size alone missed that, and lines were lost: issue 13);
+  inode and ctime cannot tell, since copytruncate keeps the inode and every write moves ctime. Then:
+  1. what the file held past our offset is read from logrotate's copy, if there is one: a regular file in
+     the same directory whose name starts with the file's (auth.log.1, auth.log-20240101), not followed
+     already, holding our last bytes at our offset; reading goes on there, partial line included
+     (`truncated_salvaged` counts the bytes);
+  2. what was written (the largest size seen) and could be read neither from the file nor from a copy is
+     counted in `truncated_lost` and logged as a warning (no copy, a compressed one, lines written between
+     logrotate's copy and its truncate);
+  3. the file is read again from 0.
 - Restart. Positions are saved per name as JSON {dev, ino, offset, head_len, head}: the offset of the end of
   the last line handed over, and a hash of the file's first bytes. At startup, a name that now holds another
   inode makes the tailer look for the old inode in the same directory (rotated while we were down) and read
@@ -56,6 +66,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK = 256 * 1024
 HEAD_BYTES = 1024  # fingerprint length: enough to cover a few timestamped lines
+TAIL_BYTES = 64  # bytes kept from just before the read offset: a truncated and rewritten file differs there
 MAX_EVENTS = 4096  # inotify events taken per round before the work they cause is done
 DIR_MASK = (Mask.CREATE | Mask.MOVED_TO | Mask.MOVED_FROM | Mask.DELETE | Mask.DELETE_SELF | Mask.MOVE_SELF
             | Mask.ONLYDIR)
@@ -99,6 +110,20 @@ def _ident(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def _tail_at(fd: int, offset: int) -> bytes:
+    """The TAIL_BYTES (or fewer) bytes before `offset`."""
+    n = min(TAIL_BYTES, offset)
+    return os.pread(fd, n, offset - n) if n else b""
+
+
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
@@ -113,7 +138,13 @@ def _why_missing(pattern: str, d: str, base: str, present: Sequence[str]) -> str
         if any(rx.match(n) and (base.startswith(".") or n[0] != ".") for n in present):
             return None
         return f"{pattern}: no file matches"
-    return None if base in present else f"{pattern} does not exist"
+    if base in present:
+        return None
+    try:
+        st = os.stat(os.path.join(d, base))
+    except OSError:
+        return f"{pattern} does not exist"
+    return f"{pattern} is {_kind(st.st_mode)}, not a regular file"
 
 
 def missing_files(patterns: Sequence[str]) -> list[str]:
@@ -137,7 +168,7 @@ class _File:
     """One open file (mutable, private to FileTail)."""
 
     __slots__ = ("dev", "expiry", "fd", "head", "head_len", "ino", "offset", "path", "position", "rotated",
-                 "saved", "splitter", "watch")
+                 "saved", "seen", "splitter", "tail", "watch")
 
     def __init__(self, path: str, fd: int, st: os.stat_result, max_line: int) -> None:
         self.path = path  # the name it is followed under (its current name if rotated and found)
@@ -153,6 +184,8 @@ class _File:
         self.expiry: asyncio.TimerHandle | None = None
         self.head_len = 0
         self.head = ""
+        self.tail = b""  # the last bytes before `offset`, as read (at most TAIL_BYTES)
+        self.seen = 0  # the largest size seen while the file was its old self: what was written, read or not
 
 
 class FileTail:
@@ -488,6 +521,7 @@ class FileTail:
         else:
             log.info("source %s: following new file %s from the start", self.name, path)
         f.position = f.offset
+        f.tail = _tail_at(f.fd, f.offset)
         self._mark(f)
         await self._drain(f, out)
 
@@ -508,6 +542,7 @@ class FileTail:
             log.info("source %s: %s was rotated to %s while stopped; reading the rest of it", self.name, path,
                      cand)
             f.offset = f.position = saved.offset
+            f.tail = _tail_at(f.fd, f.offset)
             self._detach(f, f"rotated to {cand}", active=False)
             await self._drain(f, out)
             return
@@ -582,18 +617,27 @@ class FileTail:
     # -------------------------------------------------------------- reading
 
     async def _drain(self, f: _File, out: asyncio.Queue[LineBatch]) -> None:
-        """Read `f` to its end, handing lines over chunk by chunk."""
+        """Read `f` to its end, handing lines over chunk by chunk; notice a truncation (module rules)."""
         try:
             size = os.fstat(f.fd).st_size
-            if size < f.offset or not self._head_matches(f, f.head_len, f.head):
-                self._truncated(f)
+            checked = False
             while True:
                 data = os.pread(f.fd, self._chunk, f.offset)
+                # Then the bytes just before the offset: still ours, or the file was truncated (and maybe
+                # rewritten past the offset) before this read, which then holds new bytes, not ours.
+                back = len(f.tail)
+                if back and os.pread(f.fd, back, f.offset - back) != f.tail:
+                    await self._truncated(f, out)
+                    continue
+                if not checked:
+                    checked = True
+                    f.seen = max(f.seen, size)  # the file was its old self at this size
                 if not data:
                     return
                 self.stats.bytes_read += len(data)
                 lines = f.splitter.feed(data)
                 f.offset += len(data)
+                f.tail = data[-TAIL_BYTES:] if len(data) >= TAIL_BYTES else (f.tail + data)[-TAIL_BYTES:]
                 await self._hand_over(f, lines, out)
                 if len(data) < self._chunk:
                     return
@@ -614,13 +658,68 @@ class FileTail:
         f.position = f.offset - f.splitter.pending
         self._mark(f)
 
-    def _truncated(self, f: _File) -> None:
+    async def _truncated(self, f: _File, out: asyncio.Queue[LineBatch]) -> None:
+        """`f` was truncated in place: finish its old content from logrotate's copy if one is found, count
+        what could not be read, and read the file again from 0."""
         self.stats.truncations += 1
-        log.info("source %s: %s was truncated; reading it again from the start", self.name, f.path)
-        f.offset = f.position = 0
+        salvaged = await self._salvage(f, out)
+        lost = max(0, f.seen - f.offset)  # written (we saw the size) and read neither here nor from a copy
+        self.stats.truncated_salvaged += salvaged
+        self.stats.truncated_lost += lost
+        if lost:
+            log.warning("source %s: %s was truncated with %d bytes not yet read and no copy holding them; they "
+                        "are lost (see logrotate's copytruncate)", self.name, f.path, lost)
+        else:
+            log.info("source %s: %s was truncated; reading it again from the start%s", self.name, f.path,
+                     f" (the {salvaged} bytes not yet read came from its copy)" if salvaged else "")
+        f.offset = f.position = f.seen = 0
+        f.tail = b""
         f.head_len, f.head = 0, ""
         f.splitter.reset()
         self._mark(f)
+
+    async def _salvage(self, f: _File, out: asyncio.Queue[LineBatch]) -> int:
+        """Read what `f` held past our offset from the copy copytruncate made (bytes read, 0 if none).
+
+        The copy is a regular file in the same directory whose name starts with `f`'s (auth.log.1,
+        auth.log-20240101), that we do not follow already, and that holds our last bytes at our offset:
+        reading it on from there continues exactly where we stopped, partial line included.
+        """
+        back = len(f.tail)
+        if not back:
+            return 0  # nothing read yet: no way to tell a copy of this file from any other file
+        d, base = os.path.split(f.path)
+        try:
+            with os.scandir(d) as it:
+                names = [e.path for e in it if e.name != base and e.name.startswith(base)]
+        except OSError:
+            return 0
+        for path in sorted(names):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in self._by_ident \
+                        or st.st_size < f.offset or os.pread(fd, back, f.offset - back) != f.tail:
+                    continue
+                start = f.offset
+                while True:
+                    data = os.pread(fd, self._chunk, f.offset)
+                    if not data:
+                        break
+                    self.stats.bytes_read += len(data)
+                    lines = f.splitter.feed(data)
+                    f.offset += len(data)
+                    await self._hand_over(f, lines, out)
+                    await asyncio.sleep(0)
+                return f.offset - start
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+        return 0
 
     def _head_matches(self, f: _File, head_len: int, head: str) -> bool:
         if head_len == 0:

@@ -25,13 +25,19 @@ from pathlib import Path
 
 from nftblockd.addr import IPNet, parse_target
 from nftblockd.events import Ban
+from nftblockd.neverban import never_ban_reason
 from nftblockd.state.foreign import open_readonly
 from nftblockd.state.store import StoreError
 
-__all__ = ["DEFAULT_DB", "UNKNOWN_BANTIME", "F2bBan", "F2bImportError", "read_fail2ban_bans"]
+__all__ = ["DEFAULT_DB", "MAX_AHEAD", "UNKNOWN_BANTIME", "F2bBan", "F2bImportError", "read_fail2ban_bans",
+           "refusal"]
 
 DEFAULT_DB = "/var/lib/fail2ban/fail2ban.sqlite3"
 UNKNOWN_BANTIME = 600.0  # fail2ban's default jail bantime, for rows whose bantime it never recorded (-2)
+# fail2ban writes its database on this host, with this clock: a ban that starts more than this far ahead of
+# `now` was not written by it honestly (a forged or corrupted row), and would otherwise last its bantime
+# *plus* however far ahead it claims to start.
+MAX_AHEAD = 60.0
 
 
 class F2bImportError(Exception):
@@ -119,3 +125,19 @@ def _active(row: tuple[object, ...], now: float, unknown_bantime: float) -> F2bB
     if until <= now:
         return None
     return F2bBan(str(jail), ip_text, at, duration, count, until, until - now)
+
+
+def refusal(ban: F2bBan, target: IPNet, now: float, *, max_ahead: float = MAX_AHEAD) -> str | None:
+    """Why `ban` (whose address `target` the caller parsed) must not be imported, or None.
+
+    Never-ban space (`neverban.py`) is refused as from any other path; so is a ban whose time of ban lies
+    more than `max_ahead` seconds after `now`.
+    """
+    why = never_ban_reason(target)
+    if why is not None:
+        return f"{ban.ip} (fail2ban jail {ban.jail}) is never banned: {why}"
+    ahead = ban.time_of_ban - now
+    if ahead > max_ahead:
+        return (f"{ban.ip} (fail2ban jail {ban.jail}) has a time of ban {ahead:.0f}s in the future (more than "
+                f"{max_ahead:.0f}s ahead of this clock): not imported")
+    return None

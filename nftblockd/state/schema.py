@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, TypeAlias
 
+from nftblockd.events import clip_reason
 from nftblockd.state.db import StoreError, Unusable, classify, connect, transaction
 
 __all__ = ["CACHE_KIB", "HISTORY_INSERT", "MIGRATIONS", "SCHEMA_VERSION", "WAL_SIZE_LIMIT", "Synchronous",
@@ -140,6 +141,8 @@ _SQL_LABEL_ID = "SELECT id FROM labels WHERE blocklist = ? AND origin = ? AND re
 
 
 def label_id(conn: sqlite3.Connection, key: tuple[str, str, str, str]) -> int:
+    blocklist, origin, reason, jail = key
+    key = (blocklist, origin, clip_reason(reason), clip_reason(jail))  # a client's text is bounded on disk too
     conn.execute(_SQL_ADD_LABEL, key)
     return int(conn.execute(_SQL_LABEL_ID, key).fetchone()[0])
 

@@ -44,6 +44,7 @@ class FeedServer:
         self.requests: list[Seen] = []
         self.streamed = 0  # filler bytes actually written by `stream` routes
         self._release = asyncio.Event()
+        self.hanging = asyncio.Event()  # set when a request to a `hang` route is being held
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -84,6 +85,7 @@ class FeedServer:
         if r is None:
             return web.Response(status=404, text="not found\n")
         if r.hang:
+            self.hanging.set()
             await self._release.wait()
             return web.Response(status=503)
         headers = dict(r.headers)

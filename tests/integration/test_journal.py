@@ -202,3 +202,37 @@ def test_bad_arguments_are_refused() -> None:
         JournalSource("x", [("A", "b\nc")], store)
     with pytest.raises(ValueError, match="at most one"):
         JournalSource("x", SSHD, store, path="/a", namespace="b")
+
+
+# -- no journal to read (issue 13, item 7) --------------------------------------------------------------------
+
+
+async def test_a_journal_with_no_files_is_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # A journal jail on a host without journald (or a journal directory with nothing in it) started silently
+    # with 0 files and 0 errors.
+    empty = tmp_path / "journal"
+    empty.mkdir()
+    src = JournalSource("sshd", [("SYSLOG_IDENTIFIER", "sshd")], MemoryPositionStore(), path=str(empty))
+    with caplog.at_level("INFO"):
+        async with running(src):
+            assert src.missing() == [f"no journal files in {empty}"]
+    assert f"no journal files in {empty} yet" in caplog.text
+
+
+async def test_no_journald_at_all_is_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from systemd import journal
+
+    from nftblockd.sources import journal as journal_source
+
+    probe = journal.Reader(journal.LOCAL_ONLY | journal.SYSTEM_ONLY)
+    has_files = probe.get_usage() > 0
+    probe.close()
+    if has_files:
+        pytest.skip("this host has a local journal")
+    monkeypatch.setattr(journal_source, "JOURNALD_SOCKET", str(tmp_path / "no-such-socket"))
+    src = JournalSource("sshd", [("SYSLOG_IDENTIFIER", "sshd")], MemoryPositionStore())
+    with caplog.at_level("WARNING"):
+        async with running(src):
+            assert src.stats.errors == 1 and "systemd-journald is not running" in src.missing()[0]
+    assert "systemd-journald is not running" in caplog.text

@@ -37,6 +37,7 @@ from nftblockd.control.protocol import (
 )
 from nftblockd.control.server import ControlServer, Peer
 from nftblockd.events import BanInfo
+from nftblockd.state.f2bimport import refusal
 
 NOW = 1_700_000_000.0
 ALLOW = parse_target("10.0.0.0/8")
@@ -193,6 +194,12 @@ async def test_ban_invalid_address_is_usage_error_and_sends_nothing(sock: Path, 
     assert one_line(r.err).startswith("nftblock: not an IP address or CIDR: '192.0.2.300'")
     r = await nftblock("ban", "10.0.0.5/8", sock=sock)  # host bits set: say so rather than widen it
     assert r.code == 2 and "has host bits set" in one_line(r.err)
+    assert daemon.calls == []
+
+
+async def test_ban_with_a_huge_comment_is_usage_error_and_sends_nothing(sock: Path, daemon: FakeDaemon) -> None:
+    r = await nftblock("ban", "192.0.2.1", "--comment", "x" * 5000, sock=sock)
+    assert r.code == 2 and one_line(r.err) == "nftblock: --comment: at most 256 characters, got 5000"
     assert daemon.calls == []
 
 
@@ -468,6 +475,7 @@ class F2bBan:
     jail: str
     ip: str
     remaining: float | None
+    time_of_ban: float = 0.0
 
 
 async def test_import_fail2ban(sock: Path, daemon: FakeDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -481,14 +489,21 @@ async def test_import_fail2ban(sock: Path, daemon: FakeDaemon, monkeypatch: pyte
             F2bBan("sshd", "192.0.2.2", None),
             F2bBan("sshd", "192.0.2.3", 0.0),  # expired meanwhile
             F2bBan("nginx", "10.1.2.3", 50.0),  # allowlisted here
+            F2bBan("sshd", "0.0.0.0", 300.0),  # never-ban space (issue 13): skipped with the reason
+            F2bBan("sshd", "192.0.2.9", 300.0, now + 1000 * 86400),  # a ban 1000 days ahead: skipped
         ]
 
     monkeypatch.setitem(sys.modules, "nftblockd.state.f2bimport",
-                        types.SimpleNamespace(read_fail2ban_bans=read_fail2ban_bans))
+                        types.SimpleNamespace(read_fail2ban_bans=read_fail2ban_bans, refusal=refusal))
     r = await nftblock("import-fail2ban", "/tmp/f2b.sqlite3", "--set", "web", sock=sock)
     assert r.code == 1
     assert r.out == "imported 2 bans from /tmp/f2b.sqlite3 (1 refused)\n"
-    assert one_line(r.err) == "nftblock: refused 10.1.2.3: 10.1.2.3 is allowlisted (entry 10.0.0.0/8)"
+    err = r.err.splitlines()
+    assert err[0] == "nftblock: skipped fail2ban entry: 0.0.0.0 (fail2ban jail sshd) is never banned: " \
+        "the unspecified address (RFC 1122)"
+    assert err[1].startswith("nftblock: skipped fail2ban entry: 192.0.2.9 (fail2ban jail sshd) has a time of ")
+    assert "in the future" in err[1]
+    assert err[2:] == ["nftblock: refused 10.1.2.3: 10.1.2.3 is allowlisted (entry 10.0.0.0/8)"]
     assert read[0][0] == "/tmp/f2b.sqlite3"
     why = "imported from fail2ban jail "
     assert daemon.calls == [("ban", {"set": "web", "origin": "fail2ban", "targets": [
@@ -505,7 +520,7 @@ async def test_import_fail2ban_reports_an_unreadable_database(monkeypatch: pytes
         raise OSError(2, "No such file or directory", db_path)
 
     monkeypatch.setitem(sys.modules, "nftblockd.state.f2bimport",
-                        types.SimpleNamespace(read_fail2ban_bans=read_fail2ban_bans))
+                        types.SimpleNamespace(read_fail2ban_bans=read_fail2ban_bans, refusal=refusal))
     r = await nftblock("import-fail2ban", "/nonexistent.sqlite3")
     assert r.code == 1
     assert one_line(r.err).startswith("nftblock: cannot read fail2ban bans from /nonexistent.sqlite3: ")

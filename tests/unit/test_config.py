@@ -146,3 +146,22 @@ def test_values_compare_by_meaning_not_by_position() -> None:
     assert (a.blocklists, a.jails, a.feeds, a.chain, a.table) == (b.blocklists, b.jails, b.feeds, b.chain, b.table)
     c = parse_config(text.replace("timeout: 1h", "timeout: 2h"))
     assert c.blocklists != a.blocklists
+
+
+def test_zero_and_overlong_durations_are_refused_with_their_line(tmp_path: Path) -> None:
+    # Issue 13, item 5: `findtime: 0` passed --check-config, then the daemon exited with a traceback.
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("reconcile: {interval: 0}\njails:\n  sshd:\n    files: [/var/log/auth.log]\n    filter: sshd\n"
+                   "    findtime: 0\n    bantime: 1.0e+308\n    escalation: {max: 99999d}\n"
+                   "feeds:\n  f:\n    path: /tmp/f\n    blocklist: fb\n    refresh: 0s\n"
+                   "blocklists: {default: {}, fb: {timeout: 10000000000000000000000000000000}}\n")
+    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--check-config", str(cfg)],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    lines = r.stderr.splitlines()
+    assert any(line.startswith(f"{cfg}:1: reconcile.interval: must be longer than 0") for line in lines), lines
+    assert any(line.startswith(f"{cfg}:6: jails.sshd.findtime: must be longer than 0") for line in lines), lines
+    assert any(line.startswith(f"{cfg}:7: jails.sshd.bantime: a ban timeout is at most 3650d") for line in lines)
+    assert any(line.startswith(f"{cfg}:8: jails.sshd.escalation.max: must be at most 3650d") for line in lines)
+    assert any(line.startswith(f"{cfg}:13: feeds.f.refresh: must be longer than 0") for line in lines), lines
+    assert any(line.startswith(f"{cfg}:14: blocklists.fb.timeout: a ban timeout is at most") for line in lines)

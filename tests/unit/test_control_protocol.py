@@ -266,7 +266,7 @@ def test_encoded_lines_are_single_lines() -> None:
 
 
 def test_control_error_codes() -> None:
-    assert {"invalid_address", "allowlisted", "unknown_set", "bad_request", "not_found", "internal",
+    assert {"invalid_address", "allowlisted", "never_ban", "unknown_set", "bad_request", "not_found", "internal",
             "unavailable", "forbidden", "refused"} == ERROR_CODES
     e = ControlError("unknown_set", "no blocklist named 'x'\n(configured: a)")
     assert (e.code, e.message, str(e)) == ("unknown_set", "no blocklist named 'x' (configured: a)",
@@ -372,3 +372,22 @@ def test_any_ipv4_target_survives_the_wire(n: int) -> None:
     (event,) = feed_whole(encode_request(1, "ban", {"targets": [text]}))
     assert isinstance(event, Request)
     assert parse_args(event.cmd, event.args) == BanArgs((BanItem(text),), None)
+
+
+@pytest.mark.parametrize("timeout", [1e308, 10**400, "99999d", "9" * 400])
+def test_a_huge_timeout_is_the_clients_mistake(timeout: object) -> None:
+    # Issue 13, item 5: `timeout: 1e308` was answered `internal` (an OverflowError in the daemon).
+    with pytest.raises(ProtocolError, match=r"timeout: .*(at most 3650d|too large)"):
+        parse_args("ban", {"targets": ["203.0.113.9"], "timeout": timeout})
+
+
+def test_a_huge_comment_reason_or_jail_is_refused() -> None:
+    # Issue 13, item 5: a 5 MB comment became one 5 MB audit line and a 5 MB database row.
+    big = "x" * 5_000_000
+    with pytest.raises(ProtocolError, match="'comment': at most 256 characters"):
+        parse_args("ban", {"targets": ["203.0.113.9"], "comment": big})
+    with pytest.raises(ProtocolError, match=r"targets\[0\].reason: at most 256"):
+        parse_args("ban", {"targets": [{"target": "203.0.113.9", "reason": big}]})
+    with pytest.raises(ProtocolError, match=r"targets\[0\].jail: at most 256"):
+        parse_args("ban", {"targets": [{"target": "203.0.113.9", "jail": big}]})
+    assert parse_args("ban", {"targets": ["203.0.113.9"], "comment": "x" * 256})

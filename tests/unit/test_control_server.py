@@ -318,17 +318,57 @@ async def test_many_clients_are_served_concurrently(server: ControlServer, handl
         await c.close()
 
 
-async def test_connection_limit(sock_dir: Path, make_server: MakeServer) -> None:
+async def test_connection_limit_turns_away_only_when_every_slot_runs_a_request(
+    sock_dir: Path, make_server: MakeServer, handler: FakeHandler,
+) -> None:
     srv = await make_server(sock_dir / "c.sock", max_connections=1)
     a = await Conn.open(srv.path)
-    assert (await a.call(1, "ping"))["ok"] is True
+    await a.send(encode_request(1, "wait", {"gate": "g"}))
+    handler.gate("g")
+    await handler.entered["g"].wait()  # a's request is running
     b = await Conn.open(srv.path)
     reply = await b.recv()
     assert reply["error"]["code"] == "unavailable" and "too many" in reply["error"]["message"]
     assert await b.reader.read() == b""
+    handler.gate("g").set()
+    assert (await a.recv())["ok"] is True
     await a.close()
     await b.close()
     await srv.close()
+
+
+async def test_idle_connections_cannot_lock_out_status(sock_dir: Path, make_server: MakeServer) -> None:
+    # Issue 13, item 5: 64 idle connections locked `nftblock status` out for as long as they were held.
+    srv = await make_server(sock_dir / "c.sock")  # the defaults: 64 connections, 60 s idle timeout
+    idle = [await Conn.open(srv.path) for _ in range(64)]
+    for i, c in enumerate(idle):  # each has been used once and idles now, idle[0] the longest
+        assert (await c.call(i, "ping"))["ok"] is True
+    assert srv.connections == 64
+    ops = []
+    for i in range(3):  # three operators, each keeping the connection open
+        ops.append(await Conn.open(srv.path))
+        reply = await ops[-1].call(i, "echo", {"status": True})
+        assert reply["ok"] is True, reply
+    assert srv.evicted == 3
+    for c in idle[:3]:  # the three idle the longest were closed to make room
+        assert await asyncio.wait_for(c.reader.read(), 10) == b""
+    assert (await idle[3].call(99, "ping"))["ok"] is True
+    for c in idle + ops:
+        await c.close()
+
+
+async def test_a_connection_idle_past_the_timeout_is_closed(sock_dir: Path, make_server: MakeServer) -> None:
+    srv = await make_server(sock_dir / "c.sock", idle_timeout=0.2)
+    c = await Conn.open(srv.path)
+    assert (await c.call(1, "ping"))["ok"] is True
+    assert await asyncio.wait_for(c.reader.read(), 10) == b""  # closed by the server, not by this bound
+    assert srv.idle_closed == 1
+    half = await Conn.open(srv.path)
+    await half.send(b'{"v":1,"id":1,"cmd":"pi')  # a request begun and never finished (slowloris)
+    assert await asyncio.wait_for(half.reader.read(), 10) == b""
+    assert srv.idle_closed == 2
+    await c.close()
+    await half.close()
 
 
 # --- shutdown ------------------------------------------------------------------------------------------

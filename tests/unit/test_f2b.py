@@ -81,6 +81,27 @@ def test_interpolation_errors_say_where(tmp_path: Path) -> None:
         read_filter(tmp_path / "absent.conf")
 
 
+def _exponential(ref: str) -> str:
+    """Ten levels, each ten copies of the level below: 10**9 characters if expanded."""
+    lines = ["[Definition]", "a0 = x"]
+    lines += [f"a{i} = " + ref.format(f"a{i - 1}") * 10 for i in range(1, 10)]
+    return "\n".join(lines) + "\n"
+
+
+def test_exponential_interpolation_is_refused_with_its_line(tmp_path: Path) -> None:
+    # Issue 13, item 5: such a file made test-filter run past 60 s at 280 MB; users load third-party
+    # filters as they are.
+    p = conf(tmp_path, "bomb.conf", _exponential("%({})s") + "failregex = ^%(a9)s <HOST>$\n")
+    with pytest.raises(FilterError, match=r"bomb\.conf:12: .*expands to more than"):
+        read_filter(p)
+
+
+def test_exponential_tags_are_refused_with_their_line(tmp_path: Path) -> None:
+    p = conf(tmp_path, "tags.conf", _exponential("<{}>") + "failregex = ^<a9> <HOST>$\n")
+    with pytest.raises(FilterError, match=r"tags\.conf:12: .*expands to more than"):
+        read_filter(p)
+
+
 def test_includes_before_after_and_local(tmp_path: Path) -> None:
     conf(tmp_path, "common.conf", "[DEFAULT]\n_daemon = \\S*\nprefix = %(_daemon)s:\n")
     conf(tmp_path, "common.local", "[DEFAULT]\n_daemon = mine\n")

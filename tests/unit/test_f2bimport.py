@@ -253,3 +253,17 @@ def test_a_database_written_by_fail2ban_itself(tmp_path: Path) -> None:
         F2bBan("sshd", "192.0.2.1", float(T - 100), 3600.0, 1, float(T + 3500), T + 3500 - NOW),
         F2bBan("sshd", "192.0.2.2", float(T - 100), None, 3, None, None),
     ]
+
+
+def test_refusal_of_never_ban_space_and_of_bans_from_the_future() -> None:
+    from nftblockd.state.f2bimport import MAX_AHEAD, refusal
+
+    def ban(ip: str, at: float) -> F2bBan:
+        return F2bBan("sshd", ip, at, 600.0, 1, at + 600.0, at + 600.0 - NOW)
+
+    assert refusal(ban("192.0.2.1", NOW - 10), parse_target("192.0.2.1"), NOW) is None
+    why = refusal(ban("0.0.0.0", NOW - 10), parse_target("0.0.0.0"), NOW)
+    assert why is not None and "never banned" in why and "unspecified" in why
+    assert refusal(ban("192.0.2.1", NOW + MAX_AHEAD), parse_target("192.0.2.1"), NOW) is None  # within skew
+    why = refusal(ban("192.0.2.1", NOW + 1000 * 86400), parse_target("192.0.2.1"), NOW)
+    assert why is not None and "in the future" in why

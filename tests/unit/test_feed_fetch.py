@@ -10,6 +10,7 @@ import asyncio
 import gzip
 import json
 import os
+import tracemalloc
 import zlib
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from nftblockd.addr import parse_target
 from nftblockd.config import FeedConfig
 from nftblockd.feeds.aggregate import aggregate
-from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate, backoff_delay, jittered
+from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate, backoff_delay, jittered, retry_after
 from tests.helpers.httpserver import FeedServer
 
 DATA = Path(__file__).parent.parent / "data" / "feeds"
@@ -244,6 +245,23 @@ async def test_gzip_bomb_is_rejected(srv: FeedServer, cache: Path) -> None:
     f = fetcher(make_cfg(url=srv.url("/bomb.txt"), max_size=1024 * 1024), cache)
     with pytest.raises(FeedError, match="inflates to over max_size"):
         await f.fetch()
+
+
+async def test_gzip_bomb_memory_stays_at_the_cap(srv: FeedServer, cache: Path) -> None:
+    # Issue 13, item 5: inflating a bomb peaked at about twice max_size (the inflated cap as bytes, then
+    # copied into the output). Now output is produced 64 KiB at a time into one buffer.
+    cap = 8 * 1024 * 1024
+    bomb = gzip.compress(b"1.2.3.4\n" * (8 * cap // 8), compresslevel=9)  # 64 MiB inflated, ~64 kB sent
+    srv.route("/bomb.txt", bomb, headers={"Content-Encoding": "gzip"})
+    f = fetcher(make_cfg(url=srv.url("/bomb.txt"), max_size=cap), cache)
+    tracemalloc.start()
+    try:
+        with pytest.raises(FeedError, match="inflates to over max_size"):
+            await f.fetch()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.25 * cap, f"peak {peak / cap:.2f} x max_size"
 
 
 async def test_html_error_page_keeps_the_last_good_copy(srv: FeedServer, cache: Path) -> None:
@@ -632,6 +650,17 @@ async def test_refresh_now_and_accept_wake_the_loop(srv: FeedServer, cache: Path
     await loop.close()
 
 
+async def test_stop_does_not_wait_for_a_hanging_fetch(srv: FeedServer, cache: Path) -> None:
+    # Issue 13, item 5: SIGTERM waited for a hanging feed fetch (28.8 s, the fetch timeout). The fetch
+    # timeout here is an hour: only BOUND ends the wait if stop does not cut the fetch short.
+    srv.route("/slow.txt", hang=True)
+    f = fetcher(make_cfg(url=srv.url("/slow.txt"), timeout=3600.0), cache)
+    loop = Loop(f)
+    await first_of(srv.hanging.wait(), loop.task)  # the fetch is in flight
+    await loop.close()
+    assert f.status().next_refresh is None
+
+
 async def test_on_update_errors_propagate_unwrapped(srv: FeedServer, cache: Path) -> None:
     srv.route("/drop.txt", DROP)
 
@@ -671,3 +700,98 @@ async def test_stop_before_anything(cache: Path) -> None:
     await asyncio.wait_for(f.run(record, stop), BOUND)
     assert calls == []
 
+
+
+
+# -- Retry-After, max_stale, defer_removals (issue 13, item 7) --------------------------------------------
+
+
+def test_retry_after_values() -> None:
+    now = 1_714_557_600.0  # Wed, 01 May 2024 10:00:00 GMT
+    assert retry_after(None, now) is None
+    assert retry_after("120", now) == 120
+    assert retry_after(" 0 ", now) == 0
+    assert retry_after("Wed, 01 May 2024 10:05:00 GMT", now) == 300
+    assert retry_after("Wed, 01 May 2024 09:00:00 GMT", now) == 0  # in the past: at once
+    assert retry_after("soon", now) is None and retry_after("-5", now) is None
+
+
+@pytest.mark.parametrize(("header", "max_retry_after", "slept"), [
+    ("120", None, 120),  # honoured
+    ("86400", None, 600),  # capped at the refresh interval by default
+    ("86400", 1800.0, 1800),  # or at max_retry_after
+    ("120", 0.0, 30),  # ignored: the backoff alone
+])
+async def test_run_honours_retry_after(srv: FeedServer, cache: Path, header: str, max_retry_after: float | None,
+                                       slept: float) -> None:
+    srv.route("/drop.txt", b"busy", status=429, headers={"Retry-After": header})
+    clock = FakeClock()
+    f = fetcher(make_cfg(url=srv.url("/drop.txt"), refresh=600, max_retry_after=max_retry_after), cache,
+                clock=clock, retry_base=30)
+    loop = Loop(f)
+    assert await loop.slept(clock) == slept
+    assert "retry after" in error_of(f)
+    await loop.close()
+
+
+async def test_max_stale_withdraws_the_entries_then_a_fetch_brings_them_back(srv: FeedServer,
+                                                                             cache: Path) -> None:
+    srv.route("/drop.txt", DROP, etag='"v1"')
+    clock = FakeClock()
+    f = fetcher(make_cfg(url=srv.url("/drop.txt"), refresh=3600, max_stale=3 * 3600.0), cache, clock=clock,
+                retry_base=3600)  # one attempt an hour, errors or not
+    loop = Loop(f)
+    assert (await loop.update()).parsed.entries == 10
+    srv.route("/drop.txt", b"down", status=500, etag='"v1"')
+    for _ in range(3):  # 1 h, 2 h, 3 h without a successful fetch: still in force
+        clock.advance(await loop.slept(clock))
+    assert loop.updates.empty() and f.status().entries == 10
+    clock.advance(await loop.slept(clock))  # 4 h
+    gone = await loop.update()
+    assert gone.origin == "withdrawn" and gone.parsed.entries == 0 and not gone.sanitised.v4
+    st = f.status()
+    assert st.entries == 0 and st.counters.withdrawn == 1 and "withdrawn" in error_of(f)
+    clock.advance(await loop.slept(clock))
+    assert loop.updates.empty()  # withdrawn once
+    srv.route("/drop.txt", DROP, etag='"v1"')  # back, with the same validator: no 304 may keep it empty
+    clock.advance(await loop.slept(clock))
+    back = await loop.update()
+    assert back.origin == "fetch" and back.parsed.entries == 10
+    assert "If-None-Match" not in srv.hits("/drop.txt")[-1].headers
+    await loop.close()
+
+
+async def test_a_cache_older_than_max_stale_is_not_applied(srv: FeedServer, cache: Path) -> None:
+    srv.route("/drop.txt", DROP)
+    cfg = make_cfg(url=srv.url("/drop.txt"), max_stale=86400.0)
+    clock = FakeClock()
+    await fetcher(cfg, cache, clock=clock).fetch()
+    clock.advance(2 * 86400)
+    f = fetcher(cfg, cache, clock=clock)
+    assert await f.load_cache() is None
+    assert "max_stale" in error_of(f)
+    assert (await f.fetch()) is not None  # unconditional: nothing in force to be "not modified"
+
+
+async def test_defer_removals_keeps_a_dropped_entry_one_refresh(srv: FeedServer, cache: Path) -> None:
+    srv.route("/drop.txt", b"1.2.3.4\n5.6.7.8\n9.9.9.9\n", etag='"v1"')
+    f = fetcher(make_cfg(url=srv.url("/drop.txt"), defer_removals=True), cache)
+    first = await f.fetch()
+    assert first is not None and first.deferred is None
+    srv.route("/drop.txt", b"1.2.3.4\n5.6.7.8\n", etag='"v2"')  # 9.9.9.9 leaves the list
+    second = await f.fetch()
+    assert second is not None and second.deferred is first.sanitised
+    union = aggregate([second.sanitised, second.deferred])
+    assert "9.9.9.9/32" in {str(n) for n in union.networks()}  # still blocked
+    third = await f.fetch()  # 304: the next refresh confirms it gone
+    assert third is not None and third.deferred is None and third.sanitised is second.sanitised
+    assert await f.fetch() is None  # and then nothing more to hand over
+
+
+async def test_without_defer_removals_nothing_is_deferred(srv: FeedServer, cache: Path) -> None:
+    srv.route("/drop.txt", b"1.2.3.4\n5.6.7.8\n", etag='"v1"')
+    f = fetcher(make_cfg(url=srv.url("/drop.txt")), cache)
+    await f.fetch()
+    srv.route("/drop.txt", b"1.2.3.4\n", etag='"v2"')
+    upd = await f.fetch()
+    assert upd is not None and upd.deferred is None

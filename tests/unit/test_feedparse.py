@@ -107,6 +107,23 @@ def test_markup_is_an_error_not_an_empty_list(body: bytes, fmt: str) -> None:
         parse_feed(body, fmt, "ip" if fmt != "plain" else 0)
 
 
+@pytest.mark.parametrize(("body", "markup"), [
+    (b"1.2.3.4\n<br>\n5.6.7.8\n9.9.9.9\n", 1),  # issue 13: one stray line rejected the whole body
+    (b"<pre>\n1.2.3.4\n5.6.7.8\n9.9.9.9\n</pre>\n", 2),  # a list served inside <pre>
+    (b"# generated\n1.2.3.4\n5.6.7.8\n9.9.9.9\n<script src=x.js></script>\n", 1),  # a proxy's injection
+])
+def test_stray_markup_lines_are_counted_and_skipped(body: bytes, markup: int) -> None:
+    r = parse_feed(body)
+    assert [str(n) for n in r.networks()] == ["1.2.3.4/32", "5.6.7.8/32", "9.9.9.9/32"]
+    assert r.stats.markup == markup and r.stats.invalid == 0
+    assert r.stats.as_dict()["markup"] == markup
+
+
+def test_markup_lines_count_towards_the_garbage_share() -> None:
+    with pytest.raises(FeedFormatError, match="not a list"):
+        parse_feed(b"<p>\n1.2.3.4\n<b>\n<i>\n")
+
+
 def test_mostly_garbage_is_an_error() -> None:
     with pytest.raises(FeedFormatError, match="3 of 4 entries"):
         parse_feed((DATA / "garbage.txt").read_bytes())
@@ -317,7 +334,7 @@ def test_json_round_trip(networks: list[ipaddress.IPv4Network | ipaddress.IPv6Ne
 def test_stats_as_dict_and_host_bits_in_csv_and_json() -> None:
     r = parse_feed("ip\n1.2.3.4/24\n\n5.6.7.8\n", "csv", "ip")
     assert r.stats.as_dict() == {"lines": 4, "entries": 2, "v4": 2, "v6": 0, "host_bits_normalised": 1,
-                                 "invalid": 0, "skipped": 2, "invalid_samples": []}
+                                 "invalid": 0, "skipped": 2, "invalid_samples": [], "markup": 0}
     assert parse_feed('{"ip": "2a01::1/16"}\n\n{"ip": "::ffff:102:304"}\n', "json", "ip").stats.as_dict()[
         "host_bits_normalised"] == 1
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from nftblockd.addr import pack_target, parse_target, target_text
-from nftblockd.events import Ban
+from nftblockd.events import MAX_REASON, Ban
 from nftblockd.sources.base import PositionStore
 from nftblockd.state import schema as schema_mod
 from nftblockd.state.schema import SCHEMA_VERSION
@@ -130,6 +130,16 @@ def test_upsert_last_wins_and_created_is_kept(store: Store) -> None:
     assert load_active_bans(store, NOW) == [ban("192.0.2.1", NOW + 30, reason="third")]
     with contextlib.closing(raw(store.path)) as c:
         assert c.execute("SELECT count(*), min(created) FROM bans").fetchone() == (1, NOW)
+
+
+def test_a_huge_reason_is_clipped_on_disk(store: Store) -> None:
+    # Issue 13, item 5: a 5 MB comment became a 5 MB database row. The control API refuses it now; the
+    # store clips whatever still comes, as the last guard.
+    store.save_bans([ban("192.0.2.1", NOW + 10, reason="x" * 5_000_000)], created=NOW)
+    (loaded,) = load_active_bans(store, NOW)
+    assert len(loaded.reason) == MAX_REASON and loaded.reason.startswith("xxx")
+    with contextlib.closing(raw(store.path)) as c:
+        assert c.execute("SELECT max(length(reason)) FROM labels").fetchone() == (MAX_REASON,)
 
 
 def test_same_target_in_two_blocklists(store: Store) -> None:

@@ -312,7 +312,7 @@ def test_ipv6_hosts_are_counted_and_banned_by_their_prefix() -> None:
 
 
 def test_ipv6_prefix_128_counts_each_address() -> None:
-    tr = Tracker([sshd(maxretry=2)])
+    tr = Tracker([sshd(maxretry=2, ipv6_prefix=128)])
     assert fail(tr, "2001:db8::1", 1, T0).kind is Kind.COUNTED
     assert fail(tr, "2001:db8::2", 1, T0).kind is Kind.COUNTED
     out = fail(tr, "2001:db8::2", 1, T0)
@@ -472,13 +472,29 @@ def test_stale_records_go_with_their_generation() -> None:
 
 def test_a_record_touched_in_the_old_generation_survives_rotation() -> None:
     tr = Tracker([sshd(maxretry=3)])
-    fail(tr, "192.0.2.1", 1, T0)
+    fail(tr, "192.0.2.9", 1, T0)  # anchors the generations: the next rotation is due at T0 + 600
+    fail(tr, "192.0.2.1", 1, T0 + 400)
+    fail(tr, "192.0.2.9", 1, T0 + 600)  # rotates: .1's one failure is in the older generation now
+    assert fail(tr, "192.0.2.1", 1, T0 + 650).kind is Kind.COUNTED
+    assert tr.failures("sshd", A("192.0.2.1"), T0 + 650) == 2
+    fail(tr, "192.0.2.8", 1, T0 + 1200)  # rotates again: 650 is still within 600 s
+    assert tr.failures("sshd", A("192.0.2.1"), T0 + 1200) == 1
+    assert fail(tr, "192.0.2.1", 1, T0 + 1210).kind is Kind.COUNTED  # 650 + 1210: two, not yet three
+
+
+def test_records_with_several_failures_are_dropped_once_their_latest_left_the_window() -> None:
+    tr = Tracker([sshd(maxretry=4)])
+    fail(tr, "192.0.2.1", 1, T0 + 500)
     fail(tr, "192.0.2.1", 1, T0 + 590)
-    fail(tr, "192.0.2.9", 1, T0 + 700)  # rotates
-    assert fail(tr, "192.0.2.1", 1, T0 + 650).kind is Kind.COUNTED  # T0 dropped, T0+590 kept
-    fail(tr, "192.0.2.9", 1, T0 + 1300)  # rotates again; 192.0.2.1 was promoted to the current one
-    assert tr.failures("sshd", A("192.0.2.1"), T0 + 1189) == 2
-    assert tr.failures("sshd", A("192.0.2.1"), T0 + 1191) == 1
+    fail(tr, "192.0.2.9", 1, T0 + 700)  # rotates; .1's latest failure (590) is within 600 s
+    assert tr.failures("sshd", A("192.0.2.1"), T0 + 700) == 2
+    fail(tr, "192.0.2.1", 1, T0 + 1000)
+    fail(tr, "192.0.2.9", 1, T0 + 1300)  # rotates; 1000 is within the window, 500 and 590 are not
+    assert tr.failures("sshd", A("192.0.2.1"), T0 + 1300) == 1
+    assert tr.tracked == 2  # .1 and .9
+    fail(tr, "192.0.2.8", 1, T0 + 1900)  # rotates: .1's latest (1000) left the window, .9's (1300) did not
+    assert tr.failures("sshd", A("192.0.2.1"), T0 + 1900) == 0
+    assert tr.tracked == 2  # .9 (older generation) and .8
 
 
 def test_sweep_bounds_memory_without_hits() -> None:
@@ -510,6 +526,60 @@ def test_the_cap_evicts_from_the_largest_jail_first() -> None:
     for i in range(500):
         tr.observe(Hit("sshd", ipaddress.IPv4Address(0x0A000000 + i), T0), T0)
     assert all(tr.failures("web", ipaddress.IPv4Address(0x0B000000 + i), T0) == 1 for i in range(10))
+
+
+def test_a_flood_of_single_failures_cannot_evict_an_offender_near_its_ban() -> None:
+    # Issue 13, item 4, as measured there: 2 failures from A, 110k single failures from distinct addresses,
+    # then A's third. With oldest-first eviction A was forgotten and never banned.
+    tr = Tracker([sshd(maxretry=3)])  # max_tracked is the default 100,000
+    a = "198.51.100.7"
+    fail(tr, a, 2, T0)
+    for i in range(110_000):
+        t = T0 + 1 + i * 0.001
+        tr.observe(Hit("sshd", ipaddress.IPv4Address(0x0A000000 + i), t), t)
+    assert tr.evictions >= 10_000 and tr.evicted_several == 0 and tr.tracked <= 100_000
+    assert fail(tr, a, 1, T0 + 200).kind is Kind.BANNED
+
+
+def test_one_ipv6_host_walking_its_64_is_one_offender_by_default() -> None:
+    tr = Tracker([sshd(maxretry=3)], max_tracked=1000)  # no ipv6_prefix: the default groups by /64
+    fail(tr, "198.51.100.7", 2, T0)
+    for i in range(5000):
+        tr.observe(Hit("sshd", ipaddress.IPv6Address((0x2001_0DB8_0BAD << 80) | (i + 1)), T0 + 1), T0 + 1)
+    assert tr.evictions == 0  # 5000 addresses, one /64: one record, banned at its third failure
+    assert fail(tr, "198.51.100.7", 1, T0 + 2).kind is Kind.BANNED
+
+
+def test_when_only_several_failure_records_are_left_the_farthest_from_a_ban_go_first() -> None:
+    tr = Tracker([sshd(maxretry=5), JailPolicy("web", maxretry=3)], max_tracked=64)
+    near = "198.51.100.7"
+    fail(tr, near, 4, T0)  # one failure short of its ban
+    for i in range(63):  # the rest of the cap: two failures each, three short of a ban
+        fail(tr, str(ipaddress.IPv4Address(0x0A000000 + i)), 2, T0 + 1 + i)
+    assert tr.tracked == 64 and tr.evictions == 0
+    fail(tr, "203.0.113.1", 1, T0 + 100)  # a newcomer: room is made among the two-failure records
+    assert tr.evictions == 1 and tr.evicted_several == 1
+    assert tr.failures("sshd", A("10.0.0.0"), T0 + 100) == 0  # the longest quiet of the farthest from a ban
+    assert fail(tr, near, 1, T0 + 100).kind is Kind.BANNED
+
+
+def test_the_eviction_order_is_one_failure_records_oldest_generation_first() -> None:
+    tr = Tracker([sshd(maxretry=3, findtime=100.0)], max_tracked=64)
+    fail(tr, "10.9.0.0", 1, T0)  # anchors the generations: the next rotation is due at T0 + 100
+    for i in range(40):
+        fail(tr, str(ipaddress.IPv4Address(0x0A000000 + i)), 1, T0 + 50)
+    fail(tr, "10.9.0.1", 2, T0 + 60)  # several failures: kept apart
+    fail(tr, "10.9.0.2", 1, T0 + 100)  # rotates: the 41 one-failure records are the older generation now
+    for i in range(21):
+        fail(tr, str(ipaddress.IPv4Address(0x0B000000 + i)), 1, T0 + 101)
+    assert tr.tracked == 64 and tr.evictions == 0
+    fail(tr, "10.9.9.8", 1, T0 + 102)
+    fail(tr, "10.9.9.9", 1, T0 + 102)
+    assert tr.evictions == 2  # 10.9.0.0, then 10.0.0.0: the oldest of the older generation
+    assert tr.failures("sshd", A("10.0.0.0"), T0 + 102) == 0
+    assert tr.failures("sshd", A("10.0.0.1"), T0 + 102) == 1
+    assert tr.failures("sshd", A("10.9.0.1"), T0 + 102) == 2
+    assert tr.failures("sshd", A("11.0.0.0"), T0 + 102) == 1
 
 
 # -- recidive --------------------------------------------------------------------------------------------
@@ -646,12 +716,15 @@ def test_tracker_from_config_protects_own_addresses_and_loopback() -> None:
     ))
     tr = Tracker.from_config(cfg, [A("198.51.100.5")])
     assert tr.jails == ("sshd",)
-    for host in ("10.1.1.1", "198.51.100.5", "127.0.0.1", "::1"):
+    for host in ("10.1.1.1", "198.51.100.5"):
         assert fail(tr, host, 1, T0).kind is Kind.ALLOWLISTED, host
+    for host in ("127.0.0.1", "::1"):  # loopback is never-ban space as well as allowlisted
+        assert fail(tr, host, 1, T0).kind is Kind.NEVER_BAN, host
     assert fail(tr, "192.0.2.1", 1, T0).kind is Kind.BANNED
     lax = Tracker.from_config(Config(file="t.yaml", allowlist_self=False, jails=cfg.jails),
                               [A("198.51.100.5")])
     assert fail(lax, "198.51.100.5", 1, T0).kind is Kind.BANNED
+    assert fail(lax, "127.0.0.1", 1, T0).kind is Kind.NEVER_BAN  # even without allowlist_self
 
 
 def test_policy_durations() -> None:
@@ -831,3 +904,32 @@ def test_failures_of_an_untracked_offender_and_bad_rows() -> None:
         BanRecord.from_row(("sshd", "192.0.2.1", T0, "tomorrow"))
     with pytest.raises(ValueError):
         Tracker([sshd()], max_skew=-1.0)
+
+
+# -- never-ban space (issue 13, item 2) -----------------------------------------------------------------
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "255.255.255.255", "224.0.0.1", "240.0.0.1", "169.254.9.9",
+                                  "::", "fe80::1", "ff02::1", "::ffff:224.0.0.1"])
+def test_never_ban_space_is_never_counted_or_banned(host: str) -> None:
+    tr = Tracker([sshd(maxretry=1, ipv6_prefix=64)])
+    out = tr.observe(hit("sshd", host, T0), T0)
+    assert out.kind is Kind.NEVER_BAN and out.ban is None and out.allow is not None
+    assert tr.tracked == 0 and tr.banned_count() == 0
+
+
+def test_never_ban_space_beside_the_allowlist_and_ignoreip() -> None:
+    tr = Tracker([sshd(maxretry=1, ignoreip=(N("198.51.100.0/24"),))], Allowlist.from_networks([N("192.0.2.0/24")]))
+    assert tr.observe(hit("sshd", "224.0.0.9", T0), T0).kind is Kind.NEVER_BAN
+    assert tr.observe(hit("sshd", "192.0.2.9", T0), T0).kind is Kind.ALLOWLISTED
+    assert tr.observe(hit("sshd", "198.51.100.9", T0), T0).kind is Kind.ALLOWLISTED
+    assert tr.observe(hit("sshd", "203.0.113.9", T0), T0).kind is Kind.BANNED
+    tr.replace_allowlist(Allowlist())
+    assert tr.observe(hit("sshd", "0.0.0.0", T0), T0).kind is Kind.NEVER_BAN
+    assert not tr.note_ban(Ban(N("224.0.0.9/32"), "bad", T0 + H, "jail", "", "sshd"), T0)
+
+
+def test_an_ipv6_neighbour_of_never_ban_space_is_banned_alone() -> None:
+    # ::2 is no never-ban address, but its /64 holds :: and ::1: the offender is the single address.
+    tr = Tracker([sshd(maxretry=1, ipv6_prefix=64)])
+    out = tr.observe(hit("sshd", "::2", T0), T0)
+    assert out.kind is Kind.BANNED and out.ban is not None and out.ban.target == N("::2/128")

@@ -68,7 +68,7 @@ DEFAULT_SOCKET = "/run/nftblockd/control.sock"
 PROTOCOL_VERSION = 1
 MAX_REPLY = 64 * 1024 * 1024
 # Error codes after which re-sending the same request cannot help (the request itself is refused).
-FINAL_ERRORS = frozenset({"bad_request", "unknown_set", "invalid_address", "allowlisted", "forbidden",
+FINAL_ERRORS = frozenset({"bad_request", "unknown_set", "invalid_address", "allowlisted", "never_ban", "forbidden",
                           "not_found", "internal"})
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 5.0
 MAX_LOGGED = 10  # per answer: refusals logged one by one, then a count
