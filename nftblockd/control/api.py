@@ -186,10 +186,12 @@ class ControlAPI:
         res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=first.reason,
                                             jail=first.jail, comment=first.reason[:200], now=now)
         refused: list[dict[str, Any]] = []
+        allow = self.enforcer.allow
         for version, allowed in res.allowlisted.items():
             for k in allowed:
-                t = _fmt(version, k)
-                refused.append({"target": t, "code": "allowlisted", "message": f"{t} is allowlisted; never banned"})
+                t = _fmt(version, k)  # the entry is looked up again only for the refused: the single path names it
+                refused.append({"target": t, "code": "allowlisted",
+                                "message": f"{t} is allowlisted ({allow.contains_range(version, k, k)}); never banned"})
         failed_keys = set()
         for (set_name, k), (code, msg) in res.failed.items():
             version = 4 if set_name.endswith("4") else 6

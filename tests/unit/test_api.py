@@ -208,6 +208,12 @@ async def test_bulk_ban_lands_hosts_in_one_transaction_and_the_rest_one_by_one(r
     assert rig.bans()[hosts4[0], "default"].origin == "cli"
 
 
+async def test_bulk_allowlist_refusals_name_the_entry_like_single_ones(rig: ApiRig) -> None:
+    r = await rig.api("ban", stdin_request([v4(i) for i in range(BULK_THRESHOLD)] + ["10.9.9.9"]), PEER)
+    assert r["refused"] == [{"target": "10.9.9.9", "code": "allowlisted",
+                             "message": "10.9.9.9 is allowlisted (10.0.0.0/8); never banned"}]
+
+
 async def test_bulk_ban_again_extends_or_keeps_and_counts_all_as_applied(rig: ApiRig) -> None:
     hosts = [v4(i) for i in range(BULK_THRESHOLD)]
     await rig.api("ban", stdin_request(hosts[:32], timeout="1h"), PEER)
