@@ -147,6 +147,41 @@ async def test_a_full_set_is_counted_per_set_on_the_single_and_the_bulk_path(rig
     assert rig.enforcer.counters.set_full == 6
 
 
+async def test_feed_syncs_count_their_batch_and_their_kernel_refusals(rig: ApiRig) -> None:
+    """A feed larger than its set is when set_full matters most; the feed path goes straight to the
+    kernel thread (one transaction), not through the batcher, and must count the same way."""
+    rig.fake.fail[("default_ip4", k("192.0.2.9"))] = E.ENOMEM
+    r = await rig.enforcer.sync_sets({"small_ip4": [k(f"198.18.0.{i}") for i in range(4)],
+                                      "default_ip4": [k("192.0.2.9"), k("192.0.2.10")]}, None)
+    assert r.failed == 3
+    assert sample(rig, "nftblock_netlink_batch_elements_count") == 1
+    assert sample(rig, "nftblock_netlink_batch_elements_sum") == 6
+    assert sample(rig, "nftblock_set_full_total", set="small_ip4") == 2
+    assert sample(rig, "nftblock_netlink_errors_total", errno="ENFILE") == 2
+    assert sample(rig, "nftblock_netlink_errors_total", errno="ENOMEM") == 1
+    assert rig.enforcer.counters.set_full == 2
+
+
+async def test_restored_bans_the_kernel_refuses_are_counted(rig: ApiRig) -> None:
+    rig.fake.fail[("default_ip4", k("192.0.2.2"))] = E.ENOMEM
+    out = await rig.enforcer.restore_hosts("default", 4, [k("192.0.2.1"), k("192.0.2.2")], [None, None],
+                                           origin="store", reason="", jail="")
+    assert out is not None and len(out[2]) == 1
+    assert sample(rig, "nftblock_netlink_errors_total", errno="ENOMEM") == 1
+    assert rig.enforcer.counters.kernel_errors == {E.ENOMEM: 1}
+
+
+async def test_the_errno_counter_agrees_with_the_status_counters_on_every_path(rig: ApiRig) -> None:
+    e = rig.enforcer
+    for addr in ("192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4"):
+        rig.fake.fail[("default_ip4", k(addr))] = E.ENOMEM
+    await e.apply([ban("192.0.2.1")], now=NOW)
+    await e.ban_hosts("default", {4: [k("192.0.2.2")]}, None, now=NOW)
+    await e.sync_sets({"default_ip4": [k("192.0.2.3")]}, None)
+    await e.restore_hosts("default", 4, [k("192.0.2.4")], [None], origin="store", reason="", jail="")
+    assert sample(rig, "nftblock_netlink_errors_total", errno="ENOMEM") == e.counters.kernel_errors[E.ENOMEM] == 4
+
+
 async def test_rebuilds_drift_and_adoptions_are_counted(rig: ApiRig) -> None:
     e = rig.enforcer
     await e.apply([ban("192.0.2.1"), ban("192.0.2.2")], now=NOW)
