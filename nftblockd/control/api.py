@@ -38,11 +38,13 @@ class ControlAPI:
                  status_extra: Extra | None = None,
                  feeds: Callable[[], list[dict[str, Any]]] | None = None,
                  feeds_refresh: Callable[[str, bool], Awaitable[dict[str, Any]]] | None = None,
-                 reload: Callable[[], Awaitable[tuple[bool, str]]] | None = None) -> None:
+                 reload: Callable[[], Awaitable[tuple[bool, str]]] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.enforcer = enforcer
         self._reload = reload
         self.default_blocklist = default_blocklist
-        self.started = time.time()
+        self._clock = clock  # wall clock: ban ends, `expires_in`, uptime (tests freeze it)
+        self.started = clock()
         self._status_extra = status_extra
         self._feeds = feeds
         self._feeds_refresh = feeds_refresh
@@ -111,7 +113,7 @@ class ControlAPI:
         if len(a.items) >= BULK_THRESHOLD and (a.uniform or len({(i.timeout, i.reason, i.jail) for i in a.items}) == 1):
             return await self.ban_bulk(a, blocklist)
         default_timeout = self.enforcer.cfg.blocklist(blocklist).timeout
-        now = time.time()
+        now = self._clock()
         decisions: list[Decision] = []
         refused: list[dict[str, Any]] = []
         comment = ""
@@ -146,7 +148,7 @@ class ControlAPI:
         first = a.items[0]
         default_timeout = self.enforcer.cfg.blocklist(blocklist).timeout
         timeout = default_timeout if first.timeout is BLOCKLIST_DEFAULT else first.timeout
-        now = time.time()
+        now = self._clock()
         until = None if timeout is None else now + float(timeout)
         keys, texts, rest_at = split_hosts([item.target for item in a.items])
         rest = [a.items[i] for i in rest_at]
@@ -159,10 +161,12 @@ class ControlAPI:
                 t = format_host(k, version)
                 refused.append({"target": t, "code": "never_ban",
                                 "message": f"{t} is never banned: {never_ban_range(version, k, k)}"})
+        allow = self.enforcer.allow
         for version, allowed in res.allowlisted.items():
             for k in allowed:
-                t = format_host(k, version)
-                refused.append({"target": t, "code": "allowlisted", "message": f"{t} is allowlisted; never banned"})
+                t = format_host(k, version)  # the entry is looked up again only for the refused
+                refused.append({"target": t, "code": "allowlisted",
+                                "message": f"{t} is allowlisted ({allow.contains_range(version, k, k)}); never banned"})
         failed_keys = set()
         family = self._families()
         for (set_name, k), (code, msg) in res.failed.items():
@@ -248,7 +252,7 @@ class ControlAPI:
 
     def list(self, a: ListArgs) -> dict[str, Any]:
         bl = self._blocklist(a.blocklist) if a.blocklist else None
-        now = time.time()
+        now = self._clock()
         bans = [ban_entry(info, now) for info in self.enforcer.state.iter_bans(bl)
                 if info.until is None or info.until > now]
         bans.sort(key=lambda b: (b["blocklist"], b["set"], b["target"]))
@@ -259,7 +263,7 @@ class ControlAPI:
             target: IPNet = parse_target(a.target)
         except AddressError as exc:
             raise ControlError("invalid_address", str(exc)) from None
-        now = time.time()
+        now = self._clock()
         allow = self.enforcer.allow.contains(target)
         bans = [ban_entry(info, now) for info in self.enforcer.state.covering(target)
                 if info.until is None or info.until > now]
@@ -278,7 +282,7 @@ class ControlAPI:
         b = e.batcher
         out: dict[str, Any] = {
             "version": __version__,
-            "uptime": round(time.time() - self.started, 3),
+            "uptime": round(self._clock() - self.started, 3),
             "table": f"inet {e.plan.table}",
             "kernel": e.features.describe() if e.features is not None else {},
             "sets": sets,

@@ -190,17 +190,23 @@ class Enforcer:
             mx.batch_seconds.observe(report.seconds)
             mx.batch_elements.observe(report.ops)
         for f in report.failures:
-            self.counters.kernel_errors[f.errno] = self.counters.kernel_errors.get(f.errno, 0) + 1
-            if mx is not None:
-                mx.netlink_errors.labels(E.errorcode.get(f.errno, str(f.errno))).inc()
-            if f.errno == E.ENFILE:
-                self.counters.set_full += 1
-                if mx is not None:
-                    mx.set_full.labels(f.set_name).inc()
+            self._count_refusal(f.errno, f.set_name)
         if report.missing_sets:
             log.warning("sets missing in the kernel: %s; repairing", ", ".join(sorted(report.missing_sets)))
         if self._on_flush is not None:
             self._on_flush(report)
+
+    def _count_refusal(self, errno: int, set_name: str) -> None:
+        """One element op the kernel refused, on any path to the kernel (batcher, feed sync, restore): the
+        status counters and the metrics count it alike."""
+        self.counters.kernel_errors[errno] = self.counters.kernel_errors.get(errno, 0) + 1
+        full = errno == E.ENFILE
+        if full:
+            self.counters.set_full += 1
+        if self.metrics is not None:
+            self.metrics.netlink_errors.labels(E.errorcode.get(errno, str(errno))).inc()
+            if full:
+                self.metrics.set_full.labels(set_name).inc()
 
     # -- decisions ----------------------------------------------------------------------------------
 
@@ -381,7 +387,7 @@ class Enforcer:
             for (name, key), (errno, _text) in res.failed.items():
                 self.state.forget(name, key)
                 failed += 1
-                self.counters.kernel_errors[errno] = self.counters.kernel_errors.get(errno, 0) + 1
+                self._count_refusal(errno, name)
             if self.metrics is not None and res.elements_sent:
                 self.metrics.batch_seconds.observe(res.seconds)
                 self.metrics.batch_elements.observe(res.elements_sent)
@@ -416,6 +422,7 @@ class Enforcer:
                 self.generation = self.writer.last_generation
         for f in failures:
             self.state.forget(f.set_name, f.key)
+            self._count_refusal(f.errno, f.set_name)
         return name, restored, failures
 
     async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]]

@@ -1,13 +1,16 @@
 """`nftblock` end to end: main() (in a worker thread) and the console script against a real ControlServer
-whose handler is a small fake daemon. Exit codes: 0 ok, 1 failed, 2 bad usage; failures are one stderr line.
+whose handler is the daemon's real ControlAPI, on a real Enforcer over the in-memory kernel
+(tests/helpers/apirig.py). Exit codes: 0 ok, 1 failed, 2 bad usage; failures are one stderr line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno as E
 import io
 import ipaddress
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -21,110 +24,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftblockd.addr import AddressError, IPNet, format_target, parse_target
+from nftblockd import __version__
+from nftblockd.addr import AddressError, format_target, parse_target
 from nftblockd.cli import canonical_target, main
-from nftblockd.control.protocol import (
-    BLOCKLIST_DEFAULT,
-    BanArgs,
-    CheckArgs,
-    ControlError,
-    FeedsRefreshArgs,
-    ListArgs,
-    UnbanArgs,
-    ban_entry,
-    encode_error,
-    parse_args,
-)
+from nftblockd.control.protocol import encode_error
 from nftblockd.control.server import ControlServer, Peer
-from nftblockd.events import BanInfo
 from nftblockd.state.f2bimport import refusal
+from tests.helpers.apirig import ApiRig, FakeFeeds, api_rig, serve
 
 NOW = 1_700_000_000.0
-ALLOW = parse_target("10.0.0.0/8")
-BLOCKLISTS = {"default": 3600.0, "web": 600.0}
+CONFIG = """
+blocklists:
+  default: {timeout: 1h}
+  web: {timeout: 10m}
+allowlist: [10.0.0.0/8]
+allowlist_self: false
+"""
 SCRIPT = Path(sys.executable).with_name("nftblock")
-
-
-class FakeDaemon:
-    """Just enough of the daemon's command semantics to exercise the CLI; time is frozen at NOW."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.bans: dict[tuple[IPNet, str], BanInfo] = {}
-
-    def add(self, target: str, blocklist: str = "default", until: float | None = NOW + 3600,
-            **kw: Any) -> None:
-        net = parse_target(target)
-        self.bans[net, blocklist] = BanInfo(net, blocklist, f"nftblock_{blocklist}_v{net.version}", until,
-                                            kw.get("origin", "cli"), kw.get("reason", ""), kw.get("jail", ""))
-
-    def blocklist(self, name: str | None) -> str:
-        name = name or "default"
-        if name not in BLOCKLISTS:
-            raise ControlError("unknown_set", f"no blocklist named {name!r} (configured: default, web)")
-        return name
-
-    async def __call__(self, cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
-        self.calls.append((cmd, args))
-        a = parse_args(cmd, args)
-        if isinstance(a, BanArgs):
-            bl = self.blocklist(a.blocklist)
-            applied, refused = [], []
-            for item in a.items:
-                try:
-                    net = parse_target(item.target, strict=True)
-                except AddressError as exc:
-                    refused.append({"target": item.target, "code": "invalid_address", "message": str(exc)})
-                    continue
-                if net.version == ALLOW.version and net.subnet_of(ALLOW):  # type: ignore[arg-type]
-                    refused.append({"target": item.target, "code": "allowlisted",
-                                    "message": f"{item.target} is allowlisted (entry {ALLOW})"})
-                    continue
-                t = BLOCKLISTS[bl] if item.timeout is BLOCKLIST_DEFAULT else item.timeout
-                self.add(item.target, bl, None if t is None else NOW + t, origin=a.origin, reason=item.reason,
-                         jail=item.jail)
-                applied.append(item.target)
-            return {"applied": applied, "refused": refused}
-        if isinstance(a, UnbanArgs):
-            removed: list[str] = []
-            not_found: list[str] = []
-            for target in a.targets:
-                keys = [k for k in self.bans if k[0] == parse_target(target) and a.blocklist in (None, k[1])]
-                for k in keys:
-                    del self.bans[k]
-                (removed if keys else not_found).append(target)
-            return {"removed": removed, "not_found": not_found}
-        if isinstance(a, ListArgs):
-            only = self.blocklist(a.blocklist) if a.blocklist else None
-            return {"bans": [ban_entry(b, NOW) for b in self.bans.values() if only in (None, b.blocklist)]}
-        if isinstance(a, CheckArgs):
-            net = parse_target(a.target)
-            allow = str(ALLOW) if net.version == ALLOW.version and net.subnet_of(ALLOW) else None  # type: ignore[arg-type]
-            bans = [ban_entry(b, NOW) for b in self.bans.values()
-                    if b.target.version == net.version and net.subnet_of(b.target)]  # type: ignore[arg-type]
-            return {"target": a.target, "allowlisted": allow, "bans": bans}
-        if isinstance(a, FeedsRefreshArgs):
-            if a.name != "spamhaus":
-                raise ControlError("not_found", f"no feed named {a.name!r}")
-            return {"feed": FEEDS[0]}
-        if cmd == "status":
-            return STATUS
-        if cmd == "feeds":
-            return {"feeds": FEEDS}
-        return {}
-
-
 FEEDS = [{"name": "spamhaus", "entries": 1234, "last_success": 1.0, "next_refresh": None, "error": None}]
-STATUS: dict[str, Any] = {
-    "version": "0.1.0", "uptime": 3725.0, "table": "inet nftblock",
-    "kernel": {"netlink": "ok", "last_reconcile": {"ok": True, "elements": 12}},
-    "sets": [{"name": "nftblock_default_v4", "blocklist": "default", "family": "ipv4", "kind": "interval",
-              "elements": 12, "size": 262144}],
-    "batches": {"sent": 3, "ops": 12, "p50_latency": 0.00123},
-    "errors": {"kernel": 0, "source": 1},
-    "jails": [{"name": "sshd", "bans": 2, "failures": 10}],
-    "feeds": FEEDS,
-}
+JAILS = [{"name": "sshd", "bans": 2, "failures": 10}]  # the daemon's part of `status` (its jail runners)
 
 
 @dataclass
@@ -142,16 +60,15 @@ def sock_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def daemon() -> FakeDaemon:
-    return FakeDaemon()
+async def rig() -> AsyncIterator[ApiRig]:
+    async with api_rig(CONFIG, feeds=FakeFeeds(FEEDS), status_extra=lambda: {"jails": JAILS}, now=NOW) as r:
+        yield r
 
 
 @pytest.fixture
-async def sock(sock_dir: Path, daemon: FakeDaemon) -> AsyncIterator[Path]:
-    srv = ControlServer(sock_dir / "control.sock", daemon)
-    await srv.start()
-    yield srv.path
-    await srv.close()
+async def sock(sock_dir: Path, rig: ApiRig) -> AsyncIterator[Path]:
+    async with serve(rig, sock_dir / "control.sock") as path:
+        yield path
 
 
 async def nftblock(*argv: str, sock: Path | None = None, stdin: str = "", env: dict[str, str] | None = None,
@@ -171,76 +88,77 @@ def one_line(text: str) -> str:
 # --- ban -----------------------------------------------------------------------------------------------
 
 
-async def test_ban_one_address(sock: Path, daemon: FakeDaemon) -> None:
+async def test_ban_one_address(sock: Path, rig: ApiRig) -> None:
     r = await nftblock("ban", "192.0.2.1", "--timeout", "1h", sock=sock)
     assert (r.code, r.out, r.err) == (0, "banned 192.0.2.1 (for 1h)\n", "")
-    assert daemon.calls == [("ban", {"targets": ["192.0.2.1"], "timeout": 3600.0, "set": None,
-                                     "comment": ""})]
+    assert rig.calls == [("ban", {"targets": ["192.0.2.1"], "timeout": 3600.0, "set": None,
+                                  "comment": ""})]
 
 
-async def test_ban_several_permanently_in_a_set_with_a_comment(sock: Path, daemon: FakeDaemon) -> None:
+async def test_ban_several_permanently_in_a_set_with_a_comment(sock: Path, rig: ApiRig) -> None:
     r = await nftblock("ban", "192.0.2.1", "2001:DB8::1", "198.51.100.0/24", "192.0.2.1", "--timeout",
                        "permanent", "--set", "web", "--comment", "scanner", sock=sock)
     assert r.code == 0
     assert r.out == ("banned 3 targets: 192.0.2.1, 2001:db8::1, 198.51.100.0/24 in blocklist web "
                      "(permanently)\n")
-    assert daemon.calls[0][1] == {"targets": ["192.0.2.1", "2001:db8::1", "198.51.100.0/24"],
-                                  "timeout": "permanent", "set": "web", "comment": "scanner"}
+    assert rig.calls[0][1] == {"targets": ["192.0.2.1", "2001:db8::1", "198.51.100.0/24"],
+                               "timeout": "permanent", "set": "web", "comment": "scanner"}
 
 
-async def test_ban_invalid_address_is_usage_error_and_sends_nothing(sock: Path, daemon: FakeDaemon) -> None:
+async def test_ban_invalid_address_is_usage_error_and_sends_nothing(sock: Path, rig: ApiRig) -> None:
     r = await nftblock("ban", "192.0.2.1", "192.0.2.300", sock=sock)
     assert r.code == 2 and r.out == ""
     assert one_line(r.err).startswith("nftblock: not an IP address or CIDR: '192.0.2.300'")
     r = await nftblock("ban", "10.0.0.5/8", sock=sock)  # host bits set: say so rather than widen it
     assert r.code == 2 and "has host bits set" in one_line(r.err)
-    assert daemon.calls == []
+    assert rig.calls == []
 
 
-async def test_ban_with_a_huge_comment_is_usage_error_and_sends_nothing(sock: Path, daemon: FakeDaemon) -> None:
+async def test_ban_with_a_huge_comment_is_usage_error_and_sends_nothing(sock: Path, rig: ApiRig) -> None:
     r = await nftblock("ban", "192.0.2.1", "--comment", "x" * 5000, sock=sock)
     assert r.code == 2 and one_line(r.err) == "nftblock: --comment: at most 256 characters, got 5000"
-    assert daemon.calls == []
+    assert rig.calls == []
 
 
-async def test_ban_allowlisted_address_fails_with_one_line(sock: Path, daemon: FakeDaemon) -> None:
+async def test_ban_allowlisted_address_fails_with_one_line(sock: Path, rig: ApiRig) -> None:
     r = await nftblock("ban", "10.1.2.3", "192.0.2.7", sock=sock)
     assert r.code == 1
     assert r.out == "banned 192.0.2.7\n"
-    assert one_line(r.err) == "nftblock: refused 10.1.2.3: 10.1.2.3 is allowlisted (entry 10.0.0.0/8)"
+    assert one_line(r.err) == "nftblock: refused 10.1.2.3: 10.1.2.3 is allowlisted (10.0.0.0/8); never banned"
 
 
 async def test_ban_unknown_set(sock: Path) -> None:
     r = await nftblock("ban", "192.0.2.1", "--set", "nope", sock=sock)
     assert (r.code, r.out) == (1, "")
-    assert one_line(r.err) == "nftblock: no blocklist named 'nope' (configured: default, web)"
+    assert one_line(r.err) == "nftblock: unknown set 'nope' (blocklists: default, web)"
 
 
-async def test_bad_timeout_is_usage_error(sock: Path, daemon: FakeDaemon) -> None:
+async def test_bad_timeout_is_usage_error(sock: Path, rig: ApiRig) -> None:
     for value in ("soon", "0", "-5m"):
         r = await nftblock("ban", "192.0.2.1", f"--timeout={value}", sock=sock)
         assert r.code == 2 and one_line(r.err).startswith("nftblock: --timeout: ")
-    assert daemon.calls == []
+    assert rig.calls == []
 
 
-async def test_ban_from_stdin_is_one_request(sock: Path, daemon: FakeDaemon) -> None:
+async def test_ban_from_stdin_is_one_request(sock: Path, rig: ApiRig) -> None:
     addrs = [f"198.18.{i >> 8}.{i & 255}" for i in range(20_000)]
     text = "# bulk list\n\n" + "\n".join(f"{a}  # from the honeypot" if i % 7 == 0 else a
                                          for i, a in enumerate(addrs)) + "\n2001:db8::/32\n"
     r = await nftblock("ban", "--timeout", "2d", "-", sock=sock, stdin=text)
     assert (r.code, r.out, r.err) == (0, "banned 20001 targets (for 2d)\n", "")
-    assert len(daemon.calls) == 1
-    cmd, args = daemon.calls[0]
+    assert len(rig.calls) == 1
+    cmd, args = rig.calls[0]
     assert cmd == "ban" and args["targets"] == [*addrs, "2001:db8::/32"] and args["timeout"] == 172800.0
+    assert len(rig.fake.elements("default_ip4")) == 20_000 and len(rig.fake.elements("default_net6")) == 1
 
 
-async def test_ban_from_stdin_reports_the_first_bad_line(sock: Path, daemon: FakeDaemon) -> None:
+async def test_ban_from_stdin_reports_the_first_bad_line(sock: Path, rig: ApiRig) -> None:
     r = await nftblock("ban", "-", sock=sock, stdin="192.0.2.1\n\n# x\nbogus\n192.0.2.2\nalso bad\n")
     assert r.code == 2
     msg = one_line(r.err)
     assert msg.startswith("nftblock: stdin line 4: not an IP address or CIDR: 'bogus'")
     assert msg.endswith("(and 1 more invalid lines); nothing was sent")
-    assert daemon.calls == []
+    assert rig.calls == []
 
 
 async def test_dash_cannot_be_mixed_with_addresses(sock: Path) -> None:
@@ -248,17 +166,17 @@ async def test_dash_cannot_be_mixed_with_addresses(sock: Path) -> None:
     assert r.code == 2 and "'-'" in one_line(r.err)
 
 
-async def test_empty_stdin_bans_nothing(sock: Path, daemon: FakeDaemon) -> None:
+async def test_empty_stdin_bans_nothing(sock: Path, rig: ApiRig) -> None:
     r = await nftblock("ban", "-", sock=sock, stdin="# nothing today\n\n")
     assert r.code == 0 and "nothing to ban" in one_line(r.err)
-    assert daemon.calls == []
+    assert rig.calls == []
 
 
 async def test_ban_json_prints_the_result(sock: Path) -> None:
     r = await nftblock("--json", "ban", "192.0.2.1", "10.9.9.9", sock=sock)
     assert r.code == 1  # still a failure: one target was refused
     refusal = {"target": "10.9.9.9", "code": "allowlisted",
-               "message": "10.9.9.9 is allowlisted (entry 10.0.0.0/8)"}
+               "message": "10.9.9.9 is allowlisted (10.0.0.0/8); never banned"}
     assert json.loads(r.out) == {"applied": ["192.0.2.1"], "refused": [refusal]}
     r = await nftblock("ban", "192.0.2.2", "--json", sock=sock)  # --json after the command works too
     assert r.code == 0 and json.loads(r.out) == {"applied": ["192.0.2.2"], "refused": []}
@@ -267,33 +185,34 @@ async def test_ban_json_prints_the_result(sock: Path) -> None:
 # --- unban, list, check --------------------------------------------------------------------------------
 
 
-async def test_unban(sock: Path, daemon: FakeDaemon) -> None:
-    daemon.add("192.0.2.1")
-    daemon.add("192.0.2.2", "web")
+async def test_unban(sock: Path, rig: ApiRig) -> None:
+    await rig.seed("192.0.2.1", until=NOW + 3600)
+    await rig.seed("192.0.2.2", "web", until=NOW + 3600)
     r = await nftblock("unban", "192.0.2.1", "192.0.2.9", sock=sock)
     assert r.code == 1
     assert r.out == "unbanned 192.0.2.1\n"
     assert one_line(r.err) == "nftblock: 192.0.2.9 is not banned"
     r = await nftblock("unban", "-", sock=sock, stdin="192.0.2.2\n")
     assert (r.code, r.out, r.err) == (0, "unbanned 192.0.2.2\n", "")
-    assert daemon.bans == {}
+    assert rig.bans() == {}
+    assert rig.in_kernel("default_ip4") == rig.in_kernel("web_ip4") == set()
 
 
-async def test_list_human_and_json(sock: Path, daemon: FakeDaemon) -> None:
-    daemon.add("192.0.2.1", until=NOW + 3725, origin="jail", reason="5 failures in 10m", jail="sshd")
-    daemon.add("10.0.0.0/8", "web", until=None, origin="feed")
+async def test_list_human_and_json(sock: Path, rig: ApiRig) -> None:
+    await rig.seed("192.0.2.1", until=NOW + 3725, origin="jail", reason="5 failures in 10m", jail="sshd")
+    await rig.seed("198.18.0.0/15", "web", until=None, origin="feed")
     r = await nftblock("list", sock=sock)
     assert r.code == 0 and r.err == ""
     lines = r.out.splitlines()
     assert lines[0].split() == ["TARGET", "BLOCKLIST", "SET", "REMAINING", "ORIGIN", "JAIL", "REASON"]
-    assert lines[1].split() == ["192.0.2.1", "default", "nftblock_default_v4", "1h2m5s", "jail", "sshd", "5",
+    assert lines[1].split() == ["192.0.2.1", "default", "default_ip4", "1h2m5s", "jail", "sshd", "5",
                                 "failures", "in", "10m"]
-    assert lines[2].split() == ["10.0.0.0/8", "web", "nftblock_web_v4", "permanent", "feed", "-"]
+    assert lines[2].split() == ["198.18.0.0/15", "web", "web_net4", "permanent", "feed", "-"]
     assert lines[3] == "2 bans"
     r = await nftblock("list", "--set", "web", "--json", sock=sock)
-    assert [b["target"] for b in json.loads(r.out)["bans"]] == ["10.0.0.0/8"]
+    assert [b["target"] for b in json.loads(r.out)["bans"]] == ["198.18.0.0/15"]
     r = await nftblock("list", "--set", "nope", sock=sock)
-    assert r.code == 1 and "no blocklist named 'nope'" in one_line(r.err)
+    assert r.code == 1 and "unknown set 'nope'" in one_line(r.err)
 
 
 async def test_list_when_empty(sock: Path) -> None:
@@ -301,11 +220,11 @@ async def test_list_when_empty(sock: Path) -> None:
     assert (r.code, r.out) == (0, "no active bans\n")
 
 
-async def test_check(sock: Path, daemon: FakeDaemon) -> None:
-    daemon.add("192.0.2.0/24", until=NOW + 600, origin="jail", reason="scan", jail="portscan")
+async def test_check(sock: Path, rig: ApiRig) -> None:
+    await rig.seed("192.0.2.0/24", until=NOW + 600, origin="jail", reason="scan", jail="portscan")
     r = await nftblock("check", "192.0.2.9", sock=sock)
     assert r.code == 0
-    assert r.out == ("192.0.2.9 is banned (by 192.0.2.0/24) in blocklist default (set nftblock_default_v4) "
+    assert r.out == ("192.0.2.9 is banned (by 192.0.2.0/24) in blocklist default (set default_net4) "
                      "for 10m more; reason: scan, jail portscan, origin jail\n")
     r = await nftblock("check", "10.1.1.1", sock=sock)
     assert r.out == "10.1.1.1 is allowlisted (entry 10.0.0.0/8): it is never banned\n"
@@ -340,22 +259,30 @@ async def test_daemon_explanations_are_shown(sock_dir: Path) -> None:
 # --- status, feeds -------------------------------------------------------------------------------------
 
 
-async def test_status(sock: Path) -> None:
+async def test_status(sock: Path, rig: ApiRig) -> None:
+    await rig.seed("192.0.2.1")
+    rig.fake.fail[("default_ip4", int(ipaddress.ip_address("192.0.2.2")))] = E.ENOMEM
+    r = await nftblock("ban", "192.0.2.2", sock=sock)
+    assert r.code == 1
+    rig.clock.advance(3725)
     r = await nftblock("status", sock=sock)
     assert r.code == 0 and r.err == ""
     out = r.out
-    assert out.startswith("nftblockd 0.1.0, up 1h2m5s, table inet nftblock\n")
-    assert "kernel: netlink=ok last_reconcile.ok=True last_reconcile.elements=12\n" in out
-    assert "nftblock_default_v4" in out and "262144" in out
-    assert "batches: sent=3 ops=12 p50_latency=0.00123\n" in out
-    assert "errors: kernel=0 source=1\n" in out
+    assert out.startswith(f"nftblockd {__version__}, up 1h2m5s, table inet nftblock\n")
+    assert ("kernel: release=6.18 table_owner=True table_persist=True destroy_setelem=True "
+            "timeout_update=True\n") in out
+    assert re.search(r"^  default_ip4 +default +ipv4 +hash +1 +262144$", out, re.M), out
+    assert re.search(r"^batches: flushes=2 ops=2 pending=0 failures=1 last_seconds=\S+ max_ops=10000 "
+                     r"delay=0.002$", out, re.M), out
+    assert ("errors: kernel.12=1 set_full=0 refused=1 allowlisted=0 rebuilds=0 drift_repaired=0 "
+            "adopted=0\n") in out
     assert "  sshd: bans=2 failures=10\n" in out
     assert "spamhaus" in out and "1234" in out
     r = await nftblock("status", "--json", sock=sock)
-    assert json.loads(r.out) == STATUS
+    assert json.loads(r.out) == await rig.api.status()
 
 
-async def test_feeds(sock: Path, daemon: FakeDaemon) -> None:
+async def test_feeds(sock: Path, rig: ApiRig) -> None:
     r = await nftblock("feeds", sock=sock)
     assert r.code == 0
     header, row = r.out.splitlines()
@@ -363,9 +290,9 @@ async def test_feeds(sock: Path, daemon: FakeDaemon) -> None:
     assert row.split()[:2] == ["spamhaus", "1234"] and row.split()[-2:] == ["-", "-"]
     r = await nftblock("feeds", "refresh", "spamhaus", sock=sock)
     assert (r.code, r.out) == (0, "refreshed feed spamhaus: 1234 entries\n")
-    assert daemon.calls[-1] == ("feeds_refresh", {"name": "spamhaus"})
+    assert rig.calls[-1] == ("feeds_refresh", {"name": "spamhaus"})
     r = await nftblock("feeds", "refresh", "nope", sock=sock)
-    assert r.code == 1 and one_line(r.err) == "nftblock: no feed named 'nope'"
+    assert r.code == 1 and one_line(r.err) == "nftblock: no feed named 'nope' (feeds: spamhaus)"
     r = await nftblock("--json", "feeds", sock=sock)
     assert json.loads(r.out) == {"feeds": FEEDS}
 
@@ -478,7 +405,7 @@ class F2bBan:
     time_of_ban: float = 0.0
 
 
-async def test_import_fail2ban(sock: Path, daemon: FakeDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_import_fail2ban(sock: Path, rig: ApiRig, monkeypatch: pytest.MonkeyPatch) -> None:
     read: list[tuple[str, float]] = []
 
     def read_fail2ban_bans(db_path: str, now: float) -> list[F2bBan]:
@@ -503,15 +430,15 @@ async def test_import_fail2ban(sock: Path, daemon: FakeDaemon, monkeypatch: pyte
         "the unspecified address (RFC 1122)"
     assert err[1].startswith("nftblock: skipped fail2ban entry: 192.0.2.9 (fail2ban jail sshd) has a time of ")
     assert "in the future" in err[1]
-    assert err[2:] == ["nftblock: refused 10.1.2.3: 10.1.2.3 is allowlisted (entry 10.0.0.0/8)"]
+    assert err[2:] == ["nftblock: refused 10.1.2.3: 10.1.2.3 is allowlisted (10.0.0.0/8); never banned"]
     assert read[0][0] == "/tmp/f2b.sqlite3"
     why = "imported from fail2ban jail "
-    assert daemon.calls == [("ban", {"set": "web", "origin": "fail2ban", "targets": [
+    assert rig.calls == [("ban", {"set": "web", "origin": "fail2ban", "targets": [
         {"target": "192.0.2.1", "timeout": 86000, "jail": "recidive", "reason": why + "recidive"},
         {"target": "192.0.2.2", "timeout": "permanent", "jail": "sshd", "reason": why + "sshd"},
         {"target": "10.1.2.3", "timeout": 50, "jail": "nginx", "reason": why + "nginx"},
     ]})]
-    ban = daemon.bans[parse_target("192.0.2.2"), "web"]
+    ban = rig.bans()["192.0.2.2", "web"]
     assert (ban.until, ban.origin, ban.jail) == (None, "fail2ban", "sshd")
 
 
