@@ -219,6 +219,10 @@ class _Counts:
 # -- the fetcher --------------------------------------------------------------------------------------------
 
 
+class _Stopped(Exception):
+    """A fetch was abandoned because the daemon stops."""
+
+
 class FeedFetcher:
     """Fetches one feed per `FeedConfig`; see the module docstring for the rules.
 
@@ -615,7 +619,9 @@ class FeedFetcher:
             if stop.is_set():
                 break
             try:
-                update = await self.fetch()
+                update = await self._fetch_unless_stopped(stop)
+            except _Stopped:
+                break
             except FeedError as exc:
                 if exc.transient:
                     failures += 1
@@ -630,6 +636,24 @@ class FeedFetcher:
             if update is not None:
                 await on_update(update)
         self._next_refresh = None
+
+    async def _fetch_unless_stopped(self, stop: asyncio.Event) -> FeedUpdate | None:
+        """fetch(), abandoned when `stop` is set: a feed host that accepts and never answers (or a
+        connection that a firewall silently drops) would otherwise hold shutdown for the whole fetch timeout,
+        longer than systemd waits before it kills the daemon."""
+        fetch = asyncio.ensure_future(self.fetch())
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((fetch, stopper), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (fetch, stopper):
+                if not t.done():
+                    t.cancel()
+            # Both have ended when this returns, also when we are cancelled ourselves.
+            await asyncio.wait((fetch, stopper))
+        if fetch.cancelled():
+            raise _Stopped
+        return fetch.result()
 
     def _interval(self) -> float:
         return jittered(self.cfg.refresh, self.cfg.jitter, self._rand)

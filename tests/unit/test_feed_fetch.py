@@ -642,6 +642,18 @@ async def test_refresh_now_and_accept_wake_the_loop(srv: FeedServer, cache: Path
     await loop.close()
 
 
+async def test_stop_abandons_a_fetch_in_flight(srv: FeedServer, cache: Path) -> None:
+    # A host that accepts and never answers: stopping must not wait for the fetch timeout (an hour here;
+    # systemd kills a daemon that takes longer than TimeoutStopSec= to stop).
+    srv.route("/drop.txt", hang=True)
+    f = fetcher(make_cfg(url=srv.url("/drop.txt"), timeout=3600.0), cache)
+    loop = Loop(f)
+    while not srv.hits("/drop.txt"):  # the request has reached the server
+        await first_of(asyncio.sleep(0.01), loop.task)
+    await loop.close()
+    assert loop.updates.empty() and f.status().counters.errors == 0
+
+
 async def test_on_update_errors_propagate_unwrapped(srv: FeedServer, cache: Path) -> None:
     srv.route("/drop.txt", DROP)
 
