@@ -561,21 +561,9 @@ DEBIAN_PYTHON = Path("/usr/bin/python3")
 
 
 @pytest.fixture(scope="module")
-def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if dpkg_deb is None:
-        pytest.skip("dpkg-deb is not installed")
-    out = tmp_path_factory.mktemp("dist")
-    env = dict(os.environ, OUT_DIR=str(out), PYTHON=sys.executable)
-    if not (ROOT / "config" / "nftblockd.yaml").exists():  # the lead's example config not written yet
-        placeholder = out / "placeholder.yaml"
-        placeholder.write_text("# placeholder for config/nftblockd.yaml\nlog_level: info\n")
-        env["EXAMPLE_CONFIG"] = str(placeholder)
-    proc = subprocess.run(["bash", str(ROOT / "packaging" / "build-deb.sh")], env=env, capture_output=True,
-                          text=True, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    path = out / f"nftblockd_{PROJECT['version']}_all.deb"
-    assert path.exists(), proc.stdout
-    return path
+def deb(built_deb: Path) -> Path:
+    assert built_deb.name == f"nftblockd_{PROJECT['version']}_all.deb"
+    return built_deb
 
 
 @pytest.fixture(scope="module")
