@@ -13,7 +13,11 @@
 #   /etc/nftblockd/nftblockd.yaml       conffile (config/nftblockd.yaml)
 #   /etc/fail2ban/action.d/nftblock.conf, nftblock.py
 #                                       conffiles (fail2ban reads its actions from there)
-#   /usr/share/doc/nftblockd/           README, copyright, examples (unit drop-in for feeds, Grafana)
+#   /usr/share/doc/nftblockd/           README, copyright, changelog, examples (unit drop-in for feeds,
+#                                       Grafana)
+#   /usr/share/man/man8/nftblockd.8.gz, nftblock.8.gz, /usr/share/man/man5/nftblockd.yaml.5.gz
+#                                       rendered now by packaging/manpages.py from the real parsers and
+#                                       the example config, so they cannot drift from the programs
 # From Debian: python3 (>= 3.11), python3-systemd (C extension), python3-yaml.
 #
 # Environment: OUT_DIR (default: dist), PYTHON (default: .venv/bin/python, else python3; must have the
@@ -43,8 +47,14 @@ trap 'rm -rf "$STAGE"' EXIT
 PKG=$STAGE/pkg
 LIB=$PKG/usr/lib/nftblockd
 DOC=$PKG/usr/share/doc/nftblockd
+MAN=$PKG/usr/share/man
 mkdir -p "$PKG/DEBIAN" "$LIB" "$PKG/usr/bin" "$PKG/lib/systemd/system" "$PKG/usr/lib/sysusers.d" \
-    "$PKG/etc/nftblockd" "$PKG/etc/fail2ban/action.d" "$DOC/examples"
+    "$PKG/etc/nftblockd" "$PKG/etc/fail2ban/action.d" "$DOC/examples" "$MAN/man5" "$MAN/man8"
+
+# Reproducible timestamps (files, man page dates): the last commit's, when there is one.
+if [[ -z ${SOURCE_DATE_EPOCH:-} ]] && SOURCE_DATE_EPOCH=$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null); then
+    export SOURCE_DATE_EPOCH
+fi
 
 # Version, entry points and package data, from pyproject.toml; the checks keep this script honest.
 "$PYTHON" - "$STAGE/meta" "${!DEBIAN_PROVIDES[@]}" -- "${BUNDLED[@]}" <<'PY'
@@ -79,6 +89,14 @@ PY
 VERSION=$(sed -n 's/^VERSION=//p' "$STAGE/meta")
 read -r -a PINS <<<"$(sed -n 's/^PINS=//p' "$STAGE/meta")"
 
+# The changelog's newest entry is this version, signed by the control file's maintainer.
+CHANGELOG_HEAD=$(head -n1 packaging/debian/changelog)
+[[ $CHANGELOG_HEAD == "nftblockd ($VERSION) "* ]] \
+    || die "packaging/debian/changelog starts with '$CHANGELOG_HEAD'; add an entry for $VERSION"
+MAINTAINER=$(sed -n 's/^Maintainer: //p' packaging/debian/control)
+SIGNER=$(sed -n '0,/^ -- /s/^ -- \(.*>\)  .*/\1/p' packaging/debian/changelog)
+[[ $SIGNER == "$MAINTAINER" ]] || die "changelog signed by '$SIGNER', control names '$MAINTAINER'"
+
 # Our package: the .py files and the package data pyproject declares (detect/filters/*.yaml, py.typed).
 "$PYTHON" - "$LIB" <<'PY'
 import pathlib, shutil, sys, tomllib
@@ -103,6 +121,9 @@ echo dpkg >"$DIST_INFO/INSTALLER"
 "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --no-compile --only-binary=:all: \
     --target "$LIB" "${PINS[@]}"
 rm -rf "$LIB/bin"  # console scripts of the bundled packages; nftblockd does not use them
+# Modules of the bundled packages that carry a `#!/usr/bin/env python` line are libraries here (not
+# executable): drop the line, keeping line numbers in tracebacks.
+find "$LIB" -name '*.py' ! -perm /111 -exec sed -i '1s/^#!.*$/#/' {} +
 
 # Entry scripts.
 while IFS='=' read -r name target; do
@@ -127,6 +148,10 @@ install -m 0644 "$EXAMPLE_CONFIG" "$PKG/etc/nftblockd/nftblockd.yaml"
 install -m 0644 packaging/fail2ban/action.d/nftblock.conf packaging/fail2ban/action.d/nftblock.py \
     "$PKG/etc/fail2ban/action.d/"
 install -m 0644 README.md packaging/debian/copyright "$DOC/"
+gzip -9n <packaging/debian/changelog >"$DOC/changelog.gz"
+"$PYTHON" packaging/manpages.py "$STAGE/man" --example "$EXAMPLE_CONFIG" --version "$VERSION"
+gzip -9n <"$STAGE/man/nftblockd.yaml.5" >"$MAN/man5/nftblockd.yaml.5.gz"
+for page in nftblockd.8 nftblock.8; do gzip -9n <"$STAGE/man/$page" >"$MAN/man8/$page.gz"; done
 install -m 0644 packaging/debian/examples/feeds.conf packaging/grafana-dashboard.json "$DOC/examples/"
 
 install -m 0644 packaging/debian/conffiles "$PKG/DEBIAN/conffiles"
@@ -136,10 +161,6 @@ sed -e "s/@VERSION@/$VERSION/" -e "s/@INSTALLED_SIZE@/$SIZE/" packaging/debian/c
 (cd "$PKG" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) \
     >"$PKG/DEBIAN/md5sums"
 
-# Reproducible timestamps: the last commit's, when there is one.
-if [[ -z ${SOURCE_DATE_EPOCH:-} ]] && SOURCE_DATE_EPOCH=$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null); then
-    export SOURCE_DATE_EPOCH
-fi
 if [[ -n ${SOURCE_DATE_EPOCH:-} ]]; then
     find "$PKG" -exec touch --no-dereference --date="@$SOURCE_DATE_EPOCH" {} +
 fi
