@@ -116,6 +116,8 @@ def header(name: str, section: int, version: str, date: str, title: str) -> list
 
 
 # --- argparse ------------------------------------------------------------------------------------------
+# argparse has no public way to walk a parser: _actions, _choices_actions and _expand_help are what its own
+# help formatter reads (stable since Python 3.2).
 
 
 @dataclass(frozen=True)
@@ -127,15 +129,15 @@ class Option:
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     text = action.help or ""
     if "%(" in text:
-        text = parser._get_formatter()._expand_help(action)  # noqa: SLF001 (argparse's own expansion)
-    if action.choices and not isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+        text = parser._get_formatter()._expand_help(action)
+    if action.choices and not isinstance(action, argparse._SubParsersAction):
         text = (text + " " if text else "") + "One of: " + ", ".join(map(str, action.choices)) + "."
     return text
 
 
 def options(parser: argparse.ArgumentParser) -> Iterator[Option]:
-    for a in parser._actions:  # noqa: SLF001 (the documented way to walk a parser has no public API)
-        if a.help == argparse.SUPPRESS or isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
+    for a in parser._actions:
+        if a.help == argparse.SUPPRESS or isinstance(a, argparse._SubParsersAction):
             continue
         if a.option_strings:
             takes = a.nargs != 0
@@ -150,9 +152,9 @@ def options(parser: argparse.ArgumentParser) -> Iterator[Option]:
 
 def subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, argparse.ArgumentParser]]:
     """(name, one-line help, parser) for every sub-command, depth first."""
-    for a in parser._actions:  # noqa: SLF001
-        if isinstance(a, argparse._SubParsersAction):  # noqa: SLF001
-            helps = {c.dest: c.help or "" for c in a._choices_actions}  # noqa: SLF001
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            helps = {c.dest: c.help or "" for c in a._choices_actions}
             for name, sub in a.choices.items():
                 yield name, helps.get(name, ""), sub
                 for sname, shelp, ssub in subcommands(sub):
