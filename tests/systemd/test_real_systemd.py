@@ -184,16 +184,44 @@ def test_a_frozen_daemon_is_restarted_by_the_watchdog_with_its_bans(box: Contain
 # --- reload --------------------------------------------------------------------------------------------
 
 
+def status_text(c: Container) -> str:
+    return unit(c, "StatusText")["StatusText"]
+
+
+def reload_verdicts(c: Container) -> list[str]:
+    """The daemon's log lines ending a reload, oldest first."""
+    return [line.split(" from ")[0].split(":")[0] for line in c.journal(UNIT, "-o", "cat").splitlines()
+            if line.startswith(("configuration reloaded", "reload refused"))]
+
+
 def test_reload_applies_a_valid_config(box: Container) -> None:
-    pid = active_pid(box)
+    # The allowlist moved to the end of the file, so that adding to it moves no other key's line (a reload
+    # that compares line numbers is refused; see the xfail below), then a restart to run that file.
     cfg = shipped_config(box)
-    cfg["allowlist"] = [*cfg.get("allowlist", []), "192.0.2.0/24"]
-    write_config(box, cfg)
+    allow = cfg.pop("allowlist", [])
+    write_config(box, {**cfg, "allowlist": allow})
+    box.run("systemctl", "restart", UNIT)
+    pid = active_pid(box)
+    write_config(box, {**cfg, "allowlist": [*allow, "192.0.2.0/24"]})
     assert reload(box) == 0
     # ExecReload's last step is `kill -HUP`: systemctl may return before the daemon has applied it.
     box.wait_for(lambda: "192.0.2.0/24" in box.run("nftblock", "check", "192.0.2.5").stdout,
-                 "the new allowlist entry")
-    assert active_pid(box) == pid
+                 "the new allowlist entry", bound=30)
+    assert active_pid(box) == pid and status_text(box) == "configuration reloaded"
+
+
+@pytest.mark.xfail(strict=True, reason="the daemon compares blocklists with their line numbers and refuses a "
+                   "reload when only positions changed; the metrics/config helper is fixing it on issue 11")
+def test_reload_after_a_comment_line_is_not_refused(box: Container) -> None:
+    good = box.run("cat", CONFIG).stdout
+    verdicts = reload_verdicts(box)
+    box.write(CONFIG, "# a comment an operator added\n" + good)
+    try:
+        assert reload(box) == 0
+        new = box.wait_for(lambda: reload_verdicts(box)[len(verdicts):], "the daemon's verdict", bound=30)
+        assert new == ["configuration reloaded"]
+    finally:
+        box.write(CONFIG, good)
 
 
 def test_reload_of_a_broken_config_fails_and_keeps_the_daemon(box: Container) -> None:
