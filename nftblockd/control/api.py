@@ -25,7 +25,17 @@ from nftblockd.control.protocol import (
     parse_args,
 )
 from nftblockd.control.server import Peer
-from nftblockd.events import AddressError, Ban, Decision, IPNet, Unban, format_target, parse_host_int, parse_target
+from nftblockd.events import (
+    AddressError,
+    Ban,
+    Decision,
+    IPNet,
+    Origin,
+    Unban,
+    format_target,
+    parse_host_int,
+    parse_target,
+)
 from nftblockd.kernel.bans import Outcome
 from nftblockd.kernel.enforcer import Enforcer
 
@@ -222,13 +232,14 @@ class ControlAPI:
             return await self.unban_bulk(a, blocklists)
         decisions: list[Decision] = []
         bad: list[dict[str, Any]] = []
+        origin: Origin = "fail2ban" if a.origin == "fail2ban" else "cli"
         for t in a.targets:
             try:
                 target = parse_target(t)
             except AddressError as exc:
                 bad.append({"target": t, "code": "invalid_address", "message": str(exc)})
                 continue
-            decisions += [Unban(target, bl, "cli") for bl in blocklists]
+            decisions += [Unban(target, bl, origin, jail=a.jail) for bl in blocklists]
         results = await self.enforcer.apply(decisions)
         removed: dict[str, None] = {}
         not_found: dict[str, str] = {}
@@ -254,13 +265,15 @@ class ControlAPI:
         rest = [a.targets[i] for i in rest_at]
         removed: dict[str, None] = {}
         for bl in blocklists:
-            for set_name, gone, _missing in await self.enforcer.unban_hosts(bl, keys):
+            for set_name, gone, _missing in await self.enforcer.unban_hosts(bl, keys, origin=a.origin,
+                                                                             jail=a.jail):
                 spelled = texts[4 if set_name.endswith("4") else 6]
                 removed.update(dict.fromkeys(spelled[k] for k in gone))
         out: dict[str, Any] = {"removed": list(removed), "not_found": [
             t for v in (4, 6) for t in texts[v].values() if t not in removed]}
         for i in range(0, len(rest), BULK_THRESHOLD - 1):
-            more = await self.unban(UnbanArgs(tuple(rest[i:i + BULK_THRESHOLD - 1]), a.blocklist))
+            more = await self.unban(UnbanArgs(tuple(rest[i:i + BULK_THRESHOLD - 1]), a.blocklist, a.origin,
+                                              a.jail))
             out["removed"] += more["removed"]
             out["not_found"] += more["not_found"]
             if "messages" in more:

@@ -400,8 +400,8 @@ class Enforcer:
             self.state.forget(f.set_name, f.key)
         return name, restored, failures
 
-    async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]]
-                          ) -> list[tuple[str, list[int], list[int]]]:
+    async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]], *, origin: str = "cli",
+                          jail: str = "") -> list[tuple[str, list[int], list[int]]]:
         async with self._lock:
             results = []
             for version, keys in keys_by_version.items():
@@ -418,9 +418,10 @@ class Enforcer:
             await self.persist(StateChange(packed_deletes=gone))
         self.counters.unbans += n
         if self.metrics is not None:
-            self.metrics.unbans.labels("cli").inc(n)
+            self.metrics.unbans.labels(origin).inc(n)
         if n:
-            audit_log.info("bulk unban: %d addresses from blocklist %s", n, blocklist, extra={"origin": "cli"})
+            audit_log.info("bulk unban: %d addresses from blocklist %s (jail %s, origin %s)", n, blocklist,
+                           jail or origin, origin, extra={"origin": origin, "jail": jail or origin})
         return results
 
     def _settle(self, decisions: Sequence[Decision], results: list[Result | None], failures: list[OpFailure],
