@@ -8,7 +8,7 @@ Staying true to the kernel:
 - `watch()` reads the ruleset generation every `watch_interval` seconds (one tiny GETGEN). Our own commits
   move it too, so only an unexplained change triggers the check of table, sets, chains and rule counts, and
   a rebuild of whatever is missing plus every active ban. No multicast subscription: any listener makes every
-  element add several times slower (netlink-notes F7.2).
+  element add several times slower (docs/netlink.md F7.2).
 - `reconcile()` compares each set's element count (NFTA_SET_COUNT, cheap) with the state; only a set whose
   count disagrees is dumped (dumps cost O(n^2), F6.5) and repaired.
 """
