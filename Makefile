@@ -2,7 +2,8 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
-APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban
+# mmdebstrap + systemd-container: the real-systemd test tier (tests/systemd/); lintian: the package check.
+APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban mmdebstrap systemd-container lintian
 STAMP := $(VENV)/.installed
 PROMTOOL := $(VENV)/bin/promtool
 

@@ -305,7 +305,7 @@ def main() -> None:
                 "rules stop at their family check)")
     record("datapath.b.delta_ns", delta["b"], "ns", reference="(a) no lookup, ns/packet", reference_value=base,
            note=f"(b) {LABELS['b']} minus (a), median of per-round differences; expected about +300 ns "
-                "(measured by hand: netlink-notes §10)")
+                "(measured by hand: docs/netlink.md §10)")
     record("datapath.c.delta_ns", delta["c"], "ns", reference="(a) no lookup, ns/packet", reference_value=base,
            note=f"(c) {LABELS['c']} ({len(feed[f'{BLOCKLIST}_net4'])} prefixes in {BLOCKLIST}_net4, "
                 f"{len(feed[f'{BLOCKLIST}_ip4'])} feed hosts added to {BLOCKLIST}_ip4) minus (a); expected "
@@ -321,7 +321,7 @@ def main() -> None:
     record("datapath.interval_vs_hash_delta", delta["c"], "ns", reference="(b) hash only (delta)",
            reference_value=delta["b"],
            note="what the feed's interval set adds on top of the hash lookup; not resolvable below ~150 ns "
-                "on a shared VM (netlink-notes §10)")
+                "on a shared VM (docs/netlink.md §10)")
     print(f"done in {elapsed:.0f}s", flush=True)
 
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench.common import settle  # noqa: E402
 
-ORDER = ["enforce", "ops", "e2e", "matcher", "feeds", "feeds_kernel", "tail", "tracker", "store"]
+ORDER = ["enforce", "ops", "e2e", "matcher", "feeds", "feeds_kernel", "tail", "tracker", "store", "cli"]
 
 
 def main() -> int:

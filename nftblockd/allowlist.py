@@ -8,7 +8,7 @@ clock.
 How a lookup works: CIDRs either nest or are disjoint, so after dropping every entry that lies inside a wider
 one the remaining entries of one family are disjoint integer ranges. Sorted by their first address, the only
 entry that can overlap a queried range [first, last] is the one with the greatest start <= last, found with
-one `bisect`. Thousands of entries therefore cost the same ~microsecond as ten (user-pain #16: allowlists
+one `bisect`. Thousands of entries therefore cost the same ~microsecond as ten (docs/why.md #16: allowlists
 grow, and a linear scan over them per hit is what makes them slow).
 
 What "allowlisted" means: a ban target (an address or a range) is refused when it *overlaps* any entry, not
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from nftblockd.addr import IPAddr, IPNet, normalise_address, normalise_network
 
 # Always protected when the operator keeps `allowlist_self` on: a daemon that bans its own loopback cuts off
-# local services talking to themselves (CrowdSec banned 127.0.0.1, user-pain #16).
+# local services talking to themselves (CrowdSec banned 127.0.0.1, docs/why.md #16).
 LOOPBACK: tuple[IPNet, ...] = (ipaddress.IPv4Network("127.0.0.0/8"), ipaddress.IPv6Network("::1/128"))
 
 

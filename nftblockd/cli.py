@@ -7,25 +7,35 @@ prints the daemon's result object unchanged, for scripts.
 
 Addresses are validated here, before anything is sent, so that a typo on line 70,000 of a bulk list is
 reported with its line number and nothing is banned.
+
+Start-up is part of the interface: fail2ban's shell action runs one `nftblock ban` process per ban, so this
+module imports only what every command needs (the client, whose codec is the C half of `json`), and each
+command imports the rest itself. `ban` and `unban` in the shapes scripts use are parsed by `_quick_parse`
+without argparse; any other command line, and any doubt, goes to argparse. Both give the same result
+(tests/unit/test_cli.py checks it on generated command lines). bench/bench_cli.py measures the process
+against `nft add element`. Never import from the daemon's side here (detect/, kernel/, state/, feeds/): they
+are for the two daemon-less commands, imported inside them.
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
-import json
+import _socket  # not socket: see control/client.py
 import math
-import os
+import posix  # not os: importing os (posixpath, stat, ...) is 1 ms of a 15 ms `nftblock ban`
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn, TextIO
 
-from nftblockd.addr import AddressError, format_target, parse_target, parse_v4
 from nftblockd.control.client import ClientError, ControlClient
 from nftblockd.durations import format_duration, parse_timeout
-from nftblockd.events import MAX_REASON
+
+# events.MAX_REASON, repeated so that `ban` does not import events (ipaddress); test_cli holds them equal
+MAX_REASON = 256
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see above); mypy reads it the same way
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+    from typing import Any, NoReturn, TextIO
 
 DEFAULT_SOCKET = "/run/nftblockd/control.sock"
 DEFAULT_F2B_DB = "/var/lib/fail2ban/fail2ban.sqlite3"
@@ -34,6 +44,21 @@ CLIENT_TIMEOUT = 120.0  # seconds to wait for the daemon; a bulk ban waits for t
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _MAX_ERROR_LINES = 20  # per-target failures printed before "... and N more"
+
+# A canonical dotted quad parses to itself, and inet_pton accepts exactly those (no leading zeros, four parts):
+# 120 ns a check against 2.5 us for ipaddress, which matters for `ban -` with a million lines (a compiled
+# regex took 225 ns, and 1 ms of every process's start-up to compile). Anything else goes to
+# addr.parse_target.
+_AF_INET, _AF_INET6 = _socket.AF_INET, _socket.AF_INET6
+_inet_pton = _socket.inet_pton
+
+
+def _plain_v4(s: str) -> bool:
+    try:
+        _inet_pton(_AF_INET, s)
+    except (OSError, ValueError):  # ValueError: NUL or non-ASCII characters
+        return False
+    return True
 
 
 class UsageError(Exception):
@@ -55,30 +80,43 @@ class _ParserExit(Exception):
         self.status = status
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that writes to our streams and raises instead of calling sys.exit."""
-
-    _out: TextIO | None = None  # set on a per-call subclass (subparsers are built with type(self))
-
-    def _print_message(self, message: str, file: Any = None) -> None:
-        if message:
-            (self._out or sys.stdout).write(message)
-
-    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        raise _ParserExit(status)
-
-    def error(self, message: str) -> NoReturn:
-        raise _ArgumentError(message, self.format_usage())
+_PARSER_CLASS: list[type[argparse.ArgumentParser]] = []  # made once, on first use
 
 
-@dataclass(slots=True)
+def _parser_class() -> type[argparse.ArgumentParser]:
+    """argparse that writes to our streams and raises instead of calling sys.exit (argparse imported here)."""
+    if _PARSER_CLASS:
+        return _PARSER_CLASS[0]
+    import argparse
+
+    class _Parser(argparse.ArgumentParser):
+        _out: TextIO | None = None  # set on a per-call subclass (subparsers are built with type(self))
+
+        def _print_message(self, message: str, file: Any = None) -> None:
+            if message:
+                (self._out or sys.stdout).write(message)
+
+        def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+            raise _ParserExit(status)
+
+        def error(self, message: str) -> NoReturn:
+            raise _ArgumentError(message, self.format_usage())
+
+    _PARSER_CLASS.append(_Parser)
+    return _Parser
+
+
 class _Context:
-    out: TextIO
-    err: TextIO
-    stdin: TextIO
-    socket: str
-    json: bool
-    client_factory: Callable[[str], ControlClient]
+    __slots__ = ("client_factory", "err", "json", "out", "socket", "stdin")
+
+    def __init__(self, out: TextIO, err: TextIO, stdin: TextIO, socket: str, json: bool,
+                 client_factory: Callable[[str], ControlClient]) -> None:
+        self.out = out
+        self.err = err
+        self.stdin = stdin
+        self.socket = socket
+        self.json = json
+        self.client_factory = client_factory
 
     def call(self, cmd: str, args: dict[str, Any]) -> dict[str, Any]:
         with self.client_factory(self.socket) as client:
@@ -91,6 +129,8 @@ class _Context:
         self.err.write(f"nftblock: {text}\n")
 
     def print_json(self, result: Mapping[str, Any]) -> None:
+        import json  # only for --json: see the module docstring
+
         self.out.write(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -107,22 +147,24 @@ def main(
     client_factory: Callable[[str], ControlClient] | None = None,
 ) -> int:
     out, err = stdout or sys.stdout, stderr or sys.stderr
-    env = os.environ if environ is None else environ
-    parser = build_parser(out)
-    try:
-        ns = parser.parse_args(argv)
-    except _ArgumentError as exc:
-        err.write(f"{exc.usage}nftblock: {exc}\n")  # usage first, so the last line is the reason
-        return EXIT_USAGE
-    except _ParserExit as exc:  # --help
-        return exc.status
+    env = _Environ() if environ is None else environ
+    args = list(sys.argv[1:] if argv is None else argv)
+    ns = _quick_parse(args)
+    if ns is None:
+        try:
+            ns = build_parser(out).parse_args(args)
+        except _ArgumentError as exc:
+            err.write(f"{exc.usage}nftblock: {exc}\n")  # usage first, so the last line is the reason
+            return EXIT_USAGE
+        except _ParserExit as exc:  # --help
+            return exc.status
     ctx = _Context(
         out=out,
         err=err,
         stdin=stdin or sys.stdin,
         socket=ns.socket or env.get(SOCKET_ENV) or DEFAULT_SOCKET,
         json=bool(ns.json),
-        client_factory=client_factory or functools.partial(ControlClient, timeout=CLIENT_TIMEOUT),
+        client_factory=client_factory or (lambda path: ControlClient(path, timeout=CLIENT_TIMEOUT)),
     )
     try:
         code: int = ns.func(ctx, ns)
@@ -138,15 +180,37 @@ def main(
     except BrokenPipeError:  # `nftblock list | head`: the reader has gone, nothing left to say
         if out is sys.__stdout__ and sys.__stdout__ is not None:
             # Python flushes stdout again at exit and would print a traceback about the same broken pipe.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.__stdout__.fileno())
-            os.close(devnull)
+            devnull = posix.open("/dev/null", posix.O_WRONLY)
+            posix.dup2(devnull, sys.__stdout__.fileno())
+            posix.close(devnull)
         return EXIT_FAILED
 
 
+class _Environ:
+    """os.environ.get without importing os: the process environment, decoded as os.environ decodes it."""
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        value = posix.environ.get(name.encode("utf-8", "surrogateescape"))
+        return default if value is None else value.decode("utf-8", "surrogateescape")
+
+
+def entry() -> NoReturn:
+    """The console script `nftblock`: main(), then exit without the interpreter's teardown, which nothing here
+    needs once the output is flushed (2 ms of a 20 ms `nftblock ban` process, bench/bench_cli.py)."""
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):  # the reader has gone (`nftblock list | head`), or main closed it
+        pass
+    posix._exit(code)
+
+
 def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
-    parser_class: type[_Parser] = type("_Parser", (_Parser,), {"_out": out})
-    p = parser_class(prog="nftblock", description="Control a running nftblockd.")
+    import argparse
+
+    parser_class = type("_Parser", (_parser_class(),), {"_out": out})
+    p: argparse.ArgumentParser = parser_class(prog="nftblock", description="Control a running nftblockd.")
     p.add_argument("--socket", metavar="PATH",
                    help=f"control socket (default: ${SOCKET_ENV} or {DEFAULT_SOCKET})")
     p.add_argument("--json", action="store_true", help="print the daemon's result as JSON")
@@ -165,10 +229,14 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
                     "(default: the blocklist's)")
     sp.add_argument("--set", metavar="NAME", help="blocklist (default: the default blocklist)")
     sp.add_argument("--comment", metavar="TEXT", default="", help="reason recorded with the ban")
+    _add_audit_options(sp)
 
     sp = add("unban", _cmd_unban, "remove bans ('-' reads the targets from stdin)")
-    sp.add_argument("targets", nargs="+", metavar="ADDR|CIDR")
+    sp.add_argument("targets", nargs="*", metavar="ADDR|CIDR")
     sp.add_argument("--set", metavar="NAME", help="only this blocklist (default: all)")
+    sp.add_argument("--all", action="store_true", help="instead of targets: every active ban recorded with "
+                    "--jail NAME (and --origin, if given), in one request; fail2ban's action flushes a jail so")
+    _add_audit_options(sp)
 
     sp = add("list", _cmd_list, "list active bans")
     sp.add_argument("--set", metavar="NAME", help="only this blocklist")
@@ -202,17 +270,155 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def _add_audit_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--jail", metavar="NAME", help="the jail recorded with the ban or unban in the audit log "
+                    "and `list` (for scripts such as fail2ban's action)")
+    sp.add_argument("--origin", choices=ORIGINS, help="who decided it, for the audit log (default: cli)")
+
+
+# --- the quick parser ----------------------------------------------------------------------------------
+
+ORIGINS = ("cli", "fail2ban")  # as control/protocol.py's ORIGINS (which this module must not import)
+_QUICK_OPTIONS = {
+    "ban": frozenset({"--timeout", "--set", "--comment", "--jail", "--origin"}),
+    "unban": frozenset({"--set", "--jail", "--origin"}),
+}
+
+
+class _Namespace:
+    """What argparse.Namespace is to the commands: attributes, compared by value in the tests."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+    def __eq__(self, other: object) -> bool:
+        return vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+
+def _quick_parse(argv: list[str]) -> Any:  # noqa: C901
+    """`ban`/`unban` command lines as scripts write them, parsed as argparse would, or None.
+
+    Accepted: `[--socket PATH] [--json] ban|unban TARGET... ` with the command's options (`--opt VALUE` or
+    `--opt=VALUE`, before or after the targets, `--json` anywhere after the command), every target a single
+    address `quick_canonical` knows. None for everything else (help, abbreviations, a value or target that
+    starts with '-', targets on both sides of an option, `-` for stdin, CIDRs, ...): argparse decides those.
+    """
+    i, n = 0, len(argv)
+    found: dict[str, Any] = {"socket": None, "json": False}
+    while i < n and argv[i].startswith("-"):
+        name, eq, value = argv[i].partition("=")
+        if argv[i] == "--json":
+            found["json"] = True
+            i += 1
+        elif name == "--socket":
+            if not eq:
+                if i + 1 >= n or argv[i + 1].startswith("-"):
+                    return None
+                value = argv[i + 1]
+                i += 1
+            found["socket"] = value
+            i += 1
+        else:
+            return None
+    if i >= n or argv[i] not in _QUICK_OPTIONS:
+        return None
+    cmd = argv[i]
+    options = _QUICK_OPTIONS[cmd]
+    found.update(command=cmd, targets=[], set=None, jail=None, origin=None,
+                 func=_cmd_ban if cmd == "ban" else _cmd_unban)
+    if cmd == "ban":
+        found.update(timeout=None, comment="")
+    else:
+        found["all"] = False
+    i += 1
+    targets_ended = False
+    while i < n:
+        tok = argv[i]
+        if not tok.startswith("-"):
+            if targets_ended or quick_canonical(tok) is None:
+                return None
+            found["targets"].append(tok)
+            i += 1
+            continue
+        if tok == "--json":
+            found["json"] = True
+            targets_ended = bool(found["targets"])  # any option ends argparse's run of positionals
+            i += 1
+            continue
+        name, eq, value = tok.partition("=")
+        if name not in options:
+            return None
+        if not eq:
+            if i + 1 >= n or argv[i + 1].startswith("-"):
+                return None
+            value = argv[i + 1]
+            i += 1
+        if name == "--origin" and value not in ORIGINS:
+            return None
+        found[name[2:]] = value
+        targets_ended = bool(found["targets"])
+        i += 1
+    return _Namespace(**found) if found["targets"] else None
+
+
 # --- targets -------------------------------------------------------------------------------------------
 
 
-def canonical_target(text: str) -> str:
-    """The target as the daemon will print it; raises AddressError. A CIDR with host bits set is refused."""
+def quick_canonical(text: str) -> str | None:
+    """`canonical_target` for single addresses without importing events or ipaddress (15 M instructions of
+    start-up for an IPv6 ban), or None when the full rules must decide. Agrees with addr.parse_target
+    (tests/unit/test_cli.py)."""
     s = text.strip()
-    # A dotted quad that addr's strict fast parser accepts is already canonical: it prints as written. This
-    # runs per line of `ban -` (a million lines); anything else takes the plain parser.
-    if parse_v4(s) is not None:
+    if _plain_v4(s):
         return s
-    return format_target(parse_target(s, strict=True))
+    if ":" not in s or "/" in s or "%" in s or len(s) > 64:
+        return None
+    try:
+        packed = _inet_pton(_AF_INET6, s)
+    except (OSError, ValueError):
+        return None  # ipaddress may still accept it, or say why not
+    n = int.from_bytes(packed, "big")
+    if n >> 32 == 0xFFFF:  # `::ffff:192.0.2.1` is the IPv4 address, as addr.normalise_network has it
+        return _socket.inet_ntoa(packed[12:])
+    return _v6_text(n)
+
+
+def _v6_text(n: int) -> str:
+    """str(ipaddress.IPv6Address(n)): lower-case hextets, the longest run of two or more zero hextets (the
+    first of equals) as `::` (RFC 5952)."""
+    hextets = [f"{n >> (112 - 16 * i) & 0xFFFF:x}" for i in range(8)]
+    best_start, best_len, start, length = -1, 0, -1, 0
+    for i, h in enumerate(hextets):
+        if h == "0":
+            length += 1
+            if start < 0:
+                start = i
+            if length > best_len:
+                best_start, best_len = start, length
+        else:
+            start, length = -1, 0
+    if best_len > 1:
+        end = best_start + best_len
+        hextets[best_start:end] = [""]
+        if end == 8:
+            hextets.append("")
+        if best_start == 0:
+            hextets.insert(0, "")
+    return ":".join(hextets)
+
+
+def canonical_target(text: str) -> str:
+    """The target as the daemon will print it; raises AddressError (a ValueError). A CIDR with host bits set
+    is refused."""
+    quick = quick_canonical(text)
+    if quick is not None:
+        return quick
+    from nftblockd.addr import format_target, parse_target
+
+    return format_target(parse_target(text.strip(), strict=True))
 
 
 def _targets_from_args(ctx: _Context, targets: list[str]) -> list[str]:
@@ -225,7 +431,7 @@ def _targets_from_args(ctx: _Context, targets: list[str]) -> list[str]:
     for t in targets:
         try:
             out.append(canonical_target(t))
-        except AddressError as exc:
+        except ValueError as exc:  # addr.AddressError
             bad.append(str(exc))
     if bad:
         more = f" (and {len(bad) - 1} more invalid)" if len(bad) > 1 else ""
@@ -246,7 +452,7 @@ def _targets_from_lines(lines: Iterable[str]) -> list[str]:
                 continue
             try:
                 out[canonical_target(text)] = None
-            except AddressError as exc:
+            except ValueError as exc:  # addr.AddressError
                 nbad += 1
                 if first_bad is None:
                     first_bad = f"stdin line {lineno}: {exc}"
@@ -291,7 +497,7 @@ def _refusals(result: Mapping[str, Any]) -> list[str]:
 # --- commands ------------------------------------------------------------------------------------------
 
 
-def _cmd_ban(ctx: _Context, ns: argparse.Namespace) -> int:
+def _cmd_ban(ctx: _Context, ns: Any) -> int:
     timeout = _wire_timeout(ns.timeout)
     if len(ns.comment) > MAX_REASON:
         raise UsageError(f"--comment: at most {MAX_REASON} characters, got {len(ns.comment)}")
@@ -299,7 +505,8 @@ def _cmd_ban(ctx: _Context, ns: argparse.Namespace) -> int:
     if not targets:
         ctx.warn("no targets on stdin; nothing to ban")
         return EXIT_OK
-    result = ctx.call("ban", {"targets": targets, "timeout": timeout, "set": ns.set, "comment": ns.comment})
+    result = ctx.call("ban", {"targets": targets, "timeout": timeout, "set": ns.set, "comment": ns.comment,
+                              **_audit_args(ns)})
     applied = list(result.get("applied") or [])
     refused = _refusals(result)
     if ctx.json:
@@ -315,12 +522,37 @@ def _cmd_ban(ctx: _Context, ns: argparse.Namespace) -> int:
     return EXIT_FAILED if refused else EXIT_OK
 
 
-def _cmd_unban(ctx: _Context, ns: argparse.Namespace) -> int:
-    targets = _targets_from_args(ctx, ns.targets)
+def _audit_args(ns: Any) -> dict[str, str]:
+    """`jail` and `origin` only when given: a daemon older than these arguments refuses unknown ones."""
+    return {k: v for k in ("jail", "origin") if (v := getattr(ns, k, None))}
+
+
+def _jail_targets(ctx: _Context, ns: Any) -> list[str]:
+    """`unban --all --jail NAME`: the targets of the jail's active bans, read with `list`."""
+    if ns.targets or not ns.jail:
+        raise UsageError("--all takes no targets and needs --jail NAME")
+    bans = ctx.call("list", {"set": ns.set}).get("bans") or []
+    return list(dict.fromkeys(str(b.get("target")) for b in bans if b.get("jail") == ns.jail
+                              and (not ns.origin or b.get("origin") == ns.origin)))
+
+
+def _cmd_unban(ctx: _Context, ns: Any) -> int:
+    if getattr(ns, "all", False):
+        targets = _jail_targets(ctx, ns)
+        if not targets:
+            if not ctx.json:
+                ctx.print(f"no active bans of jail {ns.jail}")
+            else:
+                ctx.print_json({"removed": [], "not_found": []})
+            return EXIT_OK
+    elif not ns.targets:
+        raise UsageError("give the targets to unban ('-' reads them from stdin), or --all with --jail NAME")
+    else:
+        targets = _targets_from_args(ctx, ns.targets)
     if not targets:
         ctx.warn("no targets on stdin; nothing to unban")
         return EXIT_OK
-    result = ctx.call("unban", {"targets": targets, "set": ns.set})
+    result = ctx.call("unban", {"targets": targets, "set": ns.set, **_audit_args(ns)})
     removed = list(result.get("removed") or [])
     not_found = list(result.get("not_found") or [])
     if ctx.json:
@@ -330,6 +562,8 @@ def _cmd_unban(ctx: _Context, ns: argparse.Namespace) -> int:
     where = f" in blocklist {ns.set}" if ns.set else ""
     messages = result.get("messages") or {}  # why, when the daemon knows more ("it lies inside ...")
     failures = [messages.get(t) or f"{t} is not banned{where}" for t in not_found] + _refusals(result)
+    if getattr(ns, "all", False):
+        failures = _refusals(result)  # a ban that expired since `list` is gone, as asked
     _report_each(ctx, failures)
     return EXIT_FAILED if failures else EXIT_OK
 
@@ -341,7 +575,7 @@ def _remaining(ban: Mapping[str, Any]) -> str:
     return format_duration(float(left))
 
 
-def _cmd_list(ctx: _Context, ns: argparse.Namespace) -> int:
+def _cmd_list(ctx: _Context, ns: Any) -> int:
     result = ctx.call("list", {"set": ns.set})
     if ctx.json:
         ctx.print_json(result)
@@ -357,10 +591,10 @@ def _cmd_list(ctx: _Context, ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_check(ctx: _Context, ns: argparse.Namespace) -> int:
+def _cmd_check(ctx: _Context, ns: Any) -> int:
     try:
         target = canonical_target(ns.target)
-    except AddressError as exc:
+    except ValueError as exc:  # addr.AddressError
         raise UsageError(str(exc)) from None
     result = ctx.call("check", {"target": target})
     if ctx.json:
@@ -409,7 +643,7 @@ def _feed_rows(feeds: Iterable[Mapping[str, Any]], now: float) -> list[list[str]
 _FEED_HEADER = ["FEED", "ENTRIES", "LAST SUCCESS", "NEXT REFRESH", "ERROR"]
 
 
-def _cmd_feeds(ctx: _Context, ns: argparse.Namespace) -> int:
+def _cmd_feeds(ctx: _Context, ns: Any) -> int:
     if getattr(ns, "feeds_action", None) in ("refresh", "accept"):
         result = ctx.call(f"feeds_{ns.feeds_action}", {"name": ns.name})
         if ctx.json:
@@ -434,7 +668,7 @@ def _cmd_feeds(ctx: _Context, ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_reload(ctx: _Context, ns: argparse.Namespace) -> int:
+def _cmd_reload(ctx: _Context, ns: Any) -> int:
     result = ctx.call("reload", {})  # a refusal is a RemoteError: its message, exit 1
     if ctx.json:
         ctx.print_json(result)
@@ -443,7 +677,7 @@ def _cmd_reload(ctx: _Context, ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_status(ctx: _Context, ns: argparse.Namespace) -> int:
+def _cmd_status(ctx: _Context, ns: Any) -> int:
     result = ctx.call("status", {})
     if ctx.json:
         ctx.print_json(result)
@@ -470,7 +704,7 @@ def _cmd_status(ctx: _Context, ns: argparse.Namespace) -> int:
     if jails:
         ctx.print("jails:")
         for j in jails:
-            if isinstance(j, Mapping):
+            if isinstance(j, dict):
                 rest = {k: v for k, v in j.items() if k not in ("name", "missing")}
                 ctx.print(f"  {j.get('name', '?')}: {_kv(rest)}" if rest else f"  {j.get('name', '?')}")
                 for why in j.get("missing") or ():  # a jail reading nothing must not look healthy
@@ -484,7 +718,7 @@ def _cmd_status(ctx: _Context, ns: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _cmd_test_filter(ctx: _Context, ns: argparse.Namespace) -> int:
+def _cmd_test_filter(ctx: _Context, ns: Any) -> int:
     try:
         from nftblockd.detect.testfilter import run  # type: ignore[import-not-found, unused-ignore]
     except ModuleNotFoundError as exc:
@@ -498,8 +732,9 @@ def _cmd_test_filter(ctx: _Context, ns: argparse.Namespace) -> int:
     return code
 
 
-def _cmd_import_fail2ban(ctx: _Context, ns: argparse.Namespace) -> int:
+def _cmd_import_fail2ban(ctx: _Context, ns: Any) -> int:
     try:
+        from nftblockd.addr import parse_target
         from nftblockd.state.f2bimport import read_fail2ban_bans, refusal  # type: ignore[import-not-found, unused-ignore]
     except ModuleNotFoundError as exc:
         if exc.name != f"{__package__}.f2bimport":
@@ -517,7 +752,7 @@ def _cmd_import_fail2ban(ctx: _Context, ns: argparse.Namespace) -> int:
         try:
             target = canonical_target(str(ban.ip))
             why = refusal(ban, parse_target(target), now)
-        except AddressError as exc:
+        except ValueError as exc:  # addr.AddressError
             skipped.append(f"skipped fail2ban entry (jail {ban.jail}): {exc}")
             continue
         if why is not None:
@@ -563,11 +798,11 @@ def _table(ctx: _Context, header: list[str], rows: list[list[str]], indent: str 
 
 def _kv(obj: Any, prefix: str = "") -> str:
     """`{"sent": 3, "latency": {"p50": 0.001}}` → `sent=3 latency.p50=0.001`."""
-    if not isinstance(obj, Mapping):
+    if not isinstance(obj, dict):
         return str(obj)
     parts: list[str] = []
     for k, v in obj.items():
-        if isinstance(v, Mapping):
+        if isinstance(v, dict):
             parts.append(_kv(v, f"{prefix}{k}."))
         elif isinstance(v, float):
             parts.append(f"{prefix}{k}={v:.6g}")

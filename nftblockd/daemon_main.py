@@ -27,7 +27,8 @@ def check_config(path: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; also what packaging/manpages.py renders as nftblockd(8)."""
     p = argparse.ArgumentParser(prog="nftblockd", description="Dynamic blocklist daemon for nftables.")
     p.add_argument("--config", "-c", default="/etc/nftblockd/nftblockd.yaml", help="YAML config file")
     p.add_argument("--check-config", metavar="FILE", help="validate FILE and exit (0 valid, 1 invalid)")
@@ -35,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", help="state directory (overrides state_dir)")
     p.add_argument("--metrics", metavar="ADDR:PORT", help="Prometheus listen address (overrides metrics.listen)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     if a.check_config:
         return check_config(a.check_config)
     try:

@@ -1,16 +1,35 @@
-"""Parse and print durations ("90s", "10m", "1h30m", "2d", "500ms", plain seconds). Pure."""
+"""Parse and print durations ("90s", "10m", "1h30m", "2d", "500ms", plain seconds). Pure.
+
+No regular expressions: `nftblock ban --timeout 600s` runs once per ban from fail2ban's shell action, and
+importing `re` is a tenth of that process's start-up (bench/bench_cli.py). The grammar is small enough to
+scan by hand; tests/unit/test_durations.py checks the scanner against the regex it replaced.
+"""
 
 from __future__ import annotations
 
 import math
-import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 PERMANENT_WORDS = frozenset({"permanent", "never", "forever"})
 # The longest finite ban: ten years. Longer is what "permanent" is for, and a timeout of 1e308 seconds
 # overflowed the kernel's millisecond arithmetic (issue 13) instead of being refused as the client's mistake.
 MAX_TIMEOUT = 3650 * 86400.0
+
+
+def _number(text: str, pos: int) -> int:
+    """End of `digits[.digits]` starting at `pos` (digits as the regex \\d: any Unicode decimal digit), or `pos`
+    if there is none."""
+    n = len(text)
+    end = pos
+    while end < n and text[end].isdecimal():
+        end += 1
+    if end == pos:
+        return pos
+    if end + 1 < n and text[end] == "." and text[end + 1].isdecimal():
+        end += 2
+        while end < n and text[end].isdecimal():
+            end += 1
+    return end
 
 
 def parse_duration(value: object) -> float:
@@ -24,16 +43,21 @@ def parse_duration(value: object) -> float:
     if not isinstance(value, str):
         raise ValueError(f"expected a duration such as 30s, 10m, 1h or 2d, got {value!r}")
     text = value.strip().lower().replace(" ", "")
-    if re.fullmatch(r"\d+(\.\d+)?", text):
+    if text and _number(text, 0) == len(text):
         return _finite(float(text), value)
     pos = 0
     total = 0.0
-    for m in _PART.finditer(text):
-        if m.start() != pos:
+    n = len(text)
+    while pos < n:
+        end = _number(text, pos)
+        if end == pos:
             break
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    if pos != len(text) or not text:
+        unit = "ms" if text.startswith("ms", end) else text[end:end + 1]
+        if unit not in _UNITS:
+            break
+        total += float(text[pos:end]) * _UNITS[unit]
+        pos = end + len(unit)
+    if pos != n or not text:
         raise ValueError(f"expected a duration such as 30s, 10m, 1h or 2d, got {value!r}")
     return _finite(total, value)
 

@@ -85,6 +85,7 @@ class Unban:
     blocklist: str
     origin: Origin = "cli"
     reason: str = ""
+    jail: str = ""  # the jail that asked (fail2ban's, through the control socket), for the audit line
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +94,7 @@ class Unban:
             "blocklist": self.blocklist,
             "origin": self.origin,
             "reason": self.reason,
+            "jail": self.jail,
         }
 
 
@@ -116,7 +118,7 @@ def decision_from_dict(d: dict[str, Any]) -> Decision:
         )
     if kind == "unban":
         return Unban(target=target, blocklist=blocklist, origin=d.get("origin", "remote"),
-                     reason=str(d.get("reason", "")))
+                     reason=str(d.get("reason", "")), jail=str(d.get("jail", "")))
     raise ValueError(f"unknown decision type {kind!r}")
 
 

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,3 +30,20 @@ def netns() -> Iterator[NetNS]:
         yield ns
     finally:
         ns.delete()
+
+
+@pytest.fixture(scope="session")
+def built_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package as `make deb` builds it, once per test session (the packaging, lintian and real-systemd
+    tests share it)."""
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("dpkg-deb is not installed")
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path_factory.mktemp("dist")
+    env = dict(os.environ, OUT_DIR=str(out), PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(root / "packaging" / "build-deb.sh")], env=env, capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    debs = list(out.glob("nftblockd_*_all.deb"))
+    assert len(debs) == 1, proc.stdout
+    return debs[0]

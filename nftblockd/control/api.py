@@ -24,7 +24,7 @@ from nftblockd.control.protocol import (
     parse_args,
 )
 from nftblockd.control.server import Peer
-from nftblockd.events import Ban, Decision, Unban
+from nftblockd.events import Ban, Decision, Origin, Unban
 from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.neverban import never_ban_range
@@ -202,13 +202,14 @@ class ControlAPI:
             return await self.unban_bulk(a, blocklists)
         decisions: list[Decision] = []
         bad: list[dict[str, Any]] = []
+        origin: Origin = "fail2ban" if a.origin == "fail2ban" else "cli"
         for t in a.targets:
             try:
                 target = parse_target(t)
             except AddressError as exc:
                 bad.append({"target": t, "code": "invalid_address", "message": str(exc)})
                 continue
-            decisions += [Unban(target, bl, "cli") for bl in blocklists]
+            decisions += [Unban(target, bl, origin, jail=a.jail) for bl in blocklists]
         results = await self.enforcer.apply(decisions)
         removed: dict[str, None] = {}
         not_found: dict[str, str] = {}
@@ -235,13 +236,15 @@ class ControlAPI:
         removed: dict[str, None] = {}
         family = self._families()
         for bl in blocklists:
-            for set_name, gone, _missing in await self.enforcer.unban_hosts(bl, keys):
+            for set_name, gone, _missing in await self.enforcer.unban_hosts(bl, keys, origin=a.origin,
+                                                                             jail=a.jail):
                 spelled = texts[family[set_name]]
                 removed.update(dict.fromkeys(spelled[k] for k in gone))
         out: dict[str, Any] = {"removed": list(removed), "not_found": [
             t for v in (4, 6) for t in texts[v].values() if t not in removed]}
         for i in range(0, len(rest), BULK_THRESHOLD - 1):
-            more = await self.unban(UnbanArgs(tuple(rest[i:i + BULK_THRESHOLD - 1]), a.blocklist))
+            more = await self.unban(UnbanArgs(tuple(rest[i:i + BULK_THRESHOLD - 1]), a.blocklist, a.origin,
+                                              a.jail))
             out["removed"] += more["removed"]
             out["not_found"] += more["not_found"]
             if "messages" in more:

@@ -6,13 +6,19 @@ One connection is reused for successive calls; requests are sent one at a time.
 
 from __future__ import annotations
 
+# _socket, not socket: the wrapper module imports enum and selectors, 2-3 ms of a `nftblock ban` process's
+# ~20 ms (bench/bench_cli.py); the C module's socket has everything used here. See wire.py on start-up cost.
+import _socket
 import errno
-import os
-import socket
-from types import TracebackType
-from typing import Any
+import posix  # not os, for the same reason
 
-from nftblockd.control.protocol import DEFAULT_MAX_RESPONSE, ProtocolError, Response, ResponseDecoder, encode_request
+from nftblockd.control.wire import DEFAULT_MAX_RESPONSE, ProtocolError, Response, ResponseDecoder, encode_request
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    import os
+    from types import TracebackType
+    from typing import Any
 
 __all__ = ["ClientError", "ControlClient", "DaemonNotRunning", "PermissionDenied", "RemoteError"]
 
@@ -45,10 +51,10 @@ class ControlClient:
 
     def __init__(self, path: str | os.PathLike[str], timeout: float | None = 60.0, *,
                  max_response: int = DEFAULT_MAX_RESPONSE) -> None:
-        self.path = os.fspath(path)
+        self.path = posix.fspath(path)
         self.timeout = timeout
         self._max_response = max_response
-        self._sock: socket.socket | None = None
+        self._sock: _socket.socket | None = None
         self._next_id = 1
 
     def __enter__(self) -> ControlClient:
@@ -83,10 +89,10 @@ class ControlClient:
             raise RemoteError(response.code or "internal", response.message or "")
         return response.result if response.result is not None else {}
 
-    def _connect(self) -> socket.socket:
+    def _connect(self) -> _socket.socket:
         if self._sock is not None:
             return self._sock
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
             sock.connect(self.path)
@@ -107,7 +113,7 @@ class ControlClient:
             return ClientError(f"nftblockd did not accept a connection on {self.path} in {self.timeout}s")
         return ClientError(f"cannot connect to {self.path}: {exc.strerror or exc}")
 
-    def _exchange(self, sock: socket.socket, request: bytes) -> Response:
+    def _exchange(self, sock: _socket.socket, request: bytes) -> Response:
         send_error: OSError | None = None
         try:
             sock.sendall(request)

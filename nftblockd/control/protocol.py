@@ -21,68 +21,77 @@ read `ban`/`unban`/... arguments by the same rules the document states.
 from __future__ import annotations
 
 import enum
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple, TypeAlias
 
 from nftblockd.addr import format_target
+from nftblockd.control.wire import (
+    DEFAULT_MAX_REQUEST,
+    DEFAULT_MAX_RESPONSE,
+    ERROR_CODES,
+    OVERSIZE,
+    VERSION,
+    ControlError,
+    FrameSplitter,
+    ProtocolError,
+    Response,
+    ResponseDecoder,
+    _Oversize,
+    _size,
+    decode_response,
+    encode_error,
+    encode_request,
+    encode_result,
+    loads,
+    one_line,
+)
 from nftblockd.durations import parse_timeout
 from nftblockd.events import MAX_REASON, BanInfo
 
-VERSION: Final = 1
-DEFAULT_MAX_REQUEST: Final = 64 * 1024 * 1024  # a bulk `ban -` of 1,000,000 IPv6 addresses is ~42 MB
-DEFAULT_MAX_RESPONSE: Final = 1024 * 1024 * 1024  # the client trusts the daemon; `list` can be large
-
-ERROR_CODES: Final = frozenset({
-    "invalid_address",  # a target is not an IP address or CIDR
-    "allowlisted",  # a target overlaps the allowlist; never banned
-    "never_ban",  # a target is (or overlaps) never-ban space: unspecified, multicast, link-local... (neverban.py)
-    "unknown_set",  # no blocklist by that name
-    "bad_request",  # the request is malformed: JSON, shape, unknown command or argument
-    "not_found",  # the named thing (feed, ban) does not exist
-    "internal",  # a bug in the daemon; details are in its log
-    "unavailable",  # the daemon cannot serve this now (starting, stopping, kernel unreachable, busy)
-    "forbidden",  # the peer's credentials do not allow using the socket
-    "refused",  # the daemon refused what was asked as it stands (a reload of an invalid config)
-})
-
+# The error codes as a type (wire.ERROR_CODES is the same set at run time; wire.py stays free of typing).
 ErrorCode: TypeAlias = Literal[
     "invalid_address", "allowlisted", "never_ban", "unknown_set", "bad_request", "not_found", "internal", "unavailable",
     "forbidden", "refused",
 ]
 
-
-class ControlError(Exception):
-    """An error the client should see: `code` is one of ERROR_CODES, `message` one line for an operator.
-
-    The daemon's handler raises it; the server turns it into an error response. Any other exception from a
-    handler is a bug and becomes `internal`.
-    """
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        if code not in ERROR_CODES:
-            raise ValueError(f"unknown control error code {code!r}")
-        super().__init__(message)
-        self.code: ErrorCode = code
-        self.message = one_line(message)
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class ProtocolError(ControlError):
-    """What a peer sent does not follow the protocol (always `bad_request` when it is the client's fault)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__("bad_request", message)
-
-
-def one_line(text: object, limit: int = 500) -> str:
-    """Collapse whitespace (newlines included) so a message fits one log or terminal line."""
-    s = " ".join(str(text).split())
-    return s if len(s) <= limit else s[: limit - 3] + "..."
-
+__all__ = [
+    "BLOCKLIST_DEFAULT",
+    "COMMANDS",
+    "DEFAULT_MAX_REQUEST",
+    "DEFAULT_MAX_RESPONSE",
+    "ERROR_CODES",
+    "ORIGINS",
+    "OVERSIZE",
+    "VERSION",
+    "BanArgs",
+    "BanItem",
+    "CheckArgs",
+    "CommandArgs",
+    "ControlError",
+    "ErrorCode",
+    "FeedsRefreshArgs",
+    "FrameSplitter",
+    "Invalid",
+    "ListArgs",
+    "NoArgs",
+    "ProtocolError",
+    "Request",
+    "RequestDecoder",
+    "Response",
+    "ResponseDecoder",
+    "Timeout",
+    "UnbanArgs",
+    "ban_entry",
+    "decode_request",
+    "decode_response",
+    "encode_error",
+    "encode_request",
+    "encode_result",
+    "one_line",
+    "parse_args",
+    "parse_wire_timeout",
+]
 
 # --- values --------------------------------------------------------------------------------------------
 
@@ -102,112 +111,7 @@ class Invalid:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
-    id: int | None
-    ok: bool
-    result: dict[str, Any] | None = None
-    code: str | None = None  # set when not ok; may be a code newer than ERROR_CODES
-    message: str | None = None
-
-
-# --- encoding ------------------------------------------------------------------------------------------
-
-
-def _dumps(obj: dict[str, Any]) -> bytes:
-    # JSON escapes control characters inside strings, so the encoded object never contains a raw newline.
-    # allow_nan=False: NaN and Infinity are not JSON; a handler returning them is a bug (→ `internal`).
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode() + b"\n"
-
-
-def encode_request(id: int, cmd: str, args: dict[str, Any] | None = None) -> bytes:
-    return _dumps({"v": VERSION, "id": id, "cmd": cmd, "args": args or {}})
-
-
-def encode_result(id: int | None, result: dict[str, Any]) -> bytes:
-    """Raises TypeError/ValueError if `result` is not JSON-encodable (the server answers `internal`)."""
-    return _dumps({"v": VERSION, "id": id, "ok": True, "result": result})
-
-
-def encode_error(id: int | None, code: ErrorCode, message: str) -> bytes:
-    if code not in ERROR_CODES:
-        raise ValueError(f"unknown control error code {code!r}")
-    error = {"code": code, "message": one_line(message)}
-    return _dumps({"v": VERSION, "id": id, "ok": False, "error": error})
-
-
-# --- line splitting ------------------------------------------------------------------------------------
-
-
-class _Oversize:
-    """Marker from FrameSplitter: a line exceeded the limit and is being discarded."""
-
-
-OVERSIZE: Final = _Oversize()
-
-
-class FrameSplitter:
-    """Splits a byte stream into lines of at most `max_line` bytes (newline excluded), memory bounded.
-
-    A longer line yields OVERSIZE once, and its bytes are discarded up to the next newline.
-    """
-
-    def __init__(self, max_line: int) -> None:
-        if max_line < 1:
-            raise ValueError("max_line must be positive")
-        self._max = max_line
-        self._buf = bytearray()
-        self._discarding = False
-        self._eof = False
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf)
-
-    def feed(self, data: bytes) -> list[bytes | _Oversize]:
-        if self._eof:
-            raise RuntimeError("feed() after feed_eof()")
-        out: list[bytes | _Oversize] = []
-        start = 0
-        n = len(data)
-        while start < n:
-            nl = data.find(b"\n", start)
-            end = n if nl < 0 else nl
-            if self._discarding:
-                if nl >= 0:
-                    self._discarding = False
-            elif len(self._buf) + (end - start) > self._max:
-                out.append(OVERSIZE)
-                self._buf.clear()
-                self._discarding = nl < 0
-            elif nl < 0:
-                self._buf += data[start:end]
-            elif self._buf:
-                self._buf += data[start:end]
-                out.append(bytes(self._buf))
-                self._buf.clear()
-            else:
-                out.append(data[start:end])
-            if nl < 0:
-                break
-            start = nl + 1
-        return out
-
-    def feed_eof(self) -> list[bytes | _Oversize]:
-        """End of stream: a final line without a newline still counts (netcat users forget it)."""
-        self._eof = True
-        if self._discarding or not self._buf:
-            return []
-        line = bytes(self._buf)
-        self._buf.clear()
-        return [line]
-
-
 # --- requests ------------------------------------------------------------------------------------------
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def decode_request(line: bytes) -> Request:
@@ -216,7 +120,7 @@ def decode_request(line: bytes) -> Request:
     The error's `id` attribute carries the request id when one could be read, so the answer can echo it.
     """
     try:
-        obj = json.loads(line)
+        obj = loads(line)
     except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise _RequestError(None, "not a JSON object on one line") from None
     if not isinstance(obj, dict):
@@ -282,64 +186,6 @@ class RequestDecoder:
         return out
 
 
-# --- responses -----------------------------------------------------------------------------------------
-
-
-def decode_response(line: bytes) -> Response:
-    """Parse one response line; raises ProtocolError if the daemon said something that is not a response."""
-    try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError):
-        raise ProtocolError("the daemon's reply is not JSON") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
-        raise ProtocolError("the daemon's reply is not a response object")
-    if obj.get("v") != VERSION:
-        raise ProtocolError(f"the daemon speaks protocol version {obj.get('v')!r}, not {VERSION}")
-    rid = obj.get("id")
-    if rid is not None and not _is_int(rid):
-        raise ProtocolError("the daemon's reply has a non-integer id")
-    if obj["ok"]:
-        result = obj.get("result")
-        if not isinstance(result, dict):
-            raise ProtocolError("the daemon's reply has no result object")
-        return Response(rid, True, result=result)
-    err = obj.get("error")
-    if not isinstance(err, dict) or not isinstance(err.get("code"), str):
-        raise ProtocolError("the daemon's error reply has no error code")
-    return Response(rid, False, code=err["code"], message=one_line(err.get("message") or err["code"]))
-
-
-class ResponseDecoder:
-    """Incremental response decoder for the client side; raises ProtocolError (and only that)."""
-
-    def __init__(self, max_response: int = DEFAULT_MAX_RESPONSE) -> None:
-        self.max_response = max_response
-        self._lines = FrameSplitter(max_response)
-
-    def feed(self, data: bytes) -> list[Response]:
-        return self._decode(self._lines.feed(data))
-
-    def feed_eof(self) -> list[Response]:
-        return self._decode(self._lines.feed_eof())
-
-    def _decode(self, lines: list[bytes | _Oversize]) -> list[Response]:
-        out: list[Response] = []
-        for line in lines:
-            if isinstance(line, _Oversize):
-                raise ProtocolError(f"the daemon's reply is larger than {_size(self.max_response)}")
-            line = line.rstrip(b"\r")
-            if line.strip():
-                out.append(decode_response(line))
-        return out
-
-
-def _size(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    return f"{n} bytes"
-
-
 # --- command arguments ---------------------------------------------------------------------------------
 
 
@@ -382,6 +228,8 @@ class BanArgs:
 class UnbanArgs:
     targets: tuple[str, ...]
     blocklist: str | None  # None: every blocklist
+    origin: str = "cli"  # who asked, for the audit line (fail2ban's actions say "fail2ban")
+    jail: str = ""  # the jail that asked, for the audit line
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,46 +302,53 @@ def _bounded(where: str, text: str) -> str:
 
 
 def _parse_ban(args: dict[str, Any]) -> BanArgs:
-    _check_keys("ban", args, ("targets", "timeout", "set", "comment", "origin"))
+    _check_keys("ban", args, ("targets", "timeout", "set", "comment", "origin", "jail"))
     timeout = parse_wire_timeout(args.get("timeout"))
     comment = args.get("comment") or ""
     if not isinstance(comment, str):
         raise ProtocolError("ban: 'comment' must be a string")
     _bounded("ban: 'comment'", comment)
-    origin = args.get("origin") or "cli"
-    if origin not in ORIGINS:
-        raise ProtocolError(f"ban: 'origin' must be one of {', '.join(ORIGINS)}")
+    origin = _origin("ban", args)
+    jail = _bounded("ban: 'jail'", _opt_str("ban", args, "jail") or "")
     targets = _targets("ban", args)
     if all(type(t) is str for t in targets):  # the bulk case: no per-target objects to check
-        shared = (timeout, comment, "")
+        shared = (timeout, comment, jail)
         return BanArgs(tuple(BanItem(t, *shared) for t in targets), _opt_str("ban", args, "set"), origin, True)
     items: list[BanItem] = []
     for i, t in enumerate(targets):
         if isinstance(t, str):
-            items.append(BanItem(t, timeout, comment))
+            items.append(BanItem(t, timeout, comment, jail))
         elif isinstance(t, dict):
             _check_keys(f"ban: targets[{i}]", t, ("target", "timeout", "reason", "jail"))
             target = t.get("target")
-            reason, jail = t.get("reason", comment), t.get("jail", "")
-            if not isinstance(target, str) or not isinstance(reason, str) or not isinstance(jail, str):
+            reason, item_jail = t.get("reason", comment), t.get("jail", jail)
+            if not isinstance(target, str) or not isinstance(reason, str) or not isinstance(item_jail, str):
                 raise ProtocolError(f"ban: targets[{i}]: 'target', 'reason' and 'jail' must be strings")
             _bounded(f"ban: targets[{i}].reason", reason)
-            _bounded(f"ban: targets[{i}].jail", jail)
+            _bounded(f"ban: targets[{i}].jail", item_jail)
             item_timeout = timeout
             if "timeout" in t:
                 item_timeout = parse_wire_timeout(t["timeout"], f"targets[{i}].timeout")
-            items.append(BanItem(target, item_timeout, reason, jail))
+            items.append(BanItem(target, item_timeout, reason, item_jail))
         else:
             raise ProtocolError(f"ban: targets[{i}] must be a string or an object")
     return BanArgs(tuple(items), _opt_str("ban", args, "set"), origin)
 
 
 def _parse_unban(args: dict[str, Any]) -> UnbanArgs:
-    _check_keys("unban", args, ("targets", "set"))
+    _check_keys("unban", args, ("targets", "set", "origin", "jail"))
     targets = _targets("unban", args)
     if not all(isinstance(t, str) for t in targets):
         raise ProtocolError("unban: 'targets' must be a list of strings")
-    return UnbanArgs(tuple(targets), _opt_str("unban", args, "set"))
+    return UnbanArgs(tuple(targets), _opt_str("unban", args, "set"), _origin("unban", args),
+                     _opt_str("unban", args, "jail") or "")
+
+
+def _origin(cmd: str, args: dict[str, Any]) -> str:
+    origin = args.get("origin") or "cli"
+    if origin not in ORIGINS:
+        raise ProtocolError(f"{cmd}: 'origin' must be one of {', '.join(ORIGINS)}")
+    return str(origin)
 
 
 def _parse_list(args: dict[str, Any]) -> ListArgs:

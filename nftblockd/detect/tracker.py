@@ -9,7 +9,7 @@ Rules
 
 Offenders. A hit's host is normalised first (IPv4-mapped IPv6 becomes IPv4). IPv4 hosts are tracked one
 address at a time. IPv6 hosts are tracked *and banned* by the /`ipv6_prefix` network they belong to (a jail
-setting, e.g. 64), because a host rotating through its /64 walks around every /128 ban (user-pain #4). One
+setting, e.g. 64), because a host rotating through its /64 walks around every /128 ban (docs/why.md #4). One
 exception keeps the allowlist absolute: if that network overlaps an allow entry, the offender is the single
 address instead, so an allowed neighbour is never caught inside a range ban.
 
@@ -23,7 +23,7 @@ States. Each (jail, offender) is in one of three states:
   IDLE      nothing is stored.
   COUNTING  the times of the failures seen within the last `findtime` (fewer than `maxretry` of them).
   BANNED    a ban is in force until `until` (None: permanent). A hit costs one dict lookup and returns
-            ALREADY_BANNED with the ban in force: no new ban, nothing to log (user-pain #11, the "already
+            ALREADY_BANNED with the ban in force: no new ban, nothing to log (docs/why.md #11, the "already
             banned" storms). The ban ends when `now` reaches `until` (noticed on the next hit or by `sweep`)
             or when the daemon calls `forget_ban` (a manual unban, or a reconcile that found the kernel
             element gone). The offender then starts again from IDLE; its ban history stays unless forgiven.
@@ -43,14 +43,14 @@ Time rule. A Hit carries the line's own timestamp (its arrival time when the lin
 whether the line is *live* (the source is tailing: the line was written moments ago) or *catching up* (a
 backlog read after a start, a rotation or from a journal cursor).
   - Catching up (`live=False`, the default): the line's time is trusted, because compressing an hour of
-    backlog onto "now" would ban everyone who failed twice in that hour (user-pain #8, old lines treated as
+    backlog onto "now" would ban everyone who failed twice in that hour (docs/why.md #8, old lines treated as
     new). A line older than `now - findtime` is STALE. A line from the future by more than `max_skew` is
     STALE too (its real age is unknowable and catching up must not ban on guesses); within `max_skew` it
     counts at `now`.
   - Live (`live=True`): the line arrived now, so the failure happened about now whatever its text claims.
     Its own time is kept only within min(max_skew, findtime) before `now` (preserving the order inside a
     slightly delayed batch); otherwise the arrival time `now` is used. So a source whose clock is hours off
-    (wrong timezone, a remote or container clock: user-pain #9) never blinds live detection. Not re-reading
+    (wrong timezone, a remote or container clock: docs/why.md #9) never blinds live detection. Not re-reading
     old lines as live is the source's job (it keeps offsets, inodes and cursors).
   - Our own clock stepping (NTP, an operator): stored failure times outside [now - findtime, now + max_skew]
     are dropped, so a step by more than findtime either way forgets the partial counts it straddles and
@@ -674,7 +674,7 @@ class Tracker:
         """Swap the global allowlist (reload, own addresses changed); jails keep their `ignoreip`.
 
         Returns the bans in force that the new allowlist protects, now forgotten here: the daemon should lift
-        them (user-pain #16, locked out after the admin's address changed).
+        them (docs/why.md #16, locked out after the admin's address changed).
         """
         self._allow = allowlist
         self._protect = allowlist.union(NEVER_BAN)

@@ -247,6 +247,8 @@ class _Counts:
 # -- the fetcher --------------------------------------------------------------------------------------------
 
 
+
+
 class FeedFetcher:
     """Fetches one feed per `FeedConfig`; see the module docstring for the rules.
 
@@ -263,6 +265,10 @@ class FeedFetcher:
                  retry_base: float = 30.0, watch_file: bool = True) -> None:
         if (cfg.url is None) == (cfg.path is None):
             raise ValueError(f"feed {cfg.name}: exactly one of url and path is needed")
+        # The body is decoded here (size cap on the compressed bytes, then on the decoded ones). A per-request
+        # auto_decompress= needs aiohttp >= 3.9; Debian 12 has 3.8, so it is the session's setting.
+        if session is not None and session.auto_decompress:
+            raise ValueError("a shared session must be created with auto_decompress=False")
         self.cfg = cfg
         self.cache_dir = Path(cache_dir)
         self._allow = tuple(allow)
@@ -562,10 +568,10 @@ class FeedFetcher:
         async with contextlib.AsyncExitStack() as stack:
             session = self._session
             if session is None:
-                session = await stack.enter_async_context(aiohttp.ClientSession(trust_env=self._trust_env))
+                session = await stack.enter_async_context(
+                    aiohttp.ClientSession(trust_env=self._trust_env, auto_decompress=False))
             try:
-                async with session.get(self.cfg.url, headers=headers, timeout=timeout, auto_decompress=False,
-                                       max_redirects=5) as resp:
+                async with session.get(self.cfg.url, headers=headers, timeout=timeout, max_redirects=5) as resp:
                     if resp.status == 304 and self._good is not None:
                         return None
                     if resp.status != 200:

@@ -8,7 +8,7 @@ Staying true to the kernel:
 - `watch()` reads the ruleset generation every `watch_interval` seconds (one tiny GETGEN). Our own commits
   move it too, so only an unexplained change triggers the check of table, sets, chains and rule counts, and
   a rebuild of whatever is missing plus every active ban. No multicast subscription: any listener makes every
-  element add several times slower (netlink-notes F7.2).
+  element add several times slower (docs/netlink.md F7.2).
 - `reconcile()` compares each set's element count (NFTA_SET_COUNT, cheap) with the state; only a set whose
   count disagrees is dumped (dumps cost O(n^2), F6.5) and repaired.
 """
@@ -425,8 +425,8 @@ class Enforcer:
             self._count_refusal(f.errno, f.set_name)
         return name, restored, failures
 
-    async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]]
-                          ) -> list[tuple[str, list[int], list[int]]]:
+    async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]], *, origin: str = "cli",
+                          jail: str = "") -> list[tuple[str, list[int], list[int]]]:
         async with self._lock:
             results = []
             for version, keys in keys_by_version.items():
@@ -443,9 +443,10 @@ class Enforcer:
             await self.persist(StateChange(packed_deletes=gone))
         self.counters.unbans += n
         if self.metrics is not None:
-            self.metrics.unbans.labels("cli").inc(n)
+            self.metrics.unbans.labels(origin).inc(n)
         if n:
-            audit_log.info("bulk unban: %d addresses from blocklist %s", n, blocklist, extra={"origin": "cli"})
+            audit_log.info("bulk unban: %d addresses from blocklist %s (jail %s, origin %s)", n, blocklist,
+                           jail or origin, origin, extra={"origin": origin, "jail": jail or origin})
         return results
 
     def _settle(self, decisions: Sequence[Decision], results: list[DecisionResult | None], failures: list[OpFailure],

@@ -1,7 +1,7 @@
 """The only module that speaks to the kernel: one long-lived NETLINK_NETFILTER socket.
 
 All calls are blocking and must be made from one thread at a time (the daemon runs them on a single worker
-thread). Facts this code relies on are in shared/docs/netlink-notes.md:
+thread). Facts this code relies on are in docs/netlink.md:
 - a batch is processed synchronously inside send(); success means *no* error reply for any of its sequence
   numbers, which a GETGEN barrier sent right after the batch makes observable (F1.3-F1.5);
 - replies can be lost when the receive buffer overflows (ENOBUFS): we then compare generations (F1.9);

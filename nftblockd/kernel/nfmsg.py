@@ -2,7 +2,7 @@
 
 Pure: bytes in, bytes out. This module never opens a socket (that is `netlink.py`). Element batches are encoded
 by hand with precomputed templates because per-element cost is where Python spends its time (see
-shared/docs/netlink-notes.md §1, §9: a template encoder is ~50x faster than generic attribute encoders).
+docs/netlink.md §1, §9: a template encoder is ~50x faster than generic attribute encoders).
 Host-order fields (nlmsghdr, nlattr headers) use native byte order; keys, timeouts and flags are big-endian.
 """
 

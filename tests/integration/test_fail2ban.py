@@ -1,7 +1,9 @@
-"""A real fail2ban-server (Debian's) with nftblockd's in-process action, next to the real daemon.
+"""A real fail2ban-server (Debian's) with nftblockd's actions, next to the real daemon.
 
 fail2ban detects (its own sshd filter on a log file we append to); its ban action talks to nftblockd's
-control socket; the address must end up in nftblockd's kernel set, and fail2ban's unban must remove it.
+control socket (in-process action) or runs `nftblock` (shell action; the script the package installs, made
+for this checkout by packaging/entry-script.sh); the address must end up in nftblockd's kernel set with the
+jail's name in the audit log, fail2ban's unban must remove it, and stopping fail2ban must keep the others.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 
 from tests.helpers.daemon import REPO, DaemonProc
 from tests.helpers.netns import NetNS, wait_for
+from tests.helpers.package import write_entry_script
 
 pytestmark = pytest.mark.skipif(shutil.which("fail2ban-server") is None, reason="fail2ban is not installed")
 
@@ -62,10 +65,14 @@ def test_fail2ban_bans_land_in_nftblockd_and_unbans_remove_them(netns: NetNS, tm
     d = DaemonProc(netns, tmp_path / "d", "reconcile: {interval: 1h}\n").start()
     log = tmp_path / "auth.log"
     log.write_text("")
-    action = f"nftblock.py[socket={d.socket}, set=default]" if kind == "python" else "nftblock"
+    action = f"nftblock.py[socket={d.socket}, set=default]" if kind == "python" else \
+        f"nftblock[nftblock_socket={d.socket}]"
     conf = f2b_conf(tmp_path, log, d.socket, action)
-    env_path = f"{REPO / '.venv' / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin"
-    server = netns.popen("env", f"PATH={env_path}", f"NFTBLOCK_SOCKET={d.socket}", "fail2ban-server", "-f",
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    write_entry_script(bindir, "nftblock")
+    env_path = f"{bindir}:/usr/sbin:/usr/bin:/sbin:/bin"
+    server = netns.popen("env", f"PATH={env_path}", "fail2ban-server", "-f",
                          "-x", "-c", str(conf), "-s", str(tmp_path / "f2b.sock"), "-p", str(tmp_path / "f2b.pid"),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -77,10 +84,23 @@ def test_fail2ban_bans_land_in_nftblockd_and_unbans_remove_them(netns: NetNS, tm
                  what=f"fail2ban's ban in nftblockd's set; fail2ban log:\n{_log(tmp_path)}")
         ban = {b["target"]: b for b in d.cli_json("list")["bans"]}["198.51.100.77"]
         assert 500 < ban["expires_in"] <= 600  # fail2ban's bantime became the kernel timeout
+        with log.open("a") as f:
+            f.write(fails("198.51.100.78", 3))
+        wait_for(lambda: "198.51.100.78" in netns.set_elements("nftblock", "default_ip4"), timeout=30,
+                 what="the second ban")
         r = f2b(conf, tmp_path, "set", "sshd", "unbanip", "198.51.100.77")
         assert r.returncode == 0, r.stderr
         wait_for(lambda: "198.51.100.77" not in netns.set_elements("nftblock", "default_ip4"), timeout=30,
                  what="fail2ban's unban")
+        audit = [line for line in d.log().splitlines() if "address=198.51.100.77" in line]
+        assert any(" ban jail=sshd " in line for line in audit), audit
+        assert any(" unban jail=sshd " in line for line in audit), audit
+        # Stopping fail2ban leaves its bans in nftblockd (the default of both actions), in one call.
+        r = f2b(conf, tmp_path, "stop")
+        assert r.returncode == 0, r.stderr
+        server.wait(30)
+        assert "198.51.100.78" in netns.set_elements("nftblock", "default_ip4")
+        assert "198.51.100.78" in {b["target"] for b in d.cli_json("list")["bans"]}
     finally:
         f2b(conf, tmp_path, "stop")
         try:

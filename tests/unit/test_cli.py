@@ -491,3 +491,149 @@ async def test_console_script_exit_codes(sock_dir: Path) -> None:
                                                 stderr=asyncio.subprocess.PIPE)
     _, err = await proc.communicate()
     assert proc.returncode == 2 and err.decode().count("\n") == 1
+
+
+# --- the quick path: `ban`/`unban` without argparse ----------------------------------------------------
+
+_TOKENS = ["ban", "unban", "list", "--socket", "--socket=/s", "/s", "--json", "--json=1", "--timeout",
+           "--timeout=1h", "1h", "--set", "--set=", "web", "--comment", "f2b sshd", "--jail", "--jail=sshd",
+           "sshd", "--origin", "--origin=fail2ban", "fail2ban", "cli", "bogus", "192.0.2.1", "2001:db8::1",
+           "::ffff:192.0.2.9", "198.51.100.0/24", "01.2.3.4", "-", "--", "-h", "--help", "--time", "--j", "",
+           "-1", "x y", "-x y"]
+
+
+@given(st.lists(st.sampled_from(_TOKENS), max_size=9)
+       | st.lists(st.sampled_from(_TOKENS), max_size=7).map(lambda t: ["ban", "192.0.2.1", *t])
+       | st.lists(st.sampled_from(_TOKENS), max_size=7).map(lambda t: ["unban", *t, "2001:db8::1"]))
+def test_quick_parse_agrees_with_argparse(argv: list[str]) -> None:
+    from nftblockd.cli import _ArgumentError, _ParserExit, _quick_parse, build_parser
+
+    quick = _quick_parse(argv)
+    if quick is None:
+        return  # argparse decides
+    try:
+        ns = build_parser(io.StringIO()).parse_args(argv)
+    except (_ArgumentError, _ParserExit) as exc:
+        raise AssertionError(f"quick path accepted {argv} which argparse refuses: {exc}") from None
+    assert vars(quick) == vars(ns), argv
+
+
+def test_quick_parse_takes_the_shapes_scripts_use() -> None:
+    from nftblockd.cli import _quick_parse
+
+    for argv in (["ban", "192.0.2.1", "--timeout", "600s", "--set", "default", "--comment", "f2b sshd",
+                  "--jail", "sshd", "--origin", "fail2ban"],
+                 ["--socket", "/run/x.sock", "unban", "2001:db8::1", "--set=default", "--jail=sshd"],
+                 ["--json", "ban", "192.0.2.1", "192.0.2.2", "--json"]):
+        assert _quick_parse(argv) is not None, argv
+    for argv in (["ban", "-"], ["ban", "198.51.100.0/24"], ["ban", "--help"], ["list"],
+                 ["ban", "1.2.3.4", "--time", "1h"], ["unban", "--all", "--jail", "sshd"]):
+        assert _quick_parse(argv) is None, argv
+
+
+_ZEROISH = st.lists(st.sampled_from([0, 0, 0, 1, 0xFFFF, 0xABC]), min_size=8, max_size=8).map(
+    lambda h: ipaddress.IPv6Address(sum(x << (112 - 16 * i) for i, x in enumerate(h))))
+
+
+@given(st.ip_addresses(v=6).map(str) | st.ip_addresses(v=6).map(lambda a: a.exploded.upper())
+       | _ZEROISH.map(str) | _ZEROISH.map(lambda a: a.exploded)
+       | st.ip_addresses(v=4).map(lambda a: f"::ffff:{a}") | st.ip_addresses(v=4).map(lambda a: f"::{a}")
+       | st.text(alphabet="0123456789abcdefABCDEF:.%/ ", max_size=45))
+def test_quick_canonical_agrees_with_parse_target(text: str) -> None:
+    from nftblockd.cli import quick_canonical
+
+    quick = quick_canonical(text)
+    if quick is None:
+        return
+    assert quick == format_target(parse_target(text, strict=True))
+
+
+async def test_jail_and_origin_are_sent_only_when_given(sock: Path, rig: ApiRig) -> None:
+    r = await nftblock("ban", "192.0.2.1", "--jail", "sshd", "--origin", "fail2ban", "--comment", "f2b", sock=sock)
+    assert r.code == 0
+    r = await nftblock("unban", "192.0.2.1", "--set", "default", "--jail", "sshd", "--origin", "fail2ban",
+                       sock=sock)
+    assert r.code == 0
+    r = await nftblock("unban", "192.0.2.1", sock=sock)
+    assert [c for c in rig.calls] == [
+        ("ban", {"targets": ["192.0.2.1"], "timeout": None, "set": None, "comment": "f2b", "jail": "sshd",
+                 "origin": "fail2ban"}),
+        ("unban", {"targets": ["192.0.2.1"], "set": "default", "jail": "sshd", "origin": "fail2ban"}),
+        ("unban", {"targets": ["192.0.2.1"], "set": None}),
+    ]
+    r = await nftblock("ban", "192.0.2.1", "--origin", "jail", sock=sock)
+    assert r.code == 2 and "invalid choice" in r.err
+
+
+def test_a_ban_process_imports_only_what_it_needs(tmp_path: Path) -> None:
+    # What fail2ban's shell action runs once per ban: no argparse, no dataclasses or typing, nothing from the
+    # daemon's side (start-up time, see bench/bench_cli.py). The daemon is absent: the path up to connect()
+    # is the whole client path.
+    root = str(Path(__file__).resolve().parents[2])
+    code = (f"import sys\nsys.path.insert(0, {root!r})\nfrom nftblockd.cli import main\n"
+            f"rc = main(['--socket', {str(tmp_path / 'none.sock')!r}, 'ban', '192.0.2.1', '2001:db8::1', "
+            "'--timeout', '600s', '--comment', 'f2b sshd', '--jail', 'sshd', '--origin', 'fail2ban'])\n"
+            "print(rc, ' '.join(sorted(sys.modules)))\n")
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=False)
+    rc, modules = proc.stdout.split(" ", 1)
+    assert rc == "1" and "nftblockd is not running" in proc.stderr, proc.stderr
+    loaded = set(modules.split())
+    heavy = {"argparse", "dataclasses", "typing", "socket", "inspect", "os", "json", "re", "ipaddress",
+             "nftblockd.events", "nftblockd.control.protocol", "nftblockd.config"}
+    assert not heavy & loaded, heavy & loaded
+    assert not {m for m in loaded if m.split(".")[1:2] and m.split(".")[1] in {"detect", "kernel", "state",
+                                                                               "feeds", "sources", "service"}
+                and m.startswith("nftblockd.")}
+
+
+async def test_unban_all_of_a_jail_is_one_list_and_one_unban(sock: Path, rig: ApiRig) -> None:
+    await rig.seed("192.0.2.1", jail="sshd", origin="fail2ban")
+    await rig.seed("192.0.2.2", jail="sshd", origin="fail2ban")
+    await rig.seed("192.0.2.3", jail="postfix", origin="fail2ban")
+    await rig.seed("192.0.2.4", jail="sshd", origin="cli")
+    r = await nftblock("unban", "--all", "--jail", "sshd", "--origin", "fail2ban", "--set", "default", sock=sock)
+    assert (r.code, r.out, r.err) == (0, "unbanned 2 targets: 192.0.2.1, 192.0.2.2\n", "")
+    assert rig.calls[1] == ("unban", {"targets": ["192.0.2.1", "192.0.2.2"], "set": "default", "jail": "sshd",
+                                         "origin": "fail2ban"})
+    r = await nftblock("unban", "--all", "--jail", "sshd", "--origin", "fail2ban", sock=sock)
+    assert (r.code, r.out) == (0, "no active bans of jail sshd\n")
+    for argv in (["unban", "--all"], ["unban", "--all", "--jail", "sshd", "192.0.2.4"], ["unban"]):
+        r = await nftblock(*argv, sock=sock)
+        assert r.code == 2 and one_line(r.err).startswith("nftblock: "), argv
+
+
+def test_the_installed_script_flushes_its_output_and_keeps_the_exit_code(tmp_path: Path) -> None:
+    # entry() ends with os._exit: what was written must still reach a pipe, and the code must be main()'s.
+    import subprocess
+
+    from tests.helpers.package import write_entry_script
+
+    script = write_entry_script(tmp_path, "nftblock")
+    if not Path("/usr/bin/python3").exists():
+        pytest.skip("Debian's /usr/bin/python3 is not installed")
+    for argv, code, stream, text in ((["--help"], 0, "stdout", "import-fail2ban"),
+                                     (["ban", "999.1.1.1"], 2, "stderr", "nftblock: not an IP address"),
+                                     (["--socket", str(tmp_path / "no.sock"), "ban", "192.0.2.1"], 1, "stderr",
+                                      "nftblockd is not running")):
+        proc = subprocess.run([str(script), *argv], capture_output=True, text=True, check=False)
+        assert proc.returncode == code and text in getattr(proc, stream), (argv, proc)
+
+
+def test_environ_reads_as_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from nftblockd.cli import _Environ
+
+    for value in ("/run/x.sock", "/tmp/ünï.sock", os.fsdecode(b"/tmp/\xff.sock")):
+        monkeypatch.setenv("NFTBLOCK_SOCKET", value)
+        assert _Environ().get("NFTBLOCK_SOCKET") == os.environ.get("NFTBLOCK_SOCKET") == value
+    monkeypatch.delenv("NFTBLOCK_SOCKET")
+    assert _Environ().get("NFTBLOCK_SOCKET") is None
+
+
+def test_the_cli_comment_limit_is_the_protocols() -> None:
+    from nftblockd import cli, events
+
+    assert cli.MAX_REASON == events.MAX_REASON

@@ -352,6 +352,23 @@ def test_other_commands_args() -> None:
             parse_args(cmd, args)
 
 
+def test_jail_and_origin_of_fail2ban_requests() -> None:
+    # Optional since nftblockd 0.1 (v1 stays v1): a v1 client that never sends them gets the old defaults.
+    a = parse_args("ban", {"targets": ["192.0.2.1", {"target": "192.0.2.2", "jail": "recidive"}],
+                           "origin": "fail2ban", "jail": "sshd", "comment": "f2b"})
+    assert isinstance(a, BanArgs) and a.origin == "fail2ban"
+    assert [(i.target, i.jail) for i in a.items] == [("192.0.2.1", "sshd"), ("192.0.2.2", "recidive")]
+    bulk = parse_args("ban", {"targets": ["192.0.2.1", "192.0.2.3"], "jail": "sshd"})
+    assert isinstance(bulk, BanArgs) and bulk.uniform and {i.jail for i in bulk.items} == {"sshd"}
+    assert parse_args("unban", {"targets": ["192.0.2.1"], "origin": "fail2ban", "jail": "sshd"}) == \
+        UnbanArgs(("192.0.2.1",), None, "fail2ban", "sshd")
+    assert parse_args("unban", {"targets": ["192.0.2.1"]}) == UnbanArgs(("192.0.2.1",), None, "cli", "")
+    for cmd, args in (("unban", {"targets": ["x"], "origin": "jail"}), ("unban", {"targets": ["x"], "jail": 1}),
+                      ("ban", {"targets": ["x"], "jail": ["sshd"]})):
+        with pytest.raises(ProtocolError):
+            parse_args(cmd, args)
+
+
 def test_ban_entry_computes_remaining_time_from_now() -> None:
     info = BanInfo(parse_target("192.0.2.1"), "default", "nftblock_default_v4", 1000.0, "jail", "5 failures",
                    "sshd")

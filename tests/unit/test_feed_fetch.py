@@ -324,9 +324,19 @@ async def test_shared_session(srv: FeedServer, cache: Path) -> None:
     import aiohttp
 
     srv.route("/drop.txt", DROP, gzip=True)
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
         update = await fetcher(make_cfg(url=srv.url("/drop.txt")), cache, session=session).fetch()
     assert update is not None and update.parsed.entries == 10
+
+
+async def test_shared_session_that_decompresses_is_refused(cache: Path) -> None:
+    # The fetcher caps and decodes the compressed body itself; aiohttp 3.8 (Debian 12) has no per-request
+    # auto_decompress=, so a session that decompresses would hand it bytes it decodes a second time.
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(ValueError, match="auto_decompress=False"):
+            fetcher(make_cfg(url="http://127.0.0.1:1/x"), cache, session=session)
 
 
 # -- the cache ----------------------------------------------------------------------------------------------

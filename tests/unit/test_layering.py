@@ -29,7 +29,7 @@ PURE = {
     "nftblockd.detect.rxopt", "nftblockd.detect.tracker",
     "nftblockd.feeds.parse", "nftblockd.feeds.aggregate",
     "nftblockd.kernel.bans", "nftblockd.kernel.nfmsg",
-    "nftblockd.control.protocol", "nftblockd.sources.linesplit",
+    "nftblockd.control.protocol", "nftblockd.control.wire", "nftblockd.sources.linesplit",
 }
 IMPURE_IMPORTS = {"asyncio", "sqlite3", "pyroute2", "subprocess", "aiohttp", "redis", "systemd",
                   "asyncinotify", "prometheus_client", "time", "threading"}

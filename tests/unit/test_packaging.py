@@ -166,6 +166,10 @@ def ban_info(f2b: Any, jail: Any, ip: str, bantime: int | None = None, age: floa
     return f2b.Actions.ActionInfo(ticket, jail)
 
 
+SOCK = ["--socket", "/run/nftblockd/control.sock"]
+AUDIT = ["--jail", "sshd", "--origin", "fail2ban"]
+
+
 def test_conf_action_commands(f2b: Any, conf_action: Callable[..., tuple[Any, Any]], tmp_path: Path) -> None:
     jail, action = conf_action({"port": "ssh", "protocol": "tcp"})  # as jail.conf's action_ passes them
     action.start()
@@ -173,26 +177,68 @@ def test_conf_action_commands(f2b: Any, conf_action: Callable[..., tuple[Any, An
     action.ban(ban_info(f2b, jail, "2001:db8::1", bantime=-1))
     action.unban(ban_info(f2b, jail, "192.0.2.1"))
     assert cli_calls(tmp_path) == [
-        ["status"],
-        ["ban", "192.0.2.1", "--timeout", "600s", "--set", "default", "--comment", "f2b sshd"],
-        ["ban", "2001:db8::1", "--timeout", "permanent", "--set", "default", "--comment", "f2b sshd"],
-        ["unban", "192.0.2.1", "--set", "default"],
+        [*SOCK, "status"],
+        [*SOCK, "ban", "192.0.2.1", "--timeout", "600s", "--set", "default", "--comment", "f2b sshd", *AUDIT],
+        [*SOCK, "ban", "2001:db8::1", "--timeout", "permanent", "--set", "default", "--comment", "f2b sshd",
+         *AUDIT],
+        [*SOCK, "unban", "192.0.2.1", "--set", "default", *AUDIT],
     ]
 
 
-def test_conf_action_blocklist_and_prolong(f2b: Any, conf_action: Callable[..., tuple[Any, Any]],
-                                           tmp_path: Path) -> None:
-    jail, action = conf_action({"nftblock_set": "fail2ban"})
+def test_conf_action_blocklist_socket_and_prolong(f2b: Any, conf_action: Callable[..., tuple[Any, Any]],
+                                                  tmp_path: Path) -> None:
+    jail, action = conf_action({"nftblock_set": "fail2ban", "nftblock_socket": "/tmp/nb.sock"})
     action.start()
     assert action._prolongable
     action.ban(ban_info(f2b, jail, "192.0.2.7"))
     action.prolong(ban_info(f2b, jail, "192.0.2.7", bantime=7200))  # bantime.increment lengthened it
     action.unban(ban_info(f2b, jail, "192.0.2.7"))
+    sock = ["--socket", "/tmp/nb.sock"]
     assert cli_calls(tmp_path)[1:] == [
-        ["ban", "192.0.2.7", "--timeout", "600s", "--set", "fail2ban", "--comment", "f2b sshd"],
-        ["ban", "192.0.2.7", "--timeout", "7200s", "--set", "fail2ban", "--comment", "f2b sshd"],
-        ["unban", "192.0.2.7", "--set", "fail2ban"],
+        [*sock, "ban", "192.0.2.7", "--timeout", "600s", "--set", "fail2ban", "--comment", "f2b sshd", *AUDIT],
+        [*sock, "ban", "192.0.2.7", "--timeout", "7200s", "--set", "fail2ban", "--comment", "f2b sshd", *AUDIT],
+        [*sock, "unban", "192.0.2.7", "--set", "fail2ban", *AUDIT],
     ]
+
+
+@pytest.mark.parametrize(("on_stop", "calls"), [
+    ({}, []),  # keep (the default): the bans stay in nftblockd and expire in the kernel
+    ({"nftblock_on_stop": "flush"}, [[*SOCK, "unban", "--all", "--set", "default", *AUDIT]]),
+])
+def test_conf_action_stop_is_one_call(f2b: Any, conf_action: Callable[..., tuple[Any, Any]], tmp_path: Path,
+                                      on_stop: dict[str, str], calls: list[list[str]]) -> None:
+    jail, action = conf_action(on_stop)
+    action.start()
+    for i in range(5):
+        jail.actions.addBannedIP(f"192.0.2.{i + 1}")
+    assert len(cli_calls(tmp_path)) == 1 + 5
+    # What fail2ban's actions thread does when the jail stops, before actionstop: flush, or else one unban
+    # per ticket (1000 processes for 1000 bans).
+    jail.actions._Actions__flushBan(stop=True)
+    action.stop()
+    assert cli_calls(tmp_path)[6:] == calls
+
+
+def test_conf_action_says_when_nftblock_is_not_on_path(f2b: Any, conf_action: Callable[..., tuple[Any, Any]],
+                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _jail, action = conf_action()
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    seen: list[str] = []
+
+    class Record(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Record(logging.ERROR)
+    logger = logging.getLogger("fail2ban.utils")  # logs a failed command's stderr
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(RuntimeError):
+            action.start()
+    finally:
+        logger.removeHandler(handler)
+    assert any("'nftblock' is not on fail2ban's PATH" in e for e in seen), seen
+    assert cli_calls(tmp_path) == []
 
 
 # -- the Python action: nftblock.py ------------------------------------------------------------------------
@@ -359,7 +405,7 @@ def test_one_address_is_never_reordered(f2b: Any, server: FakeNftblockd) -> None
     got = [(r["cmd"], [t["target"] if isinstance(t, dict) else t for t in r["args"]["targets"]])
            for r in server.requests]
     assert got == [("ban", [a, b, c]), ("unban", [a]), ("ban", [a])]
-    assert server.requests[1]["args"] == {"targets": [a], "set": "default"}
+    assert server.requests[1]["args"] == {"targets": [a], "set": "default", "origin": "fail2ban", "jail": "sshd"}
 
 
 def test_a_dropped_connection_is_reopened_and_the_request_sent_again(
@@ -561,21 +607,9 @@ DEBIAN_PYTHON = Path("/usr/bin/python3")
 
 
 @pytest.fixture(scope="module")
-def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if dpkg_deb is None:
-        pytest.skip("dpkg-deb is not installed")
-    out = tmp_path_factory.mktemp("dist")
-    env = dict(os.environ, OUT_DIR=str(out), PYTHON=sys.executable)
-    if not (ROOT / "config" / "nftblockd.yaml").exists():  # the lead's example config not written yet
-        placeholder = out / "placeholder.yaml"
-        placeholder.write_text("# placeholder for config/nftblockd.yaml\nlog_level: info\n")
-        env["EXAMPLE_CONFIG"] = str(placeholder)
-    proc = subprocess.run(["bash", str(ROOT / "packaging" / "build-deb.sh")], env=env, capture_output=True,
-                          text=True, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    path = out / f"nftblockd_{PROJECT['version']}_all.deb"
-    assert path.exists(), proc.stdout
-    return path
+def deb(built_deb: Path) -> Path:
+    assert built_deb.name == f"nftblockd_{PROJECT['version']}_all.deb"
+    return built_deb
 
 
 @pytest.fixture(scope="module")
@@ -734,7 +768,7 @@ def test_entry_scripts_run(extracted: Path) -> None:
         script = extracted / "usr/bin" / name
         text = script.read_text()
         module, func = target.split(":")
-        assert text.startswith("#!/usr/bin/python3 -I\n")
+        assert text.startswith("#!/usr/bin/python3 -IS\n" if name == "nftblock" else "#!/usr/bin/python3 -I\n")
         assert f"from {module} import {func}\n" in text
         if not (ROOT / (module.replace(".", "/") + ".py")).exists():
             pytest.skip(f"{module} is not written yet")

@@ -49,7 +49,8 @@
 # Protocol (nftblockd's control socket, one JSON object per line):
 #   {"v":1,"id":N,"cmd":"ban","args":{"targets":[{"target":"192.0.2.1","timeout":600,"jail":"sshd"}],
 #     "set":"default","comment":"f2b sshd","origin":"fail2ban"}}
-#   {"v":1,"id":N,"cmd":"unban","args":{"targets":["192.0.2.1"],"set":"default"}}
+#   {"v":1,"id":N,"cmd":"unban","args":{"targets":["192.0.2.1"],"set":"default","origin":"fail2ban",
+#     "jail":"sshd"}}
 #   → {"v":1,"id":N,"ok":true,"result":{...}}  or  {"v":1,"id":N,"ok":false,"error":{"code":..,"message":..}}
 #
 # Fail2Ban loads this file itself (it need not be importable), with the python fail2ban runs on; it uses the
@@ -445,7 +446,9 @@ class NftblockAction(ActionBase):
 
     def _args(self, cmd, ops):
         if cmd == "unban":
-            return {"targets": list(dict.fromkeys(op.target for op in ops)), "set": self.set}
+            # jail and origin: the audit line names who unbanned (nftblockd >= 0.1 reads them)
+            return {"targets": list(dict.fromkeys(op.target for op in ops)), "set": self.set,
+                    "origin": "fail2ban", "jail": self.jail_name}
         items = {}
         for op in ops:  # the last word on an address wins
             items[op.target] = {"target": op.target, "timeout": op.timeout, "jail": self.jail_name}

@@ -1,0 +1,98 @@
+"""A Debian 12 container with systemd as PID 1, driven through tests/systemd/harness.sh.
+
+`Container.boot()` starts one on the harness's cached rootfs (throw-away: every write goes to a tmpfs
+overlay), `run()` executes a command inside as root, `show()` reads unit properties the way an operator's
+`systemctl show` does, and `wait_for()` polls a condition with a bound. Nothing here touches the host beyond
+the harness's cache and cgroup: the container has its own network namespace with only `lo`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+HARNESS = Path(__file__).resolve().parents[1] / "systemd" / "harness.sh"
+T = TypeVar("T")
+
+
+def unavailable() -> str | None:
+    """Why this machine cannot boot the container (None: it can). Missing tools are not a reason to skip
+    under `make test`, which installs them; only a non-root run is."""
+    if os.geteuid() != 0:
+        return "needs root (systemd-nspawn, cgroups, mmdebstrap)"
+    if os.environ.get("NFTBLOCKD_TEST_SYSTEMD") == "skip":
+        return "NFTBLOCKD_TEST_SYSTEMD=skip"
+    return None
+
+
+def rootfs() -> Path:
+    """The cached rootfs, built on first use (a minute or two, network needed then only)."""
+    proc = subprocess.run(["bash", str(HARNESS), "rootfs"], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the container rootfs failed:\n{proc.stderr}")
+    return Path(proc.stdout.strip())
+
+
+class Container:
+    def __init__(self, bind: Path, prefix: str = "nbt") -> None:
+        self.name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        self.bind = bind  # host directory seen read-only at /srv/test inside
+
+    def boot(self) -> Container:
+        proc = subprocess.run(["bash", str(HARNESS), "boot", self.name, str(self.bind)], capture_output=True,
+                              text=True, check=False)
+        if proc.returncode != 0:
+            self.stop()
+            raise RuntimeError(f"booting {self.name} failed:\n{proc.stderr}")
+        return self
+
+    def stop(self) -> None:
+        subprocess.run(["bash", str(HARNESS), "stop", self.name], capture_output=True, check=False)
+
+    def run(self, *cmd: str, check: bool = True, input: str | None = None,
+            timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(["bash", str(HARNESS), "run", self.name, *cmd], capture_output=True, text=True,
+                              input=input, check=False, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"`{shlex.join(cmd)}` in {self.name} exited {proc.returncode}:\n"
+                                 f"{proc.stdout}{proc.stderr}")
+        return proc
+
+    def sh(self, script: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run("sh", "-ec", script, check=check)
+
+    def write(self, path: str, text: str) -> None:
+        self.run("sh", "-ec", f'mkdir -p "$(dirname {shlex.quote(path)})" && cat > {shlex.quote(path)}',
+                 input=text)
+
+    def show(self, unit: str, *props: str) -> dict[str, str]:
+        out = self.run("systemctl", "show", unit, *(f"--property={p}" for p in props)).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def journal(self, unit: str, *args: str) -> str:
+        return self.run("journalctl", "--no-pager", "-b", "-u", unit, *args).stdout
+
+    def wait_for(self, check: Callable[[], T | None], what: str, bound: float = 60.0,
+                 interval: float = 0.1) -> T:
+        """Poll `check` until it returns something other than None/False; fail after `bound` seconds."""
+        deadline = time.monotonic() + bound
+        while True:
+            value = check()
+            if value is not None and value is not False:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: {what} not reached within {bound:g}s")
+            time.sleep(interval)
+
+
+def copy_into_bind(bind: Path, *files: Path) -> None:
+    bind.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy2(f, bind / f.name)
