@@ -15,7 +15,6 @@ setup(
             libraries=["pcre2-8"],
             define_macros=[("Py_LIMITED_API", "0x030B0000")],
             py_limited_api=True,
-            extra_compile_args=["-O2", "-Wall"],
             optional=True,
         )
     ],

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from nftblockd.detect.matcher import Filter
 
-__all__ = ["Built", "Hooks", "Untranslatable", "available", "build", "compile_pcre2", "to_pcre2"]
+__all__ = ["Built", "Hooks", "Untranslatable", "available", "build", "compile_pcre2", "describe", "to_pcre2"]
 
 _scan: Any
 _why_not: str
@@ -64,6 +64,14 @@ class Untranslatable(ValueError):
 
 def available() -> bool:
     return _scan is not None
+
+
+def describe() -> str:
+    """One line for operators: which engine the filters run on, or why not the native one."""
+    if _scan is None:
+        return f"pure Python (re): {_why_not}"
+    jit = _scan.compile("x").jit
+    return f"native core, PCRE2 {_scan.pcre2_version().split()[0]}" + ("" if jit else " (no JIT: interpreted)")
 
 
 def to_pcre2(pattern: str) -> str:
