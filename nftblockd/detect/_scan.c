@@ -1586,6 +1586,7 @@ static PyObject *Scanner_scan(PyObject *op, PyObject *args) {
         PyObject *line = is_list ? PyList_GetItem(seq, i) : PyTuple_GetItem(seq, i);
         if (line == NULL)
             goto fail_busy;
+        Py_INCREF(line); /* the callbacks run Python code: keep the line alive whatever they do */
         int st = LINE_SLOW;
         Py_ssize_t n = 0;
         const char *b = NULL;
@@ -1606,16 +1607,17 @@ static PyObject *Scanner_scan(PyObject *op, PyObject *args) {
             self->python_lines++;
             PyObject *r = PyObject_CallFunctionObjArgs(slow, line, now, ctx, NULL);
             if (r == NULL)
-                goto fail_busy;
-            if (r == Py_None)
+                st = LINE_ERROR;
+            else if (r == Py_None)
                 Py_DECREF(r);
             else if (append(out, i, r) < 0)
-                goto fail_busy;
+                st = LINE_ERROR;
         } else if (st == LINE_LIMITED) {
             self->limited++;
-        } else if (st == LINE_ERROR) {
-            goto fail_busy;
         }
+        Py_DECREF(line);
+        if (st == LINE_ERROR)
+            goto fail_busy;
     }
     self->lines += total;
     self->busy = 0;

@@ -32,6 +32,7 @@ and hypothesis-made hostile lines and require identical results.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,14 +43,17 @@ if TYPE_CHECKING:
 
 __all__ = ["Built", "Hooks", "Untranslatable", "available", "build", "compile_pcre2", "describe", "to_pcre2"]
 
-_scan: Any
-_why_not: str
-try:
-    _scan = importlib.import_module("nftblockd.detect._scan")
-    _why_not = ""
-except ImportError as exc:  # not built (no compiler or libpcre2-dev at install time) or libpcre2 missing
-    _scan = None
-    _why_not = f"native core unavailable ({exc})"
+_scan: Any = None
+_why_not = ""
+# NFTBLOCK_NATIVE=0 in the environment: the operator's way out if the native core ever misbehaves, and the
+# benchmarks' way to measure the Python path in a daemon (read once, at import)
+if os.environ.get("NFTBLOCK_NATIVE", "1") == "0":
+    _why_not = "native core disabled (NFTBLOCK_NATIVE=0)"
+else:
+    try:
+        _scan = importlib.import_module("nftblockd.detect._scan")
+    except ImportError as exc:  # not built (no compiler or libpcre2-dev at install time) or libpcre2 missing
+        _why_not = f"native core unavailable ({exc})"
 
 # group names whose values the decision reads (matcher._FLAGS and the connection id), in Scanner order
 _CORE = ("ip4", "ip6", "dns", "fid", "nofail", "mlfgained", "mlfforget", "mlfid")
