@@ -31,6 +31,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <arpa/inet.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -46,7 +47,7 @@
 
 static PyObject *ScanError;
 static PyObject *s_conns, *s_max_age, *s_max_entries, *s_ip4, *s_ip6, *s_dns, *s_fid, *s_nofail, *s_gained,
-    *s_pending, *s_fields, *s_user, *s_multi, *s_seen, *s_empty, *s_no_address;
+    *s_pending, *s_fields, *s_user, *s_multi, *s_seen, *s_empty, *s_no_address, *s_ip;
 
 /* ------------------------------------------------------------------------------------------------------ */
 /* Regex: one compiled pattern */
@@ -416,7 +417,8 @@ typedef struct {
     RegexObject **ign;
     Py_ssize_t *ign_limit;
     int ignore_whole;
-    PyObject *stamp, *year_of, *hour_base, *find_span, *hosts, *parse_host, *match_type, *rejected_type, *evict;
+    PyObject *stamp, *year_of, *hour_base, *find_span, *hosts, *parse_host, *match_type, *rejected_type, *evict,
+        *ipv4_type;
     char *buf; /* max_line bytes: a line without the timestamp found inside it */
     Py_ssize_t host_memo;
     HourSlot hours[HOUR_SLOTS];
@@ -480,6 +482,7 @@ static int Scanner_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(self->year_of);
     Py_VISIT(self->hour_base);
     Py_VISIT(self->find_span);
+    Py_VISIT(self->ipv4_type);
     Py_VISIT(self->hosts);
     Py_VISIT(self->parse_host);
     Py_VISIT(self->match_type);
@@ -494,6 +497,7 @@ static int Scanner_clear(PyObject *op) {
     Py_CLEAR(self->year_of);
     Py_CLEAR(self->hour_base);
     Py_CLEAR(self->find_span);
+    Py_CLEAR(self->ipv4_type);
     Py_CLEAR(self->hosts);
     Py_CLEAR(self->parse_host);
     Py_CLEAR(self->match_type);
@@ -618,7 +622,7 @@ static uint32_t max_captures(uint32_t a, RegexObject *rx) {
 /*
  * Scanner(gate, max_line, ts, prefix_kind, prefix, prefix_limit, content_group, heads_len, heads, unheaded,
  *         rules, ignores, ignore_whole, stamp, year_of, hour_base, find_span, hosts, parse_host, host_memo,
- *         match_type, rejected_type, evict)
+ *         match_type, rejected_type, evict, ipv4_type)
  *
  *   ts: the syslog / ISO shapes, or None when the filter's datepattern has other forms
  *
@@ -629,14 +633,14 @@ static uint32_t max_captures(uint32_t a, RegexObject *rx) {
  */
 static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *gate, *ts, *prefix, *heads, *unheaded, *rules, *ignores, *stamp, *year_of, *hour_base, *find_span,
-        *hosts, *parse_host, *match_type, *rejected_type, *evict;
+        *hosts, *parse_host, *match_type, *rejected_type, *evict, *ipv4_type;
     Py_ssize_t max_line, prefix_limit, heads_len, host_memo;
     int prefix_kind, content_group, ignore_whole;
     (void)kw;
-    if (!PyArg_ParseTuple(args, "OnOiOninOOOOpOOOOO!OnOOO", &gate, &max_line, &ts, &prefix_kind, &prefix,
+    if (!PyArg_ParseTuple(args, "OnOiOninOOOOpOOOOO!OnOOOO", &gate, &max_line, &ts, &prefix_kind, &prefix,
                           &prefix_limit, &content_group, &heads_len, &heads, &unheaded, &rules, &ignores,
                           &ignore_whole, &stamp, &year_of, &hour_base, &find_span, &PyDict_Type, &hosts,
-                          &parse_host, &host_memo, &match_type, &rejected_type, &evict))
+                          &parse_host, &host_memo, &match_type, &rejected_type, &evict, &ipv4_type))
         return NULL;
     allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
     ScannerObject *self = (ScannerObject *)alloc(type, 0);
@@ -664,6 +668,7 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->match_type = Py_NewRef(match_type);
     self->rejected_type = Py_NewRef(rejected_type);
     self->evict = Py_NewRef(evict);
+    self->ipv4_type = Py_NewRef(ipv4_type);
     self->ngate = -1;
     if (as_regex(ts, &self->ts, 1) < 0 || as_regex(prefix, &self->prefix, 1) < 0)
         goto fail;
@@ -923,6 +928,40 @@ static PyObject *new_tuple_of(PyObject *type, PyObject **items, int n) {
     return t;
 }
 
+/*
+ * parse_host's common case in C: a plain dotted quad that inet_pton takes (it refuses leading zeros, as
+ * parse_host does) becomes an IPv4Address built as object.__new__ + _ip (native.py checked at start that
+ * this equals the class's own constructor; ipv4_type is None otherwise). NULL without an error: anything
+ * else, for parse_host.
+ */
+static PyObject *ipv4_fast(ScannerObject *self, PyObject *raw) {
+    if (self->ipv4_type == Py_None)
+        return NULL;
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(raw, &n);
+    if (s == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (n < 7 || n > 15 || strlen(s) != (size_t)n || memchr(s, ':', (size_t)n) != NULL || s[0] == '[')
+        return NULL;
+    struct in_addr a;
+    if (inet_pton(AF_INET, s, &a) != 1)
+        return NULL;
+    PyObject *value = PyLong_FromUnsignedLong((unsigned long)ntohl(a.s_addr));
+    if (value == NULL)
+        return NULL;
+    allocfunc alloc = (allocfunc)PyType_GetSlot((PyTypeObject *)self->ipv4_type, Py_tp_alloc);
+    PyObject *addr = alloc((PyTypeObject *)self->ipv4_type, 0);
+    if (addr == NULL || PyObject_SetAttr(addr, s_ip, value) < 0) {
+        Py_XDECREF(addr);
+        Py_DECREF(value);
+        return NULL;
+    }
+    Py_DECREF(value);
+    return addr;
+}
+
 /* Match(host, when, ignored, fields, regex) or Rejected(text, reason, when, ignored, regex) for `raw` */
 static PyObject *result(ScannerObject *self, PyObject *raw, PyObject *when, int ignored, PyObject *fields,
                         PyObject *index) {
@@ -937,7 +976,9 @@ static PyObject *result(ScannerObject *self, PyObject *raw, PyObject *when, int 
     } else {
         if (PyErr_Occurred())
             return NULL;
-        host = PyObject_CallFunctionObjArgs(self->parse_host, raw, NULL);
+        host = ipv4_fast(self, raw);
+        if (host == NULL && !PyErr_Occurred())
+            host = PyObject_CallFunctionObjArgs(self->parse_host, raw, NULL);
         if (host == NULL)
             return NULL;
         if (PyDict_Size(self->hosts) >= self->host_memo)
@@ -1741,6 +1782,7 @@ PyMODINIT_FUNC PyInit__scan(void) {
     INTERN(s_seen, "seen");
     INTERN(s_empty, "");
     INTERN(s_no_address, "no-address");
+    INTERN(s_ip, "_ip");
 #undef INTERN
     PyObject **names[K_N] = {&s_ip4, &s_ip6, &s_dns, &s_fid, &s_nofail, &s_gained, &s_pending, &s_fields, &s_user,
                              &s_multi, &s_seen};

@@ -32,6 +32,7 @@ and hypothesis-made hostile lines and require identical results.
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import os
 import re
 from collections.abc import Callable
@@ -167,6 +168,24 @@ def compile_pcre2(pattern: str, *, anchored: bool = False, groups: dict[str, int
     return rx
 
 
+def _ipv4_by_slot() -> type | None:
+    """IPv4Address, when `object.__new__` plus its `_ip` slot makes exactly what its constructor makes (the
+    Scanner then builds parse_host's common result without a Python call), else None."""
+    cls = ipaddress.IPv4Address
+    fast = object.__new__(cls)
+    try:
+        fast._ip = 0xC0000201  # type: ignore[attr-defined]
+    except AttributeError:
+        return None
+    real = cls(0xC0000201)
+    same = (getattr(cls, "__slots__", None) == ("_ip", "__weakref__") and fast == real and hash(fast) == hash(real)
+            and str(fast) == str(real) and int(fast) == int(real) and fast.packed == real.packed)
+    return cls if same else None
+
+
+IPV4_BY_SLOT = _ipv4_by_slot()
+
+
 @dataclass(frozen=True, slots=True)
 class Hooks:
     """What the Scanner builds results and connection state with (matcher's types and helpers)."""
@@ -265,7 +284,7 @@ def build(flt: Filter, hooks: Hooks) -> Built:
                             flt._heads_len, heads, unheaded, tuple(rules), tuple(ignores), flt._ignore_whole,
                             flt._dates.stamp, flt._dates.year_of, flt._dates.hour_base,
                             flt._dates.find_span, flt._hosts, hooks.parse_host, hooks.host_memo, hooks.match_type,
-                            hooks.rejected_type, hooks.evict)
+                            hooks.rejected_type, hooks.evict, IPV4_BY_SLOT)
     mode = "JIT" if scanner.jit else "interpreted: no executable memory for the JIT"
     engine = f"native (PCRE2 {_scan.pcre2_version().split()[0]}, {mode})"
     if ts is None:

@@ -358,3 +358,26 @@ def test_pcre2_runs_interpreted_when_executable_memory_is_refused() -> None:
     assert proc.returncode == 0, proc.stderr
     engine, host = proc.stdout.splitlines()
     assert "interpreted" in engine and host == "192.0.2.1"
+
+
+def test_addresses_built_natively_are_the_ones_parse_host_builds() -> None:
+    # the Scanner builds plain dotted quads itself (object.__new__ + _ip); everything else is parse_host's
+    import ipaddress
+
+    from nftblockd.detect.matcher import parse_host
+
+    assert native.IPV4_BY_SLOT is ipaddress.IPv4Address  # the check at import holds on this Python
+    d = FilterDef("ids", "test", (RegexSource(r"^id <F-ID/>$", "t:1"),), prefix=RegexSource(r"\s*x "))
+    nat, py = pair(d)
+    texts = ["192.0.2.1", "255.255.255.255", "0.0.0.0", "192.030.0.6", "1.2.3", "1.2.3.4.5", "[192.0.2.2]",
+             "192.0.2.3\x00x", "::ffff:192.0.2.4", "2001:db8::1", "300.1.1.1", "\uff11.2.3.4", "host.example"]
+    lines = [f"Dec  2 09:53:10 x id {t}" for t in texts]
+    same(nat, py, lines)
+    for (_, r), t in zip(nat.scan(lines, NOW), texts, strict=True):
+        want = parse_host(t)
+        if isinstance(want, str):
+            assert r.text == t and r.reason == want  # type: ignore[union-attr]
+        else:
+            got = r.host  # type: ignore[union-attr]
+            assert type(got) is type(want) and got == want and hash(got) == hash(want)
+            assert (str(got), got.packed, got.is_private) == (str(want), want.packed, want.is_private)
