@@ -3,7 +3,9 @@ SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 # mmdebstrap + systemd-container: the real-systemd test tier (tests/systemd/); lintian: the package check.
-APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban mmdebstrap systemd-container lintian
+# gcc, python3-dev, libpcre2-dev: the matcher's native core (nftblockd/detect/_scan.c); dpkg-dev: make deb
+APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban mmdebstrap systemd-container lintian \
+                gcc python3-dev libpcre2-dev dpkg-dev
 STAMP := $(VENV)/.installed
 PROMTOOL := $(VENV)/bin/promtool
 
@@ -19,10 +21,13 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-$(STAMP): pyproject.toml | deps
+# The editable install also builds the native core in place (setup.py); pip hides a failed optional build,
+# so the engine is printed: without the core the matcher runs on its pure-Python path.
+$(STAMP): pyproject.toml setup.py nftblockd/detect/_scan.c | deps
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	@$(PY) -c 'from nftblockd.detect import native; print("matcher engine:", native.describe())'
 	@touch $(STAMP)
 
 # promtool checks a real metrics scrape and every query of the Grafana dashboard in `make test`. Only the

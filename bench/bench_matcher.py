@@ -1,18 +1,21 @@
-"""Matcher throughput: nftblockd's sshd filter vs Debian's `fail2ban-regex` with fail2ban's sshd filter.
+"""Matcher throughput: nftblockd's sshd filter vs Debian's `fail2ban-regex` with fail2ban's sshd filter, on
+three auth.logs, each figure next to fail2ban-regex measured in the same run:
 
-Generates a realistic 1,000,000-line auth.log of an internet-facing server in a temporary directory:
-SSH brute force from many addresses (a few heavy hitters, a long tail), each attempt logged the way
-OpenSSH logs it (invalid user, PAM check, failed password, disconnect), half of them by the
-`sshd-session[PID]` processes of OpenSSH >= 9.8, scanners that never authenticate, legitimate
-public-key logins with their session lines, and cron / systemd / sudo noise. Timestamps advance a few
-lines per second, as on a busy server.
+- `brute`: a server under brute force (bench/authlog.py, `attack=0.55`): per failing connection the seven
+  or so lines OpenSSH and PAM write, ~20 % other daemons' lines, ~10 % IPv6 attackers, scanners, logins;
+- `quiet`: a quiet server's log (`attack=0.02`): mostly other daemons' lines;
+- `synthetic`: the previous benchmark's shape (kept for comparison with earlier figures), half of its sshd
+  lines from the `sshd-session[PID]` processes of OpenSSH >= 9.8, which fail2ban 1.0.2 misses.
 
-nftblockd runs over the whole file (the jail's matching exactly as the daemon does it: one filter, one
-MatchContext, `Filter.scan` over batches of lines as the tailer hands them over). fail2ban-regex is slow,
-so it runs on the first 100,000 lines and its own "processed in" time gives its lines/s. The recorded ratio
-is ours / theirs (higher is better).
+nftblockd runs over the whole file as the daemon's jail does (one filter, one MatchContext, `Filter.scan`
+over batches of lines as the tailer hands them over), best of two passes; it reports lines/s and CPU
+seconds per million lines (process time of the scan loop). fail2ban-regex is slow, so it runs on the first
+100,000 lines: its own "processed in" time gives its lines/s, and its CPU time (rusage of the child, minus
+that of a run on a one-line log, i.e. its start-up) its CPU seconds per million lines. The ratios are
+ours / theirs for lines/s (higher is better) and for CPU seconds (lower is better).
 
-Run: `.venv/bin/python bench/bench_matcher.py [--lines N] [--f2b-lines N] [--engine auto|re|re2]`.
+Run: `.venv/bin/python bench/bench_matcher.py [--lines N] [--f2b-lines N] [--shape brute,quiet,synthetic]
+[--engine auto|re|re2] [--python]` (`--python`: the pure-Python reference path, not the native core).
 """
 
 from __future__ import annotations
@@ -20,15 +23,18 @@ from __future__ import annotations
 import argparse
 import random
 import re
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.authlog import LogStats, server_log
 from bench.common import record
 from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.matcher import Match, MatchContext
@@ -45,9 +51,9 @@ def _stamp(t: float) -> str:
     return f"{MONTHS[tm.tm_mon - 1]} {tm.tm_mday:2d} {tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d}"
 
 
-def generate(path: Path, n: int, seed: int = 1, attack: float = 0.55) -> dict[str, int]:
-    """Write `n` lines; `attack` is the share of events that are brute-force attempts (each is several
-    lines); returns counts per kind (for the record's note)."""
+def synthetic(path: Path, n: int, seed: int = 1, attack: float = 0.55) -> str:
+    """The previous benchmark's log: `n` lines; `attack` is the share of events that are brute-force
+    attempts (each is several lines); returns counts per kind (for the record's note)."""
     rnd = random.Random(seed)
     attackers = [f"{rnd.randint(1, 223)}.{rnd.randint(0, 255)}.{rnd.randint(0, 255)}.{rnd.randint(1, 254)}"
                  for _ in range(40000)]
@@ -124,89 +130,137 @@ def generate(path: Path, n: int, seed: int = 1, attack: float = 0.55) -> dict[st
                 f"(system bus name :1.{pid})",
             ]))
     path.write_text("\n".join(out[:n]) + "\n")
-    return counts
+    return f"{n:,} lines, synthetic: {counts}"
 
 
-def ours(path: Path, engine: str) -> tuple[float, int, int]:
-    """(lines/s, lines, failures) for nftblockd's sshd filter over the whole file."""
+def realistic(path: Path, n: int, attack: float) -> str:
+    st = LogStats()
+    with path.open("w") as f:
+        for line in server_log(n, attack=attack, start=START, stats=st):
+            f.write(line + "\n")
+    return st.summary()
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    lps: float  # lines per second
+    cpu: float  # CPU seconds per million lines
+    lines: int
+    failures: int
+
+
+def ours(path: Path, engine: str, python: bool) -> tuple[Run, str]:
+    """nftblockd's sshd filter over the whole file: best of two passes, each with a fresh context."""
     flt = load_filter("sshd", engine=engine)  # type: ignore[arg-type]
+    if python:
+        flt.disable_native()
     lines = path.read_text().splitlines()
-    ctx = MatchContext()
     now = START + 3.5 * 86400
-    best = 0.0
-    found = 0
     batches = [lines[i:i + BATCH] for i in range(0, len(lines), BATCH)]
-    for _ in range(2):  # best of two passes, each with a fresh context
+    best: Run | None = None
+    for _ in range(2):
         ctx = MatchContext()
         found = 0
+        c0 = time.process_time()
         t0 = time.perf_counter()
         for batch in batches:
             for _i, r in flt.scan(batch, now, ctx):
                 if type(r) is Match and not r.ignored:
                     found += 1
-        best = max(best, len(lines) / (time.perf_counter() - t0))
-    return best, len(lines), found
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
+        run = Run(len(lines) / wall, cpu / len(lines) * 1e6, len(lines), found)
+        if best is None or run.lps > best.lps:
+            best = run
+    assert best is not None
+    return best, flt.scanner
 
 
-def theirs(path: Path, n: int, tmp: Path) -> tuple[float, int] | None:
-    """(lines/s, failures) of fail2ban-regex on the first `n` lines, from its own processing time."""
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def theirs(path: Path, n: int, tmp: Path) -> Run | None:
+    """fail2ban-regex on the first `n` lines: lines/s from its own processing time, CPU per line from its
+    rusage minus that of a run on a one-line file (interpreter start, filter compilation)."""
     exe = shutil.which("fail2ban-regex")
     conf = Path("/etc/fail2ban/filter.d/sshd.conf")
     if exe is None or not conf.is_file():
         return None
     part = tmp / "prefix.log"
-    with path.open() as src, part.open("w") as dst:
+    one = tmp / "one.log"
+    with path.open() as src, part.open("w") as dst, one.open("w") as first:
         for i, line in enumerate(src):
             if i >= n:
                 break
+            if i == 0:
+                first.write(line)
             dst.write(line)
-    proc = subprocess.run([exe, str(part), str(conf)], capture_output=True, text=True, check=False)
+
+    def run(log: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+        c0 = _children_cpu()
+        proc = subprocess.run([exe, str(log), str(conf)], capture_output=True, text=True, check=False)
+        return proc, _children_cpu() - c0
+
+    _, startup = run(one)
+    proc, cpu = run(part)
     m = re.search(r"processed in ([\d.]+) sec", proc.stdout)
     hits = re.search(r"Lines: \d+ lines, \d+ ignored, (\d+) matched", proc.stdout)
     if m is None:
         print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
         return None
-    return n / float(m.group(1)), int(hits.group(1)) if hits else -1
+    return Run(n / float(m.group(1)), max(cpu - startup, 1e-9) / n * 1e6, n, int(hits.group(1)) if hits else -1)
+
+
+SHAPES = {
+    # name: (title, attack share, target for lines/s)
+    "brute": ("server under brute force", 0.55, ">= 20x"),
+    "quiet": ("quiet server (--attack 0.02)", 0.02, ">= 50x"),
+    "synthetic": ("synthetic (previous benchmark)", 0.55, None),
+}
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--f2b-lines", type=int, default=100_000)
+    ap.add_argument("--shape", default="brute,quiet,synthetic")
     ap.add_argument("--engine", default="auto", choices=["auto", "re", "re2"])
-    ap.add_argument("--attack", type=float, default=0.55,
-                    help="share of events that are brute-force attempts (0.55: a server under attack, whose "
-                         "auth.log is three quarters sshd; 0.1: a quieter one)")
+    ap.add_argument("--python", action="store_true", help="the pure-Python reference path")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="nftblock-bench-") as d:
-        tmp = Path(d)
-        log = tmp / "auth.log"
-        t0 = time.perf_counter()
-        counts = generate(log, args.lines, attack=args.attack)
-        print(f"generated {args.lines:,} lines in {time.perf_counter() - t0:.1f}s: {counts}", flush=True)
-        lps, n, found = ours(log, args.engine)
-        print(f"nftblockd sshd ({args.engine}): {lps:,.0f} lines/s over {n:,} lines, {found:,} failures",
-              flush=True)
-        ref = theirs(log, min(args.f2b_lines, args.lines), tmp)
-        if ref is None:
-            print("fail2ban-regex not available: no reference", file=sys.stderr)
-        else:
+    for shape in args.shape.split(","):
+        title, attack, target = SHAPES[shape]
+        with tempfile.TemporaryDirectory(prefix="nftblock-bench-") as d:
+            tmp = Path(d)
+            log = tmp / "auth.log"
+            t0 = time.perf_counter()
+            what = synthetic(log, args.lines) if shape == "synthetic" else realistic(log, args.lines, attack)
+            print(f"[{shape}] generated in {time.perf_counter() - t0:.1f}s: {what}", flush=True)
+            mine, scanner = ours(log, args.engine, args.python)
+            print(f"[{shape}] nftblockd sshd ({scanner}): {mine.lps:,.0f} lines/s, {mine.cpu:.2f} CPU-s per 1M "
+                  f"lines, over {mine.lines:,} lines, {mine.failures:,} failures", flush=True)
             n_ref = min(args.f2b_lines, args.lines)
-            print(f"fail2ban-regex sshd: {ref[0]:,.0f} lines/s over {n_ref:,} lines, "
-                  f"{ref[1]:,} failures (it misses sshd-session lines)", flush=True)
-        if not args.no_record:
-            name = "matcher sshd lines/s (ratio = ours/fail2ban, higher is better)"
-            if args.engine != "auto":
-                name = f"matcher sshd lines/s, engine={args.engine} (ratio = ours/fail2ban)"
-            if args.attack != 0.55:
-                name = name.replace("lines/s", f"lines/s, attack share {args.attack}")
-            record(name, lps, "lines/s", reference="fail2ban-regex 1.0.2 sshd.conf",
-                   reference_value=ref[0] if ref else None,
-                   target=">= 20x" if args.engine == "auto" and args.attack == 0.55 else None,
-                   note=f"{n:,}-line synthetic auth.log ({counts}); fail2ban-regex on the first "
-                        f"{min(args.f2b_lines, args.lines):,} lines; ours: one filter + MatchContext, "
-                        f"best of 2")
+            ref = theirs(log, n_ref, tmp)
+            if ref is None:
+                print("fail2ban-regex not available: no reference", file=sys.stderr)
+            else:
+                print(f"[{shape}] fail2ban-regex sshd: {ref.lps:,.0f} lines/s, {ref.cpu:.2f} CPU-s per 1M lines, "
+                      f"over {n_ref:,} lines, {ref.failures:,} failures; ratio {mine.lps / ref.lps:.1f}x lines/s, "
+                      f"{ref.cpu / mine.cpu:.1f}x less CPU", flush=True)
+            if args.no_record:
+                continue
+            variant = "" if args.engine == "auto" and not args.python else \
+                f", {'python' if args.python else 'engine=' + args.engine}"
+            note = (f"{what}; ours: {scanner}, one filter + MatchContext, best of 2; fail2ban-regex on the first "
+                    f"{n_ref:,} lines")
+            record(f"matcher sshd, {title}{variant}: lines/s", mine.lps, "lines/s",
+                   reference="fail2ban-regex 1.0.2 sshd.conf", reference_value=ref.lps if ref else None,
+                   target=target if not variant else None, note=note)
+            record(f"matcher sshd, {title}{variant}: CPU-s per 1M lines", mine.cpu, "s",
+                   reference="fail2ban-regex 1.0.2 sshd.conf", reference_value=ref.cpu if ref else None,
+                   note=note + " (ratio: ours / theirs, lower is better)")
     return 0
 
 

@@ -6,7 +6,8 @@ The end-to-end benchmarks time "last log line written → every ban in the kerne
 loop for the very work being timed; this watcher asks the kernel (one GETSET per poll, the element count
 the kernel keeps) and touches neither daemon. It observes fail2ban the same way.
 
-Run inside the namespace: `ip netns exec NS python bench/setwatch.py TABLE SET N [TIMEOUT] [INTERVAL]`.
+Run inside the namespace: `ip netns exec NS python bench/setwatch.py TABLE SET[,SET...] N [TIMEOUT] [INTERVAL]`
+(several sets: their element counts are added up, e.g. the IPv4 and IPv6 sets of one blocklist).
 Prints "ready" once its netlink socket is open (the set may not exist yet: fail2ban creates its table on
 the first ban), so the caller knows polling has started.
 """
@@ -32,14 +33,14 @@ def count(sock: NftSocket, table: str, set_name: str) -> int:
 
 
 def main() -> int:
-    table, set_name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    table, set_names, n = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
     timeout = float(sys.argv[4]) if len(sys.argv) > 4 else 120.0
     interval = float(sys.argv[5]) if len(sys.argv) > 5 else 0.002
     sock = NftSocket()
     deadline = time.monotonic() + timeout
     print("ready", flush=True)
     while time.monotonic() < deadline:
-        if count(sock, table, set_name) >= n:
+        if sum(max(0, count(sock, table, name)) for name in set_names) >= n:
             print(f"{time.monotonic():.6f}", flush=True)
             return 0
         time.sleep(interval)

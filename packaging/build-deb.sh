@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Build dist/nftblockd_<version>_all.deb from this checkout with dpkg-deb alone (no debhelper, no network
-# beyond pip fetching the pinned bundled dependencies).
+# Build dist/nftblockd_<version>_<arch>.deb from this checkout with dpkg-deb alone (no debhelper, no network
+# beyond pip fetching the pinned bundled dependencies). Architecture-specific: it carries the matcher's native
+# core, compiled here against the system's python3 (stable ABI: any CPython >= 3.11) and libpcre2-8.
 #
 # What goes where:
-#   /usr/lib/nftblockd/                 the nftblockd package, plus pyroute2, asyncinotify and
+#   /usr/lib/nftblockd/                 the nftblockd package (with nftblockd/detect/_scan.abi3.so, the
+#                                       matcher's native core), plus pyroute2, asyncinotify and
 #                                       prometheus-client (pure Python, pinned to the versions installed in
 #                                       the build venv, i.e. the ones the tests ran against)
 #   /usr/bin/nftblockd, /usr/bin/nftblock
@@ -19,10 +21,13 @@
 #   /usr/share/man/man8/nftblockd.8.gz, nftblock.8.gz, /usr/share/man/man5/nftblockd.yaml.5.gz
 #                                       rendered now by packaging/manpages.py from the real parsers and
 #                                       the example config, so they cannot drift from the programs
-# From Debian: python3 (>= 3.11), python3-systemd (C extension), python3-yaml.
+# From Debian: python3 (>= 3.11), python3-systemd (C extension), python3-yaml, and what the native core links
+# (libpcre2-8-0, libc6; found by dpkg-shlibdeps).
 #
 # Environment: OUT_DIR (default: dist), PYTHON (default: .venv/bin/python, else python3; must have the
-# bundled dependencies installed), EXAMPLE_CONFIG (default: config/nftblockd.yaml).
+# bundled dependencies installed), EXAMPLE_CONFIG (default: config/nftblockd.yaml), CC (default: gcc),
+# SYSTEM_PYTHON (default: /usr/bin/python3: the interpreter the package runs on, whose headers the core is
+# compiled with).
 set -euo pipefail
 umask 022
 
@@ -36,6 +41,14 @@ fi
 
 die() { echo "build-deb: $*" >&2; exit 1; }
 command -v dpkg-deb >/dev/null || die "dpkg-deb is needed (apt-get install dpkg)"
+command -v dpkg-shlibdeps >/dev/null || die "dpkg-shlibdeps is needed (apt-get install dpkg-dev)"
+CC=${CC:-gcc}
+SYSTEM_PYTHON=${SYSTEM_PYTHON:-/usr/bin/python3}
+command -v "$CC" >/dev/null || die "a C compiler is needed for the native core (apt-get install gcc)"
+[[ -f /usr/include/pcre2.h ]] || die "libpcre2-dev is needed for the native core (apt-get install libpcre2-dev)"
+PY_INCLUDE=$("$SYSTEM_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+[[ -f $PY_INCLUDE/Python.h ]] || die "$SYSTEM_PYTHON's headers are needed (apt-get install python3-dev)"
+ARCH=$(dpkg --print-architecture)
 [[ -f $EXAMPLE_CONFIG ]] || die "$EXAMPLE_CONFIG is missing: it becomes /etc/nftblockd/nftblockd.yaml"
 
 # Python dependency → how the package gets it. A new dependency in pyproject.toml fails the build until it is
@@ -45,7 +58,8 @@ BUNDLED=(pyroute2 asyncinotify prometheus-client)
 
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
-PKG=$STAGE/pkg
+# debian/<package> under a directory holding debian/control: the layout dpkg-shlibdeps expects
+PKG=$STAGE/debian/nftblockd
 LIB=$PKG/usr/lib/nftblockd
 DOC=$PKG/usr/share/doc/nftblockd
 MAN=$PKG/usr/share/man
@@ -113,6 +127,18 @@ for p in sorted(files):
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(p, target)
 PY
+# The native core: the same C source setup.py builds, for the system's python3. A package is not built
+# without it (an operator who installs one expects the engine the benchmarks measured).
+"$CC" -O2 -g0 -s -shared -fPIC -Wall -DPy_LIMITED_API=0x030B0000 -I"$PY_INCLUDE" \
+    nftblockd/detect/_scan.c -lpcre2-8 -o "$LIB/nftblockd/detect/_scan.abi3.so"
+chmod 0644 "$LIB/nftblockd/detect/_scan.abi3.so"
+"$SYSTEM_PYTHON" -I -B -c 'import sys; sys.path.insert(0, sys.argv[1]); from nftblockd.detect import native
+assert native.available(), native.describe()' "$LIB" || die "the native core does not load in $SYSTEM_PYTHON"
+printf 'Source: nftblockd\n\nPackage: nftblockd\nArchitecture: any\n' >"$STAGE/debian/control"
+SHLIBS=$(cd "$STAGE" && dpkg-shlibdeps -O "debian/nftblockd/usr/lib/nftblockd/nftblockd/detect/_scan.abi3.so" \
+    | sed -n 's/^shlibs:Depends=//p')
+[[ $SHLIBS == *libpcre2-8-0* ]] || die "dpkg-shlibdeps did not name libpcre2-8-0: $SHLIBS"
+
 DIST_INFO=$LIB/nftblockd-$VERSION.dist-info
 mkdir -p "$DIST_INFO"
 printf 'Metadata-Version: 2.1\nName: nftblockd\nVersion: %s\n' "$VERSION" >"$DIST_INFO/METADATA"
@@ -147,7 +173,8 @@ install -m 0644 packaging/debian/examples/feeds.conf packaging/grafana-dashboard
 install -m 0644 packaging/debian/conffiles "$PKG/DEBIAN/conffiles"
 install -m 0755 packaging/debian/postinst packaging/debian/prerm packaging/debian/postrm "$PKG/DEBIAN/"
 SIZE=$(du -sk --apparent-size --exclude=DEBIAN "$PKG" | cut -f1)
-sed -e "s/@VERSION@/$VERSION/" -e "s/@INSTALLED_SIZE@/$SIZE/" packaging/debian/control >"$PKG/DEBIAN/control"
+sed -e "s/@VERSION@/$VERSION/" -e "s/@INSTALLED_SIZE@/$SIZE/" -e "s/@ARCH@/$ARCH/" -e "s/@SHLIBS@/$SHLIBS/" \
+    packaging/debian/control >"$PKG/DEBIAN/control"
 (cd "$PKG" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) \
     >"$PKG/DEBIAN/md5sums"
 
@@ -156,6 +183,6 @@ if [[ -n ${SOURCE_DATE_EPOCH:-} ]]; then
 fi
 
 mkdir -p "$OUT_DIR"
-DEB=$OUT_DIR/nftblockd_${VERSION}_all.deb
+DEB=$OUT_DIR/nftblockd_${VERSION}_${ARCH}.deb
 dpkg-deb --root-owner-group -Zxz --build "$PKG" "$DEB" >/dev/null
 echo "built $DEB"

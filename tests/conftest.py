@@ -44,6 +44,6 @@ def built_deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = subprocess.run(["bash", str(root / "packaging" / "build-deb.sh")], env=env, capture_output=True,
                           text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    debs = list(out.glob("nftblockd_*_all.deb"))
+    debs = list(out.glob("nftblockd_*.deb"))
     assert len(debs) == 1, proc.stdout
     return debs[0]

@@ -75,6 +75,7 @@ class JailRunner:
         # multi-line filters (connection ids) keep per-stream memory
         self._ctx: MatchContext | None = MatchContext() if flt.uses_context else None
         self._reported = (0, 0, 0)
+        log.info("jail %s: filter %s runs on %s", jail.name, flt.name, flt.scanner)
 
     def _make_sources(self, positions: PositionStore) -> list[Source]:
         out: list[Source] = []

@@ -284,6 +284,8 @@ class _Compiled:
     find: Finder
     engine: str
     note: str = ""
+    rx: re.Pattern[str] | None = None  # the `re` pattern behind `find` (the native core compiles its text)
+    limit: int | None = None  # characters `find` looks at
 
 
 def _compile_one(pattern: str, where: str, engine: Engine) -> _Compiled:
@@ -301,8 +303,9 @@ def _compile_one(pattern: str, where: str, engine: Engine) -> _Compiled:
             return _Compiled(rx2, "re2")
         if risk:
             return _Compiled(_re_finder(rx, RISKY_LINE), "re",
-                             f"{where}: {risk}; RE2 cannot run it, so it sees only {RISKY_LINE} characters")
-    return _Compiled(_re_finder(rx, None), "re")
+                             f"{where}: {risk}; RE2 cannot run it, so it sees only {RISKY_LINE} characters",
+                             rx, RISKY_LINE)
+    return _Compiled(_re_finder(rx, None), "re", rx=rx)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -463,6 +466,8 @@ class _Rule:
     fields: tuple[str, ...]  # capture names reported in Match.fields
     heads: frozenset[str] | None  # literal starts of the message this rule can match (None: any)
     names: tuple[str, ...] = ()  # all group names of the regex
+    rx: re.Pattern[str] | None = None  # on `re`: the compiled pattern (what the native core translates)
+    limit: int | None = None  # characters of the message `find` looks at (None: all)
 
     @property
     def starts(self) -> tuple[str, ...] | None:
@@ -536,11 +541,13 @@ class Filter:
     """
 
     __slots__ = ("_dates", "_fast", "_fast_plans", "_gate", "_heads", "_heads_len", "_hosts", "_ignore",
-                 "_ignore_whole", "_pref", "_rules", "_unheaded", "definition", "engines", "name", "notes",
-                 "uses_context")
+                 "_ignore_rx", "_ignore_whole", "_native", "_pref", "_pref_rx", "_rules", "_unheaded", "definition",
+                 "engines", "name", "native_notes", "notes", "scanner", "uses_context")
 
-    def __init__(self, definition: FilterDef, *, tz: tzinfo | None = None, engine: Engine = "auto",
-                 fast: bool = True) -> None:
+
+    # complexity exempt (C901): building a filter's engines: each optional part is one branch
+    def __init__(self, definition: FilterDef, *, tz: tzinfo | None = None, engine: Engine = "auto",  # noqa: C901
+                 fast: bool = True, native: bool = True) -> None:
         self.definition = definition
         self.name = definition.name
         notes = list(definition.notes)
@@ -563,17 +570,25 @@ class Filter:
             alts = tuple((n, _ALT_NAME.sub(r"\1", n)) for n in names if n.startswith("alt_"))
             fields = tuple(n for n in names if n not in _INTERNAL and not n.startswith(("cond_", "alt_")))
             rules.append(_Rule(c.find, required_literal(pattern), i, pattern, c.engine, alts, fields,
-                               literal_heads(pattern), names))
+                               literal_heads(pattern), names, c.rx, c.limit))
         if not rules:
             raise FilterError(definition.source, "the filter has no usable failregex")
         self._rules = tuple(rules)
-        self._ignore = tuple(self._compile_aux(src, engine, notes, engines) for src in definition.ignoreregex)
+        ignores = [self._compile_aux(src, engine, notes, engines) for src in definition.ignoreregex]
+        self._ignore = tuple(c.find for c in ignores)
+        # what the native core needs to run them (None where a regex is not on `re`)
+        self._ignore_rx = tuple((c.rx, c.limit) if c.rx is not None else None for c in ignores)
         self._ignore_whole = definition.ignore_whole_line
         self._pref: Finder | None = None
+        # ("prefregex" | "prefix", the `re` pattern or None when on RE2, its character limit)
+        self._pref_rx: tuple[str, re.Pattern[str] | None, int | None] | None = None
         if definition.prefregex is not None:
-            self._pref = self._compile_aux(definition.prefregex, engine, notes, engines)
+            c = self._compile_aux(definition.prefregex, engine, notes, engines)
+            self._pref = c.find
+            self._pref_rx = ("prefregex", c.rx, c.limit)
         elif definition.prefix is not None:
-            self._pref = self._compile_prefix(definition.prefix, engine, notes, engines)
+            self._pref, prx = self._compile_prefix(definition.prefix, engine, notes, engines)
+            self._pref_rx = ("prefix", prx, None)
         try:
             self._dates = DateParser(definition.datepattern, tz=tz)
         except DatePatternError as exc:
@@ -610,9 +625,30 @@ class Filter:
         self._fast_plans: dict[str | None, _Plan | None] = {}
         if fast:
             self._build_fast_lane()
+        # The native scanning core (native.py), when the extension is built and the filter suits it;
+        # `scanner` says which engine runs the filter, `native_notes` what stays on the Python path.
+        self._native: Any = None
+        self.scanner = "python (re)"
+        self.native_notes: tuple[str, ...] = ()
+        if native:
+            from nftblockd.detect import native as _native_mod
+
+            hooks = _native_mod.Hooks(Match, Rejected, _evict, parse_host, _HOST_MEMO, MAX_LINE)
+            built = _native_mod.build(self, hooks)
+            self._native, self.scanner, self.native_notes = built.scanner, built.engine, built.notes
+
+    def disable_native(self) -> None:
+        """Run the pure-Python path from now on (the reference; the benchmarks compare the two)."""
+        self._native = None
+        self.scanner = "python (re): native core disabled"
+
+    @property
+    def native_stats(self) -> dict[str, int] | None:
+        """Lines the native core saw, handed to the Python path, skipped at a match limit (None: not native)."""
+        return dict(self._native.stats) if self._native is not None else None
 
     @staticmethod
-    def _compile_aux(src: RegexSource, engine: Engine, notes: list[str], engines: list[str]) -> Finder:
+    def _compile_aux(src: RegexSource, engine: Engine, notes: list[str], engines: list[str]) -> _Compiled:
         try:
             pattern = expand_tags(src.text)
         except UnsupportedRegex as exc:
@@ -621,10 +657,11 @@ class Filter:
         if c.note:
             notes.append(c.note)
         engines.append(c.engine)
-        return c.find
+        return c
 
     @staticmethod
-    def _compile_prefix(src: RegexSource, engine: Engine, notes: list[str], engines: list[str]) -> Finder:
+    def _compile_prefix(src: RegexSource, engine: Engine, notes: list[str], engines: list[str]
+                        ) -> tuple[Finder, re.Pattern[str] | None]:
         # A YAML prefix is matched at the start; the message is the rest of the line (no `.*` tail, so
         # the prefix stays lintable and cheap).
         try:
@@ -637,7 +674,7 @@ class Filter:
             rx2 = _re2_finder(f"^(?:{pattern})(?P<content>.*)")
             if rx2 is not None:
                 engines.append("re2")
-                return rx2
+                return rx2, None
             if risk:
                 notes.append(f"{src.where}: {risk}")
         engines.append("re")
@@ -651,7 +688,7 @@ class Filter:
             d["content"] = text[m.end():]
             return d
 
-        return find
+        return find, rx
 
     def _build_fast_lane(self) -> None:
         """One regex for timestamp, prefix and rules: the line's whole decision in one call to `re`.
@@ -730,10 +767,28 @@ class Filter:
     # steps (state, connection merge, decision, result) with every lookup hoisted out of the loop; a call per
     # step per line is what the inlining removed (bench_matcher times it in lines/s). `match` and the general
     # path are the readable version, and tests check the two agree line by line.
-    def scan(self, lines: Sequence[str], now: float, ctx: MatchContext | None = None  # noqa: C901
+    def scan(self, lines: Sequence[str], now: float, ctx: MatchContext | None = None
              ) -> list[tuple[int, Match | Rejected]]:
         """Match many lines in order (what `match` does for each): the (index, result) of every line that
-        gave a result. The daemon's hot path: everything a line needs is looked up once per batch.
+        gave a result. The daemon's hot path: on the native core when there is one (it hands the lines it
+        cannot take exactly to `_scan_one`), else `_scan_py`.
+        """
+        native = self._native
+        if native is not None:
+            return native.scan(lines, now, ctx, self._scan_one)  # type: ignore[no-any-return]
+        return self._scan_py(lines, now, ctx)
+
+    def _scan_one(self, line: str, now: float, ctx: MatchContext | None) -> MatchResult:
+        """The Python path for one line (the native core's fallback)."""
+        found = self._scan_py((line,), now, ctx)
+        return found[0][1] if found else None
+
+
+    # complexity exempt (C901): the per-line hot path of the Python engine, inlined on purpose (bench_matcher)
+    def _scan_py(self, lines: Sequence[str], now: float, ctx: MatchContext | None = None  # noqa: C901
+                 ) -> list[tuple[int, Match | Rejected]]:
+        """The pure-Python path of `scan`: the reference, and the fallback without the native core.
+        Everything a line needs is looked up once per batch.
         """
         out: list[tuple[int, Match | Rejected]] = []
         gate = self._gate
@@ -998,5 +1053,5 @@ def _re2_group_names(pattern: str) -> list[str]:
 
 
 def compile_filter(definition: FilterDef, *, tz: tzinfo | None = None, engine: Engine = "auto",
-                   fast: bool = True) -> Filter:
-    return Filter(definition, tz=tz, engine=engine, fast=fast)
+                   fast: bool = True, native: bool = True) -> Filter:
+    return Filter(definition, tz=tz, engine=engine, fast=fast, native=native)

@@ -81,13 +81,17 @@ def run(filter_spec: str, logfile: str, *, json_output: bool, out: TextIO, now: 
             "rejected_hosts": [{"line": n, "text": printable(r.text), "reason": r.reason}
                                for n, r in rejected],
             "notes": [printable(s) for s in flt.notes],
+            "engine": flt.scanner,
+            "engine_notes": list(flt.native_notes),
+            "native": flt.native_stats,
         }
         out.write(json.dumps(doc) + "\n")
         return 0
     w = out.write
     w(f"Filter: {flt.name} ({flt.definition.source}), {len(flt.engines)} regexes "
       f"({flt.engines.count('re2')} on RE2)\n")
-    for note in flt.notes:
+    w(f"Engine: {flt.scanner}\n")
+    for note in (*flt.notes, *flt.native_notes):
         w(f"  note: {printable(note)}\n")
     w(f"\nMatched lines ({len(matches)}):\n")
     for n, m in matches[:_SHOW_MAX]:
@@ -106,4 +110,8 @@ def run(filter_spec: str, logfile: str, *, json_output: bool, out: TextIO, now: 
     w(f"\nLines: {len(lines)}, matched: {len(matches)} ({hosts} hosts), ignored: {len(ignored)}, "
       f"skipped hosts: {len(rejected)}, missed: {len(lines) - len(matches) - len(ignored) - len(rejected)}\n")
     w(f"Speed: {lps:,.0f} lines/s\n")
+    stats = flt.native_stats
+    if stats is not None and (stats["python_lines"] or stats["limited"]):
+        w(f"Native core: {stats['python_lines']} lines on the Python path (not ASCII, no usual timestamp, or a "
+          f"rule PCRE2 cannot run), {stats['limited']} skipped at the regex match limit\n")
     return 0

@@ -538,6 +538,17 @@ class DateParser:
         """Epoch of a wall-clock time in the parser's zone; None if there is no such date. The epoch of
         each hour's start is remembered; an hour in which the zone's offset changes (DST) is converted
         on its own instead."""
+        base = self.hour_base(year, month, day, hour)
+        if base is False:
+            return None
+        if base is True:
+            return _epoch(datetime(year, month, day, hour, minute, second, micro), self.tz)
+        return float(base) + minute * 60 + second + micro / 1e6
+
+    def hour_base(self, year: int, month: int, day: int, hour: int) -> float | bool:
+        """Epoch of the start of a wall-clock hour in the parser's zone (remembered); True when the zone's
+        offset changes within that hour (convert each time on its own), False when there is no such date.
+        The native scanning core converts timestamps with it: base + minutes * 60 + seconds."""
         key = ("h", year, month, day, hour)
         base = self._memo.get(key)
         if base is None:
@@ -548,11 +559,11 @@ class DateParser:
             except (ValueError, OverflowError):
                 base = False  # 30 February: remembered as impossible
             _remember(self._memo, key, base)
-        if base is False:
-            return None
-        if base is True:
-            return _epoch(datetime(year, month, day, hour, minute, second, micro), self.tz)
-        return float(base) + minute * 60 + second + micro / 1e6
+        return base
+
+    def year_of(self, now: float) -> int:
+        """The local year at `now`: a syslog timestamp without a year is taken in it (or the one before)."""
+        return self._year(now)
 
     def _year(self, now: float) -> int:
         # zone offsets are whole quarter hours, so the local year is constant within a quarter hour

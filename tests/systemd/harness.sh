@@ -50,7 +50,9 @@ say() { echo "harness: $*" >&2; }
 package_deps() {
     [[ -f $CONTROL ]] || die "$CONTROL is missing"
     sed -n -E 's/^(Pre-Depends|Depends|Recommends):[[:space:]]*//p' "$CONTROL" | tr ',' '\n' \
-        | sed -E 's/\|.*//; s/\(.*\)//; s/:any//; s/[[:space:]]//g' | grep -v '^$' || true
+        | sed -E 's/\|.*//; s/\(.*\)//; s/:any//; s/[[:space:]]//g' | grep -v '^$' | grep -v '^@' || true
+    # @SHLIBS@ is filled at build time by dpkg-shlibdeps from what the native core links: name it here
+    echo libpcre2-8-0
 }
 
 rootfs_packages() { printf '%s\n' "${BASE_PKGS[@]}" $(package_deps) | sort -u; }

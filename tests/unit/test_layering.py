@@ -25,7 +25,7 @@ RANK = {"service": 0, "sources": 1, "state": 1, "detect": 2, "kernel": 2, "feeds
 # its inet_pton/inet_ntoa are the fast pure address codecs.)
 PURE = {
     "nftblockd.events", "nftblockd.durations", "nftblockd.allowlist", "nftblockd.addr", "nftblockd.neverban",
-    "nftblockd.detect.matcher", "nftblockd.detect.timestamps", "nftblockd.detect.rxlint",
+    "nftblockd.detect.matcher", "nftblockd.detect.native", "nftblockd.detect.timestamps", "nftblockd.detect.rxlint",
     "nftblockd.detect.rxopt", "nftblockd.detect.tracker",
     "nftblockd.feeds.parse", "nftblockd.feeds.aggregate",
     "nftblockd.kernel.bans", "nftblockd.kernel.nfmsg",

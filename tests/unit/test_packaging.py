@@ -604,11 +604,14 @@ def test_ban_timeout_rounding(f2b: Any, server: FakeNftblockd) -> None:
 dpkg_deb = shutil.which("dpkg-deb")
 needs_dpkg = pytest.mark.skipif(dpkg_deb is None, reason="dpkg-deb is not installed")
 DEBIAN_PYTHON = Path("/usr/bin/python3")
+ARCH = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
+                      check=False).stdout.strip() if shutil.which("dpkg") else ""
+CORE = "/usr/lib/nftblockd/nftblockd/detect/_scan.abi3.so"
 
 
 @pytest.fixture(scope="module")
 def deb(built_deb: Path) -> Path:
-    assert built_deb.name == f"nftblockd_{PROJECT['version']}_all.deb"
+    assert built_deb.name == f"nftblockd_{PROJECT['version']}_{ARCH}.deb"  # architecture-specific: native core
     return built_deb
 
 
@@ -655,10 +658,13 @@ def unit_service(text: str) -> dict[str, list[str]]:
 @needs_dpkg
 def test_control_fields(deb: Path) -> None:
     f = control_fields(deb)
-    assert (f["Package"], f["Version"], f["Architecture"]) == ("nftblockd", PROJECT["version"], "all")
+    assert (f["Package"], f["Version"], f["Architecture"]) == ("nftblockd", PROJECT["version"], ARCH)
     depends = [d.strip() for d in f["Depends"].split(",")]
     assert "python3 (>= 3.11)" in depends
     assert {"python3-systemd", "python3-yaml", "adduser"} <= set(depends)
+    # what the native core links, with the versions dpkg-shlibdeps derives from the symbols it uses
+    assert any(re.fullmatch(r"libpcre2-8-0 \(>= [\d.]+\)", d) for d in depends), depends
+    assert any(d.startswith("libc6 (>= ") for d in depends), depends
     assert int(f["Installed-Size"]) > 0
 
 
@@ -671,7 +677,7 @@ def test_files_land_where_the_unit_and_fail2ban_expect_them(contents: dict[str, 
                  "/etc/fail2ban/action.d/nftblock.py", "/usr/lib/nftblockd/nftblockd/__init__.py",
                  "/usr/lib/nftblockd/nftblockd/py.typed", "/usr/share/doc/nftblockd/copyright",
                  "/usr/share/doc/nftblockd/examples/feeds.conf",
-                 "/usr/share/doc/nftblockd/examples/grafana-dashboard.json"):
+                 "/usr/share/doc/nftblockd/examples/grafana-dashboard.json", CORE):
         assert contents[path][0] == "-rw-r--r--", path
     assert {owner for _mode, owner in contents.values()} == {"root/root"}
     assert not [p for p in contents if "__pycache__" in p or p.endswith(".pyc")]  # postinst compiles
@@ -750,7 +756,9 @@ def test_bundled_and_debian_dependencies_import_with_the_system_python(extracted
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "import asyncinotify, prometheus_client, pyroute2, yaml, systemd.journal, systemd.daemon\n"
         "import nftblockd, nftblockd.service.logsetup, nftblockd.service.sdnotify, nftblockd.config\n"
-        "for m in (asyncinotify, prometheus_client, pyroute2, nftblockd):\n"
+        "from nftblockd.detect import _scan, native\n"
+        "assert native.available(), native.describe()  # the native core loads in the system's python\n"
+        "for m in (asyncinotify, prometheus_client, pyroute2, nftblockd, _scan):\n"
         "    assert m.__file__.startswith(sys.argv[1]), m.__file__  # ours, not another copy\n"
         "print('ok')\n"
     )
@@ -759,6 +767,19 @@ def test_bundled_and_debian_dependencies_import_with_the_system_python(extracted
     if "No module named 'systemd'" in proc.stderr or "No module named 'yaml'" in proc.stderr:
         pytest.skip("python3-systemd / python3-yaml (the package's Depends) are not installed here")
     assert proc.stdout == "ok\n", proc.stderr
+
+
+@needs_dpkg
+def test_the_native_core_loads_with_the_system_python(extracted: Path) -> None:
+    python = debian_python_or_skip()
+    lib = extracted / "usr/lib/nftblockd"
+    probe = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+             "from nftblockd.detect import _scan, native\n"
+             "assert _scan.__file__.startswith(sys.argv[1]), _scan.__file__\n"
+             "print(native.describe())\n")
+    proc = subprocess.run([str(python), "-I", "-B", "-c", probe, str(lib)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith("native core, PCRE2"), proc.stdout + proc.stderr
 
 
 @needs_dpkg
