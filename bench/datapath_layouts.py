@@ -100,8 +100,8 @@ def _coverage(nets: list[str]) -> Callable[[str], bool]:
 def feed_aggregate() -> tuple[list[str], list[str], Traffic]:
     """The 50k-entry IPv4 feed of bench/feedgen.py, aggregated: (hosts, ranges) plus a hit range 198.18/16."""
     from bench.feedgen import make_feed
-    from nftblockd.aggregate import aggregate, sanitise
-    from nftblockd.feedparse import parse_feed
+    from nftblockd.feeds.aggregate import aggregate, sanitise
+    from nftblockd.feeds.parse import parse_feed
 
     parsed = parse_feed(make_feed(50_000, 0, seed=1))
     agg = aggregate([sanitise(parsed.v4, parsed.v6)])
