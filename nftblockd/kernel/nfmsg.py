@@ -145,6 +145,8 @@ NFT_REG_VERDICT = 0
 NFT_REG_1 = 1
 NF_DROP = 0
 NF_ACCEPT = 1
+NFT_RETURN = -5
+NFT_META_IIFNAME = 6
 
 MAX_NEST = 0xFFFF  # an attribute's length field is 16 bits: a message's ELEMENTS nest must stay below it
 

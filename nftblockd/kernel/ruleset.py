@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nftblockd.config import Config
 from nftblockd.kernel import nfmsg as m
@@ -68,12 +68,21 @@ class RuleSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SkipSpec:
+    """`iifname "<device>" return`: a packet that came in on a device with an ingress chain of ours was
+    checked there already; the base chain lets it go on without looking it up a second time."""
+
+    device: str
+    comment: str = "nftblockd: checked at ingress"
+
+
+@dataclass(frozen=True, slots=True)
 class ChainSpec:
     name: str
     hook: str
     priority: int
     device: str | None
-    rules: tuple[RuleSpec, ...]
+    rules: tuple[RuleSpec | SkipSpec, ...]
 
     @property
     def hook_key(self) -> m.ChainHook:
@@ -122,10 +131,15 @@ def plan_ruleset(cfg: Config) -> Ruleset:
 def chains_for(rs: Ruleset, present: Collection[str]) -> tuple[ChainSpec, ...]:
     """The chains to install: every chain without a device, and the ingress chains whose device exists.
 
-    A chain is installed only while its device exists, on every kernel: before 6.16 the kernel refuses a
-    chain for a missing device and deletes one whose device goes away; from 6.16 on it keeps it detached.
-    (The prerouting chain filters that device's packets either way: ingress only drops earlier.)"""
-    return tuple(c for c in rs.chains if c.device is None or c.device in present)
+    An ingress chain is installed only while its device exists, on every kernel: before 6.16 the kernel
+    refuses a chain for a missing device and deletes one whose device goes away; from 6.16 on it keeps it
+    detached. The base chain filters that device's packets whenever its ingress chain is not installed, and
+    skips them (`SkipSpec`, first) while it is: installed together, in one transaction, the two never
+    disagree, and an innocent packet is looked up once, not at both hooks."""
+    ingress = [c for c in rs.chains if c.device is not None and c.device in present]
+    skips = tuple(SkipSpec(c.device) for c in ingress if c.device is not None)
+    base = [replace(c, rules=skips + c.rules) for c in rs.chains if c.device is None]
+    return (*base, *ingress)
 
 
 def chain_changes(wanted: Sequence[ChainSpec], existing: Mapping[str, m.ChainHook | None]) -> list[str]:
@@ -163,7 +177,9 @@ def render_nft(rs: Ruleset) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_rule(r: RuleSpec) -> str:
+def render_rule(r: RuleSpec | SkipSpec) -> str:
+    if isinstance(r, SkipSpec):
+        return f'iifname "{r.device}" return comment "{r.comment}"'
     proto = "ip" if r.version == 4 else "ip6"
     unless = f" {proto} saddr != @{r.unless}" if r.unless else ""
     counter = " counter" if r.counter else ""
@@ -174,6 +190,16 @@ def render_rule(r: RuleSpec) -> str:
 
 def _expr(name: str, *data: bytes) -> bytes:
     return m.nest(m.NFTA_LIST_ELEM, m.strz(m.NFTA_EXPR_NAME, name), m.nest(m.NFTA_EXPR_DATA, *data))
+
+
+def skip_expressions(r: SkipSpec) -> bytes:
+    """`iifname "<device>" return`, as nft encodes it: the name compared as 16 bytes (IFNAMSIZ)."""
+    name = r.device.encode().ljust(16, b"\0")
+    return m.nest(m.NFTA_RULE_EXPRESSIONS,
+                  _expr("meta", m.be32(1, m.NFT_REG_1), m.be32(2, m.NFT_META_IIFNAME)),
+                  _expr("cmp", m.be32(1, m.NFT_REG_1), m.be32(2, 0), m.nest(3, m.attr(m.NFTA_DATA_VALUE, name))),
+                  _expr("immediate", m.be32(1, m.NFT_REG_VERDICT),
+                        m.nest(2, m.nest(m.NFTA_DATA_VERDICT, m.be32(m.NFTA_VERDICT_CODE, m.NFT_RETURN & 0xFFFFFFFF)))))
 
 
 def rule_expressions(r: RuleSpec, set_id: int, unless_id: int = 0) -> bytes:
@@ -238,9 +264,9 @@ def encode_del_chain(table: str, chain: str, seq: int) -> bytes:
     return m.message(m.NFT_MSG_DELCHAIN, m.NLM_F_REQUEST, seq, m.NFPROTO_INET, body)
 
 
-def encode_rule(table: str, chain: str, r: RuleSpec, set_id: int, seq: int, unless_id: int = 0) -> bytes:
-    body = (m.strz(m.NFTA_RULE_TABLE, table) + m.strz(m.NFTA_RULE_CHAIN, chain)
-            + rule_expressions(r, set_id, unless_id)
+def encode_rule(table: str, chain: str, r: RuleSpec | SkipSpec, set_id: int, seq: int, unless_id: int = 0) -> bytes:
+    exprs = skip_expressions(r) if isinstance(r, SkipSpec) else rule_expressions(r, set_id, unless_id)
+    body = (m.strz(m.NFTA_RULE_TABLE, table) + m.strz(m.NFTA_RULE_CHAIN, chain) + exprs
             + m.attr(m.NFTA_RULE_USERDATA, m.comment_udata(m.NFTNL_UDATA_RULE_COMMENT, r.comment)))
     return m.message(m.NFT_MSG_NEWRULE, m.NLM_F_REQUEST | m.NLM_F_CREATE | m.NLM_F_APPEND, seq, m.NFPROTO_INET,
                      body)
@@ -287,6 +313,9 @@ def encode_chains(rs: Ruleset, chains: Sequence[ChainSpec], seq: int, *,
         msgs.append(encode_chain(rs.table, c, seq + len(msgs)))
         msgs.append(encode_flush_chain(rs.table, c.name, seq + len(msgs)))
         for r in c.rules:
-            msgs.append(encode_rule(rs.table, c.name, r, set_ids[r.set_name], seq + len(msgs),
-                                    set_ids[r.unless] if r.unless else 0))
+            if isinstance(r, SkipSpec):
+                msgs.append(encode_rule(rs.table, c.name, r, 0, seq + len(msgs)))
+            else:
+                msgs.append(encode_rule(rs.table, c.name, r, set_ids[r.set_name], seq + len(msgs),
+                                        set_ids[r.unless] if r.unless else 0))
     return msgs

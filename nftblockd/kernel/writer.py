@@ -142,17 +142,19 @@ class KernelWriter:
 
     def sync_ingress(self) -> IngressChange:
         """Attach the ingress chains whose device exists now and is still without one, detach (delete) those
-        whose device is gone: one transaction, nothing sent when nothing changed."""
+        whose device is gone, and give the base chain the matching skip rules: one transaction, nothing sent
+        when nothing changed."""
         for _attempt in range(3):
-            present = self._devices()
-            wanted = {c.name: c for c in rs.chains_for(self.plan, present) if c.device}
+            chains = rs.chains_for(self.plan, self._devices())
+            wanted = {c.name: c for c in chains if c.device}
             existing = self.sock.list_chains(self.plan.table)
             attach = [c for name, c in wanted.items() if name not in existing]
             detach = {name: hook.device for name, hook in sorted(existing.items())
                       if hook is not None and hook.device is not None and name not in wanted}
             if not attach and not detach:
                 return IngressChange((), ())
-            msgs = rs.encode_chains(self.plan, attach, self.sock.next_seq(10000), delete_chains=list(detach))
+            base = [c for c in chains if c.device is None]
+            msgs = rs.encode_chains(self.plan, base + attach, self.sock.next_seq(10000), delete_chains=list(detach))
             out = self.sock.transact(msgs)
             if out.committed:
                 return IngressChange(tuple(c.device or "" for c in attach), tuple(d or "" for d in detach.values()))

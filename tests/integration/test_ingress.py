@@ -45,6 +45,11 @@ def chains(ns: NetNS) -> dict[str, dict[str, object]]:
     return {o["chain"]["name"]: o["chain"] for o in ns.nft_json("list", "table", "inet", "nftblock") if "chain" in o}
 
 
+def first_rule(ns: NetNS) -> str:
+    lines = ns.nft("list", "chain", "inet", "nftblock", "prerouting").stdout.splitlines()
+    return lines[3].strip()
+
+
 def dropped(ns: NetNS, chain: str) -> int:
     """Packets counted by the drop rules of one of our chains."""
     n = 0
@@ -74,6 +79,8 @@ def test_a_chain_for_a_missing_device_is_attached_when_it_appears_and_detached_w
         assert (change.attached, change.detached) == (("vethR",), ())
         listing = netns.nft("list", "chain", "inet", "nftblock", "ingress_vethR").stdout
         assert 'type filter hook ingress device "vethR" priority -500; policy accept;' in listing
+        # what came in on vethR was looked up there: prerouting lets it go on, in the same transaction
+        assert first_rule(netns) == 'iifname "vethR" return comment "nftblockd: checked at ingress"'
         assert w.table_intact() == [] and w.sync_ingress() == type(change)((), ())
         peer.send_udp(BANNED)
         wait_for(lambda: dropped(netns, "ingress_vethR") == len(BANNED), what="drops on the ingress chain")
@@ -82,6 +89,7 @@ def test_a_chain_for_a_missing_device_is_attached_when_it_appears_and_detached_w
         change = w.sync_ingress()
         assert (change.attached, change.detached) == ((), ("vethR",))
         assert set(chains(netns)) == {"prerouting"} and w.table_intact() == []
+        assert first_rule(netns).startswith("ip saddr @default_ip4")
     finally:
         w.close()
 

@@ -53,8 +53,21 @@ def test_ingress_chains_exist_only_for_devices_that_exist() -> None:
     assert [c.name for c in p.chains] == ["prerouting", "ingress_eth1", "ingress_wg0"]
     assert all(c.hook == "ingress" and c.priority == rs.INGRESS_PRIORITY for c in p.chains[1:])
     assert [c.name for c in rs.chains_for(p, {"lo", "wg0"})] == ["prerouting", "ingress_wg0"]
-    assert [c.name for c in rs.chains_for(p, set())] == ["prerouting"]
-    assert rs.chains_for(p, {"eth1", "wg0", "eth2"}) == p.chains
+    assert rs.chains_for(p, set()) == p.chains[:1]
+    assert rs.chains_for(p, {"eth1", "wg0", "eth2"})[1:] == p.chains[1:]
+
+
+def test_the_base_chain_skips_what_an_installed_ingress_chain_checked_and_only_that() -> None:
+    p = plan()
+    base = rs.chains_for(p, {"wg0", "eth1"})[0]
+    assert base.rules[:2] == (rs.SkipSpec("eth1"), rs.SkipSpec("wg0")) and base.rules[2:] == p.chains[0].rules
+    assert rs.chains_for(p, {"wg0"})[0].rules[:1] == (rs.SkipSpec("wg0"),)
+    assert rs.render_rule(base.rules[0]) == 'iifname "eth1" return comment "nftblockd: checked at ingress"'
+    exprs = m.attrs_dict(rs.skip_expressions(rs.SkipSpec("wg0")))[m.NFTA_RULE_EXPRESSIONS]
+    parts = [m.attrs_dict(e) for _k, e in m.iter_attrs(exprs)]
+    assert [m.read_strz(a[m.NFTA_EXPR_NAME]) for a in parts] == ["meta", "cmp", "immediate"]
+    cmp = m.attrs_dict(parts[1][m.NFTA_EXPR_DATA])
+    assert m.attrs_dict(cmp[3])[m.NFTA_DATA_VALUE] == b"wg0" + b"\0" * 13  # IFNAMSIZ, as nft compares it
 
 
 @pytest.mark.parametrize(("existing", "wanted_devices", "deleted"), [
