@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import ipaddress
-import random
 import statistics
 import sys
 import time
@@ -37,10 +36,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.dplab import COUNT_COMMENT, Config, Lab, Traffic, by_config, run_rounds
+from bench.dplab import (
+    COUNT_COMMENT,
+    MISS,
+    Config,
+    Lab,
+    Traffic,
+    by_config,
+    feed_keys,
+    host_keys,
+    net_text,
+    range_keys,
+    run_rounds,
+    v4,
+)
 
-KEEP_OUT = ipaddress.ip_network("198.18.0.0/15")  # hit traffic in 198.18.0.0/16, miss traffic in 198.19.0.0/16
-MISS = Traffic("198.19.0.0", 16)
 ALLOW4 = "127.0.0.0/8, 10.200.0.2"  # loopback and the receiver's own address, as allowlist_self makes it
 ALLOW6 = "::1"
 PRE = "type filter hook prerouting priority raw; policy accept;"
@@ -48,43 +58,20 @@ INGRESS = 'type filter hook ingress device "veth1" priority -500; policy accept;
 SIZE = 4_194_304
 
 
-def _v4(a: int) -> str:
-    return f"{a >> 24}.{a >> 16 & 255}.{a >> 8 & 255}.{a & 255}"
+def hosts(n: int) -> tuple[list[str], Traffic]:
+    keys, traffic = host_keys(n)
+    return [v4(k) for k in keys], traffic
 
 
-def hosts(n: int, seed: int = 11) -> tuple[list[str], Traffic]:
-    """`n` single addresses: all of 198.18.0.0/16 (the hit traffic) when n allows, the rest random elsewhere."""
-    if n < 65536:
-        return ["198.18.0.1", *_random_hosts(n - 1, seed)], Traffic("198.18.0.1", 0)
-    return [_v4(0xC6120000 + i) for i in range(65536)] + _random_hosts(n - 65536, seed), Traffic("198.18.0.0", 16)
+def ranges(n: int) -> tuple[list[str], Traffic]:
+    keys, traffic = range_keys(n)
+    return [net_text(k) for k in keys], traffic
 
 
-def _random_hosts(n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    out: set[int] = set()
-    while len(out) < n:
-        a = rng.randrange(0x0B000000, 0xDF000000)  # 11.0.0.0 up to 223/8: not 10/8, where the veth is
-        if not 0xC6120000 <= a <= 0xC613FFFF and a >> 24 != 127:
-            out.add(a)
-    return [_v4(a) for a in out]
-
-
-def ranges(n: int, seed: int = 12) -> tuple[list[str], Traffic]:
-    """`n` disjoint ranges: 16,384 /30s tiling 198.18.0.0/16 (the hit traffic) and /28s at random elsewhere."""
-    if n < 16384:
-        return ["198.18.0.0/16", *_random_ranges(n - 1, seed)], Traffic("198.18.0.0", 16)
-    return [f"{_v4(0xC6120000 + 4 * i)}/30" for i in range(16384)] + _random_ranges(n - 16384, seed), \
-        Traffic("198.18.0.0", 16)
-
-
-def _random_ranges(n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    out: set[int] = set()
-    while len(out) < n:
-        block = rng.randrange(0x0B000000 >> 5, 0xDF000000 >> 5)  # a /27: its first /28 is used, so none touch
-        if not 0xC6120000 >> 5 <= block <= 0xC613FFFF >> 5 and block >> 19 != 127:
-            out.add(block)
-    return [f"{_v4(b << 5)}/28" for b in out]
+def feed_aggregate() -> tuple[list[str], list[str], Traffic]:
+    """The aggregate of a 50k-entry IPv4 feed as (hosts, ranges), 198.18.0.0/16 among the ranges."""
+    want, traffic = feed_keys("feeds")
+    return [v4(k) for k in want["feeds_ip4"]], [net_text(k) for k in want["feeds_net4"]], traffic
 
 
 def _coverage(nets: list[str]) -> Callable[[str], bool]:
@@ -97,19 +84,8 @@ def _coverage(nets: list[str]) -> Callable[[str], bool]:
     return covered
 
 
-def feed_aggregate() -> tuple[list[str], list[str], Traffic]:
-    """The 50k-entry IPv4 feed of bench/feedgen.py, aggregated: (hosts, ranges) plus a hit range 198.18/16."""
-    from bench.feedgen import make_feed
-    from nftblockd.feeds.aggregate import aggregate, sanitise
-    from nftblockd.feeds.parse import parse_feed
-
-    parsed = parse_feed(make_feed(50_000, 0, seed=1))
-    agg = aggregate([sanitise(parsed.v4, parsed.v6)])
-    h, r = [], []
-    for p in agg.v4:
-        start, hostbits = p >> 8, p & 0xFF
-        (h if hostbits == 0 else r).append(_v4(start) if hostbits == 0 else f"{_v4(start)}/{32 - hostbits}")
-    return h, [*r, "198.18.0.0/16"], Traffic("198.18.0.0", 16)
+def _random_hosts(n: int, seed: int) -> list[str]:
+    return [v4(k) for k in host_keys(65536 + n, seed)[0][65536:]]
 
 
 # -- nft text ------------------------------------------------------------------------------------------------
@@ -277,7 +253,7 @@ def primitives(hook: str) -> list[tuple[str, str, Traffic, int]]:
     what a tiny allowlist or an empty set costs in practice. Large sets are not amplified (every repeat after
     the first would hit the cache): they are measured one rule at a time."""
     hit = Traffic("198.18.0.0", 16)
-    small_hosts = [_v4(0xC6120000 + i) for i in range(0, 65536, 256)]  # 256 hosts, none hit by random sources
+    small_hosts = [v4(0xC6120000 + i) for i in range(0, 65536, 256)]  # 256 hosts, none hit by random sources
     ops = {
         "other-family rule": ("", "ip6 saddr @e6", MISS, 0),
         "plain compare, miss": ("", "ip saddr 198.18.0.0/16", MISS, 0),
@@ -310,10 +286,13 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--hook", default="prerouting", choices=("prerouting", "ingress"))
     ap.add_argument("--primitives", action="store_true", help="amplified costs of cheap operations instead")
+    ap.add_argument("--explain", action="store_true", help="why issue 14's two harnesses disagreed")
     args = ap.parse_args()
     hook = PRE if args.hook == "prerouting" else INGRESS
     if args.primitives:
         return run_primitives(args, hook)
+    if args.explain:
+        return run_explain(args)
     names = [n for n in LAYOUTS if not args.only or n in args.only.split(",")]
     configs: list[Config] = [Config("baseline", None, MISS, COUNT_COMMENT)]
     t0 = time.monotonic()
@@ -330,6 +309,33 @@ def main() -> None:
                 configs.append(Config(f"{table}/miss", table, MISS, COUNT_COMMENT))
         print(f"loaded {len(lab.tables)} tables in {time.monotonic() - t0:.0f}s; {len(configs)} configurations",
               flush=True)
+        samples = run_rounds(lab, configs, args.rounds, args.seconds)
+    report(samples, args)
+
+
+def run_explain(args: argparse.Namespace) -> None:
+    """Issue 14's second harness found nftblockd at parity with its plain-rule reference, which was itself
+    ~15 % slower than the first harness's. Measured here side by side, with 198.18.0.0/16 banned in an
+    interval set as there: the old layout with one and with two blocklists (the example config), and the
+    plain rule alone and with the old nftblockd table still hooked next to it (an owned table persists after
+    the daemon stops, by design: a reference taken after a daemon run is a reference plus nftblockd)."""
+    contents = {"default": ([], ["198.18.0.0/16"]), "feeds": ([], [])}
+    configs = [Config("baseline", None, MISS, COUNT_COMMENT)]
+    with Lab() as lab:
+        lab.load("plain", plain("plain", PRE))
+        cur2_text, comments = LAYOUTS["cur2"]("cur2", PRE, contents)
+        lab.load("cur2", cur2_text)
+        lab.load("cur1", LAYOUTS["cur1"]("cur1", PRE, contents)[0])
+        lab.load("perbl", LAYOUTS["perbl"]("perbl", PRE, contents)[0])
+        # the plain rule's chain first (priority raw - 1), the left-over nftblockd chain after it
+        leftover = cur2_text.replace("table inet cur2 {\n", "table inet leftover {\n" + _chain(
+            "plain", "type filter hook prerouting priority -301; policy accept;",
+            ['ip saddr 198.18.0.0/16 counter drop comment "plain"']), 1)
+        lab.load("leftover", leftover)
+        hit = Traffic("198.18.0.0", 16)
+        for name, expect in (("plain", "plain"), ("leftover", "plain"), ("cur2", comments["default"]),
+                             ("cur1", "bl default"), ("perbl", "bl default")):
+            configs += [Config(f"{name}/hit", name, hit, expect), Config(f"{name}/miss", name, MISS, COUNT_COMMENT)]
         samples = run_rounds(lab, configs, args.rounds, args.seconds)
     report(samples, args)
 

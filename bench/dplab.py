@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -61,9 +62,10 @@ class Config:
     """One measured configuration.
 
     `table` is the name of a table loaded with `Lab.load` (None: only the counting chain, the baseline);
-    `expect` is the comment of the rule that must count every packet (COUNT_COMMENT: the counting chain);
-    `also` names other comments that must count every packet `times` times (rules that count and let the
-    packet go on, as in an amplified measurement of one lookup). Every other counter must stay at zero.
+    `expect` is the comment of the rules that must count every packet, or "chain/comment" for one chain's
+    (COUNT_COMMENT: the counting chain); `also` names other comments that must count every packet `times`
+    times (rules that count and let the packet go on, as in an amplified measurement of one lookup). Every
+    other counter must stay at zero.
     """
 
     name: str
@@ -92,6 +94,80 @@ class Sample:
     def ns(self) -> float:
         """CPU nanoseconds per packet, end to end: stable while other processes share the CPU."""
         return 1e9 * self.cpu / self.counted
+
+
+# -- what is banned ------------------------------------------------------------------------------------------
+#
+# Hit traffic comes from 198.18.0.0/16, miss traffic from 198.19.0.0/16 (RFC 2544 benchmarking space). No set
+# element made below touches 198.19.0.0/16; every element of the hit traffic's /16 is banned.
+
+HIT = Traffic("198.18.0.0", 16)
+MISS = Traffic("198.19.0.0", 16)
+_HIT_LO, _KEEP_OUT_HI = 0xC6120000, 0xC613FFFF  # 198.18.0.0 .. 198.19.255.255
+
+
+def host_keys(n: int, seed: int = 11) -> tuple[list[int], Traffic]:
+    """`n` single addresses (ints): all 65,536 of 198.18.0.0/16 when n allows (each hit packet looks up
+    another element), the rest random elsewhere; below 65,536, 198.18.0.1 and a flood from it alone."""
+    if n < 65536:
+        return [_HIT_LO + 1, *_random_hosts(n - 1, seed)], Traffic("198.18.0.1", 0)
+    return list(range(_HIT_LO, _HIT_LO + 65536)) + _random_hosts(n - 65536, seed), HIT
+
+
+def range_keys(n: int, seed: int = 12) -> tuple[list[int], Traffic]:
+    """`n` disjoint ranges as interval-set keys (start << 8 | prefix length): 16,384 /30s tiling
+    198.18.0.0/16 when n allows, and /28s at random elsewhere, none adjacent; below 16,384, 198.18.0.0/16."""
+    if n < 16384:
+        return [_HIT_LO << 8 | 16, *_random_ranges(n - 1, seed)], HIT
+    return [(_HIT_LO + 4 * i) << 8 | 30 for i in range(16384)] + _random_ranges(n - 16384, seed), HIT
+
+
+def _outside(a: int) -> bool:
+    return not _HIT_LO <= a <= _KEEP_OUT_HI and a >> 24 not in (10, 127)
+
+
+def _random_hosts(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    out: set[int] = set()
+    while len(out) < n:
+        a = rng.randrange(0x0B000000, 0xDF000000)
+        if _outside(a):
+            out.add(a)
+    return list(out)
+
+
+def _random_ranges(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    out: set[int] = set()
+    while len(out) < n:
+        block = rng.randrange(0x0B000000 >> 5, 0xDF000000 >> 5)  # a /27, of which the first /28 is banned
+        if _outside(block << 5) and _outside((block << 5) | 31):
+            out.add(block)
+    return [(b << 5) << 8 | 28 for b in out]
+
+
+def feed_keys(blocklist: str) -> tuple[dict[str, list[int]], Traffic]:
+    """A 50,000-entry IPv4 feed (bench/feedgen.py) parsed, sanitised and aggregated the way the feed manager
+    does, as set name -> keys for `blocklist`, with the hit traffic's 198.18.0.0/16 among its ranges."""
+    from bench.feedgen import make_feed
+    from nftblockd.feeds.aggregate import aggregate, sanitise
+    from nftblockd.feeds.manager import _desired
+    from nftblockd.feeds.parse import parse_feed
+
+    parsed = parse_feed(make_feed(50_000, 0, seed=1))
+    want = _desired(aggregate([sanitise(parsed.v4, parsed.v6)]), blocklist)
+    net4 = f"{blocklist}_net4"
+    want[net4] = [k for k in want[net4] if _outside(k >> 8)] + [_HIT_LO << 8 | 16]
+    want[f"{blocklist}_ip4"] = [k for k in want[f"{blocklist}_ip4"] if _outside(k)]
+    return want, HIT
+
+
+def v4(a: int) -> str:
+    return f"{a >> 24}.{a >> 16 & 255}.{a >> 8 & 255}.{a & 255}"
+
+
+def net_text(key: int) -> str:
+    return f"{v4(key >> 8)}/{key & 255}"
 
 
 class Lab:
@@ -191,7 +267,7 @@ class Lab:
             self.active = name
 
     def counters(self, table: str, family: str = "inet") -> dict[str, int]:
-        """comment -> packets of every rule with a counter in `table` (rules without a comment: chain#n).
+        """"chain/comment" -> packets of every rule with a counter in `table` (without a comment: chain/#n).
 
         Read with a GETRULE dump of our own: `nft list chain` also fetches every set element first, which
         takes minutes with a million of them."""
@@ -224,10 +300,13 @@ class Lab:
         for t, _f in tables:
             for k, v in after[t].items():
                 gained[k] = gained.get(k, 0) + v - before[t].get(k, 0)
-        counted = gained.get(cfg.expect, 0)
-        others = dict(cfg.also)
-        stray = {k: v for k, v in gained.items() if k != cfg.expect and v != others.get(k, 0) * counted}
-        stray.update({k: 0 for k in others if k not in gained})
+        def matches(key: str, want: str) -> bool:  # key is "chain/comment"
+            return key == want or key.split("/", 1)[1] == want
+
+        counted = sum(v for k, v in gained.items() if matches(k, cfg.expect))
+        others = {k: times for k in gained for want, times in cfg.also if matches(k, want)}
+        stray = {k: v for k, v in gained.items() if not matches(k, cfg.expect) and v != others.get(k, 0) * counted}
+        stray.update({want: 0 for want, _t in cfg.also if not any(matches(k, want) for k in gained)})
         if sent <= 0 or stray or counted < 0.98 * sent:
             raise AssertionError(f"{cfg.name}: sent {sent}, counted {counted} on {cfg.expect!r}, elsewhere {stray}")
         return Sample(cfg.name, rnd, sent, secs, cpu, counted)
@@ -348,9 +427,10 @@ class RuleCounters:
                         packets = (packets or 0) + struct.unpack(">Q", _attrs(e[2])[2])[0]  # NFTA_COUNTER_PACKETS
                 if packets is None:
                     continue
-                chain = a.get(2, b"").rstrip(b"\0").decode()
-                key = f"{chain}#{struct.unpack('>Q', a[3])[0]}"  # NFTA_RULE_CHAIN, NFTA_RULE_HANDLE
+                chain = a.get(2, b"").rstrip(b"\0").decode()  # NFTA_RULE_CHAIN
+                key = f"{chain}/#{struct.unpack('>Q', a[3])[0]}"  # NFTA_RULE_HANDLE
                 ud = a.get(7, b"")  # NFTA_RULE_USERDATA: TLVs, type 0 is the comment
                 if len(ud) >= 2 and ud[0] == 0:
-                    key = ud[2:2 + ud[1]].rstrip(b"\0").decode()
+                    comment = ud[2:2 + ud[1]].rstrip(b"\0").decode()
+                    key = f"{chain}/{comment}"
                 out[key] = out.get(key, 0) + packets
