@@ -123,8 +123,9 @@ def test_setup_removes_chains_no_longer_configured_in_the_transaction_that_insta
 
 
 def test_a_chain_attached_at_another_priority_is_made_again(netns: NetNS) -> None:
+    """Our own table, left by a run configured with another priority."""
     netns.run("nft", "-f", "-", input="table inet nftblock {\n chain prerouting {\n  type filter hook prerouting "
-              "priority 0; policy accept;\n  counter\n }\n}\n")
+              "priority 0; policy accept;\n  counter comment \"nftblockd blocklist default\"\n }\n}\n")
     w = writer_for(netns, [])
     try:
         w.setup([])  # before: EOPNOTSUPP, the kernel cannot change a chain's priority
