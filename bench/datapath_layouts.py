@@ -6,9 +6,15 @@ innocent (miss) sources, every packet checked on the counter of the rule meant t
 the decision are in docs/datapath.md.
 
     python bench/datapath_layouts.py [--rounds 5] [--seconds 1] [--elements 100000] [--only cur2,shared]
+                                     [--kinds example,hash,interval] [--hook prerouting|ingress]
+    python bench/datapath_layouts.py --primitives   # what one lookup or compare costs (amplified x16)
+    python bench/datapath_layouts.py --explain      # why issue 14's two harnesses disagreed
+
+Workloads (--kinds): `example` is the example config at work (a jail's 1,000 hosts in `default`, a 50k-entry
+feed's aggregate in `feeds`); `hash` and `interval` put --elements addresses or ranges in one blocklist.
 
 Layouts (IPv4 traffic; each has the IPv6 twins of its sets and rules, empty, as nftblockd would):
-  cur2      today's layout with the example config's two blocklists: allowlist interval set, then each
+  cur2      the layout before issue 14 with the example config's two blocklists: allowlist interval set, then each
             blocklist's hash and interval sets in turn (10 rules, 5 IPv4 lookups on a miss)
   cur1      the same with one blocklist (6 rules, 3 IPv4 lookups)
   shared    one hash and one interval set per family shared by all blocklists, allowlist rules first
@@ -20,7 +26,9 @@ Layouts (IPv4 traffic; each has the IPv6 twins of its sets and rules, empty, as 
             that counts and drops: one lookup, per-blocklist counters)
   concat    `after` with the interval set keyed `ip saddr . meta l4proto` (a concatenation: the kernel picks
             the pipapo backend instead of the rbtree)
-  perbl     per-blocklist sets kept, allowlist after, one rule per set (2 blocklists: 4 IPv4 lookups)
+  perbl     per-blocklist sets kept, allowlist after, one rule per set (2 blocklists: 4 IPv4 lookups):
+            what nftblockd uses now
+  feedint   `perbl`, with the feed-owned blocklist's single addresses in its interval set (3 lookups)
 """
 
 from __future__ import annotations
