@@ -1,327 +1,194 @@
-"""Per-packet cost of nftblockd's chain on the receive path, against no lookup and against linear rules.
+"""Per-packet cost of nftblockd's drop decision, against one plain rule at the same hook and against no filter.
 
-Two private network namespaces made here, joined by one veth pair (10.200.0.1 <-> 10.200.0.2) and nothing
-else; all traffic stays between them. The sender, bench/udpflood.c (compiled with gcc into a temporary
-directory at run time), writes 46-byte raw IPv4+UDP packets in sendmmsg batches of 64, pinned to one CPU with
-taskset, each with a random source in 198.18.0.0/16 (RFC 2544 space: never in any set here, so every lookup
-misses, which is the common case for a blocklist). It is bounded by time, by a packet cap and by an alarm.
+The test bed is bench/dplab.py: two private namespaces joined by a veth pair, bench/udpflood.c sending
+46-byte UDP packets with random sources from one pinned CPU, every configuration a table loaded once and kept
+dormant except while measured, every packet verified on the counter of the rule meant to handle it.
 
-In the receiving namespace, a counting chain after ours (`prerouting priority filter`: `meta l4proto udp
-counter drop`) counts delivered packets, in front of it one of:
+Configurations, all in the same run:
+  baseline                     no filtering (the counting chain after ours counts and drops)
+  plain <hook> hit / miss      `ip saddr 198.18.0.0/16 counter drop`, alone, at prerouting priority raw or at
+                               ingress on the receiving device: the reference
+  nftblockd <hook> <kind> <n>  the real ruleset (plan_ruleset + KernelWriter.setup, the example config's two
+                               blocklists `default` and `feeds`, allowlist 127.0.0.0/8, ::1 and the receiver's
+                               own address), with n elements (1, 100k, 1M) in `default`'s hash set (single
+                               addresses) or interval set (ranges), or the 50k-entry feed aggregate in `feeds`
+                               (hosts in its hash set, ranges in its interval set) as the feed manager loads it.
+                               "ingress" is `chain: {ingress: [veth1]}`: the ingress chain and the prerouting
+                               chain (which skips what came in on veth1).
+  before <kind>                the layout before issue 14 (allowlist looked up first), same elements, as nft text
+Hit traffic comes from 198.18.0.0/16 (every source banned: in the hash set each packet looks up another
+element; with one element, the flood comes from that one address), miss traffic from 198.19.0.0/16 (never
+banned: every lookup misses, the common case).
 
-  (a) nothing (baseline);
-  (b0) nftblockd's real ruleset with every set empty (what the chain itself costs: one lookup per rule);
-  (b) nftblockd's real ruleset, made by KernelWriter.setup with its socket opened in the namespace (prerouting
-      priority raw: allowlist lookups, then the hash and interval sets of blocklist `default`), with 100,000
-      addresses (timeouts 1 h) in the IPv4 hash set;
-  (c) the same, plus the aggregate of a 50,000-entry IPv4 feed loaded the way the feed manager does it
-      (prefixes into the interval set, single addresses into the hash set);
-  (d) 5,000 linear `ip saddr X drop` rules in a prerouting chain (nft -f).
+Figures: CPU ns per packet end to end (the sender's CPU time, which with veth includes the receiver's softirq
+work, plus ksoftirqd's on that CPU) is the robust one while other processes share the machine; packets per
+second of wall-clock time is what a quiet machine shows. Each configuration's figure is the median over
+interleaved rounds; "vs plain" is the median of per-round ratios to the plain rule at the same hook with the
+same traffic, "+ns" the median of per-round differences from the baseline.
 
-With veth, the receiver's netfilter work runs in softirq on the sender's CPU, so packets per second through
-the whole path measures the chain's cost: ns/packet = 1e9 / pps, and the chain's cost is the difference from
-(a). Interleaved rounds (every configuration once per round, in rotating order, rebuilt each round),
-median over rounds; the difference from (a) is taken per round.
-
-    python bench/bench_datapath.py      # NFTBLOCK_BENCH_DP_ROUNDS=5, NFTBLOCK_BENCH_DP_SECONDS=2
+    python bench/bench_datapath.py
+    # defaults: NFTBLOCK_BENCH_DP_ROUNDS=5 NFTBLOCK_BENCH_DP_SECONDS=1 NFTBLOCK_BENCH_DP_SIZES=1,100000,1000000
+    #           NFTBLOCK_BENCH_DP_HOOKS=prerouting,ingress
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
-import random
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import record
-from bench.feedgen import make_feed
+from bench.datapath_layouts import PRE, perblocklist, plain
+from bench.dplab import (
+    COUNT_COMMENT,
+    DST_DEV,
+    DST_IP,
+    HIT,
+    MISS,
+    Config,
+    Lab,
+    Sample,
+    Traffic,
+    by_config,
+    feed_keys,
+    host_keys,
+    net_text,
+    range_keys,
+    run_rounds,
+    v4,
+)
 from nftblockd.config import parse_config
-from nftblockd.feeds.aggregate import aggregate, sanitise
-from nftblockd.feeds.manager import _desired
-from nftblockd.feeds.parse import parse_feed
 from nftblockd.kernel.bans import OpSpec
 from nftblockd.kernel.batcher import Group
+from nftblockd.kernel.links import Links
 from nftblockd.kernel.netlink import NftSocket
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.kernel.writer import KernelWriter
-from tests.helpers.netns import NetNS, inside
+from tests.helpers.netns import inside
 
 ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_DP_ROUNDS", "5"))
-SECONDS = float(os.environ.get("NFTBLOCK_BENCH_DP_SECONDS", "2"))
-MAX_PACKETS = 20_000_000  # far above what 2 s can send here; a cap in case the path is far faster
-N_HASH = 100_000
-N_FEED = 50_000
-N_LINEAR = 5_000
-SRC_IP, DST_IP = "10.200.0.1", "10.200.0.2"
-SOURCES = ipaddress.ip_network("198.18.0.0/16")  # what the sender uses as source addresses
-KEEP_OUT = ipaddress.ip_network("198.18.0.0/15")  # no set element and no linear rule may touch this
-BLOCKLIST = "default"
-CONFIG = ("blocklists: {default: {timeout: 1h, size: 1048576}}\nallowlist_self: false\n"
-          "reconcile: {interval: 1h}\n")
-COUNT_TABLE = ("table inet bench_count {\n chain count {\n  type filter hook prerouting priority filter; "
-               "policy accept;\n  meta l4proto udp counter drop\n }\n}\n")
-CONFIGS = ("a", "b0", "b", "c", "d")
-LABELS = {
-    "a": "no lookup rule",
-    "b0": "nftblockd ruleset, all sets empty",
-    "b": f"nftblockd ruleset, {N_HASH // 1000}k-address hash set",
-    "c": f"nftblockd ruleset, + aggregated {N_FEED // 1000}k-entry feed",
-    "d": f"{N_LINEAR} linear ip saddr rules",
-}
+SECONDS = float(os.environ.get("NFTBLOCK_BENCH_DP_SECONDS", "1"))
+SIZES = [int(x) for x in os.environ.get("NFTBLOCK_BENCH_DP_SIZES", "1,100000,1000000").split(",") if x]
+HOOKS = [x for x in os.environ.get("NFTBLOCK_BENCH_DP_HOOKS", "prerouting,ingress").split(",") if x]
+BEFORE = ("hash 100k", "interval 100k", "feed")  # the old layout, for these workloads (prerouting)
+ALLOW = ["127.0.0.0/8", DST_IP + "/32", "::1/128"]
+INGRESS_HOOK = f'type filter hook ingress device "{DST_DEV}" priority -500; policy accept;'
 
 
-# -- data ----------------------------------------------------------------------------------------------------
-
-def outside_keep_out(n: int, seed: int) -> list[int]:
-    """`n` distinct random public IPv4 addresses, none in 198.18.0.0/15."""
-    rng = random.Random(seed)
-    lo, hi = int(KEEP_OUT.network_address), int(KEEP_OUT.broadcast_address)
-    out: set[int] = set()
-    while len(out) < n:
-        a = rng.randrange(0x0B000000, 0xDF000000)
-        if not lo <= a <= hi:
-            out.add(a)
-    return sorted(out)
+def label(n: int) -> str:
+    return f"{n // 1_000_000}M" if n >= 1_000_000 else f"{n // 1000}k" if n >= 1000 else str(n)
 
 
-def feed_sets() -> dict[str, list[int]]:
-    """The IPv4 feed's aggregate as the feed manager hands it to sync_sets (set name -> keys)."""
-    parsed = parse_feed(make_feed(N_FEED, 0, seed=1))
-    return _desired(aggregate([sanitise(parsed.v4, parsed.v6)]), BLOCKLIST)
+def workloads() -> list[tuple[str, str, dict[str, list[int]], Traffic]]:
+    """(name, blocklist hit, set name -> keys, hit traffic)."""
+    out = []
+    for n in SIZES:
+        keys, traffic = host_keys(n)
+        out.append((f"hash {label(n)}", "default", {"default_ip4": keys}, traffic))
+        keys, traffic = range_keys(n)
+        out.append((f"interval {label(n)}", "default", {"default_net4": keys}, traffic))
+    want, traffic = feed_keys("feeds")
+    out.append(("feed", "feeds", want, traffic))
+    return out
 
 
-def assert_misses(hash_keys: list[int], range_keys: list[int]) -> None:
-    """The sender's sources must never match: no element of any set may touch 198.18.0.0/15."""
-    lo, hi = int(KEEP_OUT.network_address), int(KEEP_OUT.broadcast_address)
-    for k in hash_keys:
-        assert not lo <= k <= hi, f"{ipaddress.IPv4Address(k)} is in {KEEP_OUT}"
-    for k in range_keys:
-        start, plen = k >> 8, k & 0xFF
-        end = start + (1 << (32 - plen)) - 1
-        assert end < lo or start > hi, f"{ipaddress.IPv4Address(start)}/{plen} overlaps {KEEP_OUT}"
+def load_nftblockd(lab: Lab, table: str, hook: str, content: dict[str, list[int]]) -> None:
+    """The real ruleset, made by the project's writer in the receiving namespace, with `content` in its sets."""
+    assert lab.dst is not None
+    chain = f"chain: {{ingress: [{DST_DEV}]}}\n" if hook == "ingress" else ""
+    cfg = parse_config(f"table: inet {table}\nblocklists:\n  default: {{timeout: 1h, size: 2097152}}\n"
+                       f"  feeds: {{timeout: permanent, size: 2097152}}\nallowlist_self: false\n{chain}")
+    plan = plan_ruleset(cfg)
+    with inside(lab.dst):
+        w = KernelWriter(plan, NftSocket(), protect=False, links=Links())  # unowned: the bed toggles it dormant
+    try:
+        w.setup([ipaddress.ip_network(a) for a in ALLOW])
+        until_ms = int((time.time() + 3600) * 1000)
+        for name, keys in content.items():
+            spec = OpSpec(True, None if name.startswith("feeds") else until_ms, "")
+            for i in range(0, len(keys), 200_000):
+                part = keys[i:i + 200_000]
+                res = w.write([Group(name, part, [spec] * len(part))])
+                assert not res.failed, f"{table}: the kernel refused {len(res.failed)} elements of {name}"
+        counts = w.set_counts()
+        for name, keys in content.items():
+            assert counts[name] == len(keys), (table, name, counts[name], len(keys))
+        assert sum(n or 0 for n in counts.values()) == sum(map(len, content.values())) + 3, counts  # + allowlist
+    finally:
+        w.close()
+    lab.adopt(table)
 
 
-# -- the two namespaces ------------------------------------------------------------------------------------------
-
-class Bed:
-    """Sender and receiver namespaces, one veth pair between them, the counting chain in the receiver."""
-
-    def __init__(self) -> None:
-        self.src: NetNS | None = None
-        self.dst: NetNS | None = None
-        self.writer: KernelWriter | None = None
-
-    def __enter__(self) -> Bed:
-        try:
-            self.src = NetNS("nbd")
-            self.dst = NetNS("nbd")
-            # made inside the sender's namespace, the peer moved straight into the receiver's: the host never
-            # sees either end
-            self.src.run("ip", "link", "add", "veth0", "type", "veth", "peer", "name", "veth1", "netns",
-                         self.dst.name)
-            self.src.run("ip", "addr", "add", f"{SRC_IP}/24", "dev", "veth0")
-            self.dst.run("ip", "addr", "add", f"{DST_IP}/24", "dev", "veth1")
-            self.src.run("ip", "link", "set", "veth0", "up")
-            self.dst.run("ip", "link", "set", "veth1", "up")
-            self.dst.run("nft", "-f", "-", input=COUNT_TABLE)
-            for ns in (self.src, self.dst):
-                links = json.loads(ns.run("ip", "-j", "link", "show").stdout)
-                names = sorted(link["ifname"] for link in links)
-                assert names in (["lo", "veth0"], ["lo", "veth1"]), f"{ns.name} has interfaces {names}"
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        try:
-            if self.writer is not None:
-                self.writer.close()
-                self.writer = None
-        finally:
-            for ns in (self.src, self.dst):
-                if ns is not None:
-                    ns.delete()  # takes the veth pair and every table in it with it
-            self.src = self.dst = None
-
-    # -- configurations --
-
-    def load(self, config: str, hash_keys: list[int], feed: dict[str, list[int]], linear: list[int]) -> None:
-        assert self.dst is not None
-        if config in ("b0", "b", "c"):
-            plan = plan_ruleset(parse_config(CONFIG))
-            with inside(self.dst):
-                sock = NftSocket()
-            self.writer = KernelWriter(plan, sock)
-            self.writer.setup([])
-            until_ms = int((time.time() + 3600) * 1000)
-            groups = [Group(f"{BLOCKLIST}_ip4", hash_keys, [OpSpec(True, until_ms, "")] * len(hash_keys))] \
-                if config != "b0" else []
-            if config == "c":
-                # feed entries without timeouts, the feed default; hosts join the hash set, ranges the interval
-                ip4 = feed[f"{BLOCKLIST}_ip4"]
-                net4 = feed[f"{BLOCKLIST}_net4"]
-                groups.append(Group(f"{BLOCKLIST}_ip4", ip4, [OpSpec(True, None, "")] * len(ip4)))
-                groups.append(Group(f"{BLOCKLIST}_net4", net4, [OpSpec(True, None, "")] * len(net4)))
-            if groups:
-                res = self.writer.write(groups)
-                assert not res.failed, f"the kernel refused {len(res.failed)} elements"
-            counts = self.writer.set_counts()
-            assert all(n == 0 for name, n in counts.items() if not name.startswith(BLOCKLIST)), counts
-            assert counts[f"{BLOCKLIST}_ip6"] == counts[f"{BLOCKLIST}_net6"] == 0, counts
-            want_ip4 = 0 if config == "b0" else len(hash_keys) + (
-                len(set(feed[f"{BLOCKLIST}_ip4"]) - set(hash_keys)) if config == "c" else 0)
-            want_net4 = len(feed[f"{BLOCKLIST}_net4"]) if config == "c" else 0
-            assert counts[f"{BLOCKLIST}_ip4"] == want_ip4, (counts, want_ip4)
-            assert counts[f"{BLOCKLIST}_net4"] == want_net4, (counts, want_net4)
-        elif config == "d":
-            rules = "".join(f"  ip saddr {ipaddress.IPv4Address(a)} drop\n" for a in linear)
-            self.dst.run("nft", "-f", "-", input="table inet linear {\n chain pre {\n  type filter hook prerouting "
-                         "priority raw; policy accept;\n" + rules + " }\n}\n")
-
-    def lookup_drops(self) -> int:
-        """Packets our lookup stage dropped (must stay 0: no source is in any set)."""
-        assert self.dst is not None
-        out = json.loads(self.dst.run("nft", "-j", "list", "ruleset").stdout)["nftables"]
-        n = 0
-        for obj in out:
-            rule = obj.get("rule")
-            if rule and rule["table"] != "bench_count":
-                n += sum(e["counter"]["packets"] for e in rule["expr"] if "counter" in e)
-        return n
-
-    def unload(self) -> None:
-        if self.dst is None:
-            return
-        if self.writer is not None:
-            self.writer.close()  # the owning socket; with PERSIST the table stays, so delete it below
-            self.writer = None
-        for table in ("nftblock", "linear"):
-            self.dst.run("nft", "delete", "table", "inet", table, check=False)
-        left = self.dst.run("nft", "list", "tables").stdout.split()
-        assert left == ["table", "inet", "bench_count"], f"tables left in the receiver: {left}"
-
-    def delivered(self) -> int:
-        assert self.dst is not None
-        out = json.loads(self.dst.run("nft", "-j", "list", "chain", "inet", "bench_count", "count").stdout)
-        for obj in out["nftables"]:
-            rule = obj.get("rule")
-            if rule:
-                return int(next(e["counter"]["packets"] for e in rule["expr"] if "counter" in e))
-        raise AssertionError("no counting rule")
-
-    def send(self, binary: str, cpu: int) -> tuple[int, float]:
-        assert self.src is not None
-        cmd = ["ip", "netns", "exec", self.src.name, "taskset", "-c", str(cpu), binary, DST_IP, str(SECONDS),
-               str(MAX_PACKETS), str(SOURCES.network_address), str(32 - SOURCES.prefixlen)]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=SECONDS + 15, check=True)
-        parts = out.stdout.split()
-        return int(parts[1]), float(parts[3])
-
-
-# -- the sender ---------------------------------------------------------------------------------------------------
-
-def compile_sender(tmp: Path) -> str:
-    binary = tmp / "udpflood"
-    subprocess.run(["gcc", "-O2", "-Wall", "-Werror", "-o", str(binary), str(Path(__file__).with_name("udpflood.c"))],
-                   check=True, capture_output=True, text=True)
-    return str(binary)
-
-
-def sender_cpu() -> int:
-    cpus = sorted(os.sched_getaffinity(0))
-    return cpus[-1]
-
-
-# -- main ---------------------------------------------------------------------------------------------------------
-
-def cv(xs: list[float]) -> float:
-    return statistics.pstdev(xs) / statistics.mean(xs) * 100 if len(xs) > 1 else 0.0
+def load_before(lab: Lab, table: str, content: dict[str, list[int]]) -> None:
+    """The same elements in the layout this branch replaced (allowlist first), written as nft text."""
+    hosts = {bl: [v4(k) for k in content.get(f"{bl}_ip4", [])] for bl in ("default", "feeds")}
+    ranges = {bl: [net_text(k) for k in content.get(f"{bl}_net4", [])] for bl in ("default", "feeds")}
+    text, _ = perblocklist(allow_after=False)(table, PRE, {bl: (hosts[bl], ranges[bl]) for bl in hosts})
+    lab.load(table, text)
 
 
 def main() -> None:
-    hash_keys = outside_keep_out(N_HASH, seed=11)
-    feed = feed_sets()
-    linear = outside_keep_out(N_LINEAR, seed=12)
-    assert_misses(hash_keys + feed[f"{BLOCKLIST}_ip4"] + linear, feed[f"{BLOCKLIST}_net4"])
-    tmp = Path(tempfile.mkdtemp(prefix="nbd-"))
-    pps: dict[str, list[float]] = {c: [] for c in CONFIGS}
-    share: dict[str, list[float]] = {c: [] for c in CONFIGS}
-    sent_pps: dict[str, list[float]] = {c: [] for c in CONFIGS}
-    cpu = sender_cpu()
     t_start = time.monotonic()
-    try:
-        binary = compile_sender(tmp)
-        with Bed() as bed:
-            for r in range(ROUNDS):
-                order = CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]
-                line = []
-                for c in order:
-                    bed.load(c, hash_keys, feed, linear)
-                    try:
-                        before = bed.delivered()
-                        sent, secs = bed.send(binary, cpu)
-                        got = bed.delivered() - before
-                        drops = bed.lookup_drops()
-                    finally:
-                        bed.unload()
-                    assert sent > 0, "the sender sent nothing"
-                    assert drops == 0, f"config {c}: our lookup stage dropped {drops} packets (a source matched)"
-                    pps[c].append(got / secs)
-                    sent_pps[c].append(sent / secs)
-                    share[c].append(got / sent)
-                    line.append(f"{c} {got / secs / 1000:.1f}k pps ({got / sent:.1%} delivered)")
-                print(f"round {r + 1}/{ROUNDS}: " + ", ".join(line), flush=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    configs = [Config("baseline", None, MISS, COUNT_COMMENT)]
+    with Lab() as lab:
+        for hook in HOOKS:
+            lab.load(f"plain_{hook}", plain(f"plain_{hook}", PRE if hook == "prerouting" else INGRESS_HOOK))
+            configs += [Config(f"plain {hook} hit", f"plain_{hook}", HIT, "plain"),
+                        Config(f"plain {hook} miss", f"plain_{hook}", MISS, COUNT_COMMENT)]
+        for name, bl, content, traffic in workloads():
+            slug = name.replace(" ", "_")
+            for hook in HOOKS:
+                table = f"nbd_{hook[:3]}_{slug}"
+                load_nftblockd(lab, table, hook, content)
+                chain = "prerouting" if hook == "prerouting" else f"ingress_{DST_DEV}"
+                expect = f"{chain}/nftblockd blocklist {bl}"
+                configs += [Config(f"nftblockd {hook} {name} hit", table, traffic, expect),
+                            Config(f"nftblockd {hook} {name} miss", table, MISS, COUNT_COMMENT)]
+            if name in BEFORE and "prerouting" in HOOKS:
+                load_before(lab, f"old_{slug}", content)
+                configs += [Config(f"before prerouting {name} hit", f"old_{slug}", traffic, f"bl {bl}"),
+                            Config(f"before prerouting {name} miss", f"old_{slug}", MISS, COUNT_COMMENT)]
+        print(f"{len(configs)} configurations loaded in {time.monotonic() - t_start:.0f}s; {ROUNDS} rounds x "
+              f"{SECONDS:g} s", flush=True)
+        samples = run_rounds(lab, configs, ROUNDS, SECONDS)
+        cpu = lab.cpu
+    report(samples, cpu, time.monotonic() - t_start)
 
-    ns = {c: [1e9 / p for p in pps[c]] for c in CONFIGS}
-    delta = {c: statistics.median([ns[c][i] - ns["a"][i] for i in range(ROUNDS)]) for c in CONFIGS}
-    elapsed = time.monotonic() - t_start
-    common = f"{ROUNDS} interleaved rounds x {SECONDS:g} s, sender pinned to CPU {cpu}, 46-byte UDP, sources " \
-             f"random in {SOURCES} (every lookup misses)"
-    for c in CONFIGS:
-        p = statistics.median(pps[c])
-        record(f"datapath.{c}.pps", p, "pps",
-               note=f"({c}) {LABELS[c]}: {1e9 / p:.0f} ns/packet, CV {cv(pps[c]):.1f} %, delivered "
-                    f"{min(share[c]):.1%}-{max(share[c]):.1%} of sent (sender {statistics.median(sent_pps[c]):.0f} "
-                    f"pps); {common}")
-    base = statistics.median(ns["a"])
-    record("datapath.b0.delta_ns", delta["b0"], "ns", reference="(a) no lookup, ns/packet", reference_value=base,
-           note=f"(b0) {LABELS['b0']} minus (a): the chain's fixed cost (3 IPv4 set lookups that miss; the IPv6 "
-                "rules stop at their family check)")
-    record("datapath.b.delta_ns", delta["b"], "ns", reference="(a) no lookup, ns/packet", reference_value=base,
-           note=f"(b) {LABELS['b']} minus (a), median of per-round differences; expected about +300 ns "
-                "(measured by hand: docs/netlink.md §10)")
-    record("datapath.c.delta_ns", delta["c"], "ns", reference="(a) no lookup, ns/packet", reference_value=base,
-           note=f"(c) {LABELS['c']} ({len(feed[f'{BLOCKLIST}_net4'])} prefixes in {BLOCKLIST}_net4, "
-                f"{len(feed[f'{BLOCKLIST}_ip4'])} feed hosts added to {BLOCKLIST}_ip4) minus (a); expected "
-                "about +700-800 ns")
-    record("datapath.d.delta_ns", delta["d"], "ns", reference="(a) no lookup, ns/packet", reference_value=base,
-           note=f"(d) {LABELS['d']} minus (a): {delta['d'] / N_LINEAR:.1f} ns per rule; expected about +95 us")
-    record("datapath.hash_vs_linear_delta", delta["b"], "ns", reference=f"{N_LINEAR} linear rules (delta)",
-           reference_value=delta["d"], target="ratio <= 0.01",
-           note="nftblockd's chain with a 100k hash set vs 5,000 linear rules, cost over no lookup")
-    record("datapath.interval_vs_linear_delta", delta["c"], "ns", reference=f"{N_LINEAR} linear rules (delta)",
-           reference_value=delta["d"], target="ratio <= 0.02",
-           note=f"nftblockd's chain with 100k hash + aggregated {N_FEED // 1000}k feed vs 5,000 linear rules")
-    record("datapath.interval_vs_hash_delta", delta["c"], "ns", reference="(b) hash only (delta)",
-           reference_value=delta["b"],
-           note="what the feed's interval set adds on top of the hash lookup; not resolvable below ~150 ns "
-                "on a shared VM (docs/netlink.md §10)")
+
+def report(samples: list[Sample], cpu: int, elapsed: float) -> None:
+    by = by_config(samples)
+    base = {s.round: s for s in by["baseline"]}
+    base_ns = statistics.median(s.ns for s in by["baseline"])
+    common = (f"{ROUNDS} interleaved rounds x {SECONDS:g} s, sender pinned to CPU {cpu}, 46-byte UDP; CPU ns per "
+              "packet end to end (sender + its softirq), medians of per-round figures")
+    print(f"\n{'configuration':<42} {'kpps':>7} {'ns/pkt':>7} {'+ns':>6} {'vs plain':>8}")
+    for name, ss in by.items():
+        ns = statistics.median(s.ns for s in ss)
+        pps = statistics.median(s.pps for s in ss)
+        delta = statistics.median(s.ns - base[s.round].ns for s in ss)
+        ref = None
+        if name != "baseline":
+            parts = name.split()
+            ref = f"plain {'prerouting' if parts[0] == 'before' else parts[1]} {parts[-1]}"
+        line = f"{name:<42} {pps / 1e3:>7.1f} {ns:>7.0f} {delta:>+6.0f}"
+        slug = "datapath." + name.replace(" ", ".")
+        if ref is None or ref == name:
+            print(line, flush=True)
+            record(slug, ns, "ns", note=f"{name}: {pps:.0f} pps wall clock, {delta:+.0f} ns over no filtering "
+                   f"({base_ns:.0f} ns); {common}")
+            continue
+        refs = {s.round: s.ns for s in by[ref]}
+        ratio = statistics.median(s.ns / refs[s.round] for s in ss)
+        print(f"{line} {ratio:>8.3f}", flush=True)
+        record(slug, ns, "ns", reference=f"{ref} (ns/packet)", reference_value=statistics.median(refs.values()),
+               target="ratio <= 1.10" if name.startswith("nftblockd") else None,
+               note=f"{name}: {pps:.0f} pps wall clock, {delta:+.0f} ns over no filtering ({base_ns:.0f} ns); "
+                    f"median per-round ratio to {ref} {ratio:.3f}; {common}")
     print(f"done in {elapsed:.0f}s", flush=True)
 
 

@@ -21,6 +21,17 @@ TABLE_FAMILIES = ("inet",)
 HOOK_PRIORITIES = {"raw": -300, "mangle": -150, "dstnat": -100, "filter": 0}
 
 
+def interface_name_problem(name: object) -> str | None:
+    """Why `name` cannot be a network device's name (the kernel's dev_valid_name), or None."""
+    if not isinstance(name, str):
+        return f"an interface name is a string, got {name!r}"
+    if not 0 < len(name.encode()) < 16:
+        return f"interface name {name!r} must be 1 to 15 bytes long"
+    if name in (".", "..") or any(c in name for c in "/:") or any(c.isspace() for c in name):
+        return f"{name!r} is not a valid interface name (no '/', ':', or whitespace; not . or ..)"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Problem:
     """One finding about the operator's config. `line` 0 means the file as a whole (it cannot be read).
@@ -386,10 +397,19 @@ class _Builder:
         else:
             self.fail((*path, "priority"), f"priority must be a number or one of {', '.join(HOOK_PRIORITIES)}")
             prio = -300
-        ingress = m.get("ingress") or []
-        if not isinstance(ingress, list) or not all(isinstance(i, str) and 0 < len(i) < 16 for i in ingress):
+        raw = m.get("ingress") or []
+        ingress: list[str] = []
+        if not isinstance(raw, list):
             self.fail((*path, "ingress"), "ingress must be a list of interface names")
-            ingress = []
+            raw = []
+        for i, dev in enumerate(raw):
+            why = interface_name_problem(dev)
+            if why is None and dev in ingress:
+                why = f"{dev!r} is listed twice"
+            if why is not None:
+                self.fail((*path, "ingress", i), why)
+            else:
+                ingress.append(dev)
         return ChainConfig(hook=hook, priority=prio, ingress=tuple(ingress))
 
     def control(self, value: Any) -> ControlConfig:

@@ -30,7 +30,7 @@ from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.matcher import Filter, FilterError
 from nftblockd.detect.tracker import JailPolicy, Tracker
 from nftblockd.events import Ban, Decision, Origin, Unban
-from nftblockd.kernel import ownaddr
+from nftblockd.kernel import links, ownaddr
 from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import DecisionResult, Enforcer
 from nftblockd.kernel.ruleset import plan_ruleset
@@ -88,6 +88,33 @@ def own_addresses() -> list[IPAddr]:
         return []
 
 
+def device_names() -> set[str] | None:
+    """The network devices of this namespace (None when they cannot be read: then nothing is warned)."""
+    try:
+        lk = links.Links()
+    except OSError as exc:
+        log.warning("could not list network devices: %s", exc)
+        return None
+    try:
+        return lk.names()
+    except (OSError, links.DumpError) as exc:
+        log.warning("could not list network devices: %s", exc)
+        return None
+    finally:
+        lk.close()
+
+
+def ingress_warnings(cfg: Config, present: set[str] | None) -> list[Problem]:
+    """A warning for each `chain.ingress` device that does not exist now: its chain is attached when it
+    appears (a misspelt name never appears, which is why it is said at --check-config and at start)."""
+    if present is None:
+        return []
+    return [Problem(cfg.file, cfg.lines.get(("chain", "ingress", i), 0), "chain.ingress",
+                    f"device {dev!r} does not exist now (its ingress chain is attached when it appears)",
+                    warning=True)
+            for i, dev in enumerate(cfg.chain.ingress) if dev not in present]
+
+
 def _origin(text: str) -> Origin:
     return text if text in ("cli", "jail", "feed", "fail2ban", "store", "remote") else "store"  # type: ignore
 
@@ -143,6 +170,7 @@ class Daemon:
         self._reload_lock = asyncio.Lock()
         self.last_reload = Verdict(True, "not reloaded since start")
         self.plan = plan_ruleset(cfg)
+        self.link_watch: links.LinkWatch | None = None  # made in run(), before the table setup
         self.allow = self._allowlist(cfg)
         self.metrics = Metrics()
         self.metrics_server: MetricsServer | None = None
@@ -270,11 +298,17 @@ class Daemon:
         # reading the saved bans (store thread) overlaps setting up the table (kernel thread)
         loading = asyncio.ensure_future(self._load_saved())
         self.notifier.status("setting up the kernel table")
+        # listening to link notifications before the table setup looks at the devices: a device that
+        # appears in between is news the watch still delivers
+        self.link_watch = links.LinkWatch()
         try:
             await self.enforcer.start()
         except BaseException:
             loading.cancel()
+            self.link_watch.close()
+            self.link_watch = None
             raise
+        await self._warn_missing_devices()
         self._saved = await loading
         self.notifier.status("restoring saved bans")
         batcher_stop = asyncio.Event()
@@ -318,6 +352,7 @@ class Daemon:
                 tg.create_task(self._reloads(), name="reload")
                 if self.cfg.allowlist_self:
                     tg.create_task(self._follow_own_addresses(), name="own-addresses")
+                tg.create_task(self._follow_links(), name="links")
                 tg.create_task(watchdog_loop(self.notifier, self.stop, self._healthy), name="watchdog")
                 self._tg = tg
                 for j in self.jails:
@@ -346,6 +381,9 @@ class Daemon:
                 if self.metrics_server is not None:
                     await self.metrics_server.close()
         finally:
+            if self.link_watch is not None:
+                self.link_watch.close()
+                self.link_watch = None
             await self.persister.flush()
             await self.enforcer.close()
             if self.store is not None:
@@ -353,6 +391,34 @@ class Daemon:
             self._store_exec.shutdown(wait=True)
         log.info("stopped; %d bans stay in the kernel and expire there", len(self.enforcer.state))
         return 0
+
+    async def _warn_missing_devices(self) -> None:
+        if self.cfg.chain.ingress:
+            for p in ingress_warnings(self.cfg, await asyncio.to_thread(device_names)):
+                log.warning("%s", p)
+
+    async def _follow_links(self) -> None:
+        """Ingress chains follow their devices: each batch of link notifications (a device added, removed,
+        renamed, or notifications lost) makes the writer compare devices and chains again."""
+        assert self.link_watch is not None
+        while not self.stop.is_set():
+            changed = asyncio.ensure_future(self.link_watch.changed())
+            stopper = asyncio.ensure_future(self.stop.wait())
+            await asyncio.wait({changed, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if not changed.done():
+                changed.cancel()
+                return
+            names, lost = changed.result()
+            if lost:
+                log.info("link notifications were lost; checking the ingress devices again")
+            if not self.cfg.chain.ingress and not any(c.device for c in self.plan.chains):
+                continue
+            try:
+                await self.enforcer.sync_ingress()
+            except Exception:
+                log.exception("updating the ingress chains after a link change failed (devices: %s)",
+                              ", ".join(sorted(names)) or "unknown")
 
     async def _sources_ready(self, limit: float = 30.0) -> None:
         """READY=1 means log lines written from now on will be seen: wait for every source's watches."""
@@ -599,9 +665,10 @@ class Daemon:
             self.last_reload = Verdict(False, "reload refused, the running config stays: "
                                               + "; ".join(str(p) for p in exc.problems))
             return False
+        # the chains (hook, priority, ingress devices) are replaced in the setup transaction below; the table
+        # and the sets would take a restart
         changed = [what for what, a, b in (("table", new.table, self.cfg.table),
-                                           ("blocklists", new.blocklists, self.cfg.blocklists),
-                                           ("chain", new.chain, self.cfg.chain)) if a != b]
+                                           ("blocklists", new.blocklists, self.cfg.blocklists)) if a != b]
         if changed:
             why = f"{' and '.join(changed)} changed; restart nftblockd to apply"
             log.error("reload refused: %s", why)
@@ -612,6 +679,11 @@ class Daemon:
         self.cfg = new
         self.enforcer.cfg = new
         await self._apply_allowlist(await asyncio.to_thread(self._allowlist, new), "on reload")
+        if new.chain != old_cfg.chain:  # hook, priority or ingress devices: the chains are replaced
+            self.plan = plan_ruleset(new)
+            await self.enforcer.reinstall(self.plan)
+            log.info("chains now: %s", ", ".join(c.name for c in self.plan.chains))
+            await self._warn_missing_devices()
         jails = await self._reload_jails(old_cfg, new, filters, policies)
         log.info("configuration reloaded from %s%s", self.config_path, f" ({jails})" if jails else "")
         self.notifier.ready("configuration reloaded")

@@ -6,16 +6,27 @@ import argparse
 import sys
 
 from nftblockd.config import ConfigError, examine_config, in_file_order, load_config
-from nftblockd.daemon import Overrides, apply_overrides, compile_filters, log_file_warnings, run
+from nftblockd.daemon import (
+    Overrides,
+    apply_overrides,
+    compile_filters,
+    device_names,
+    ingress_warnings,
+    log_file_warnings,
+    run,
+)
 from nftblockd.service.logsetup import setup_logging
 
 
 def check_config(path: str) -> int:
     """Every problem in one run, in file order: the file's own (types, unknown and duplicate keys), the
-    filters that do not compile, and as warnings the log files that do not exist. 0 valid, 1 invalid."""
+    filters that do not compile, and as warnings the log files and the ingress devices that do not exist.
+    0 valid, 1 invalid."""
     cfg, problems = examine_config(path)
     if cfg is not None:
         problems = problems + compile_filters(cfg)[1] + log_file_warnings(cfg)
+        if cfg.chain.ingress:
+            problems += ingress_warnings(cfg, device_names())
     problems = in_file_order(problems)
     for p in problems:
         print(p, file=sys.stderr)

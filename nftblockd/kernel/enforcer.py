@@ -31,7 +31,7 @@ from nftblockd.events import Ban, Decision, Unban, clip_reason
 from nftblockd.kernel.bans import DELETE, BanOutcome, BanState, BulkChange, Change, OpSpec, SetOp
 from nftblockd.kernel.batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
 from nftblockd.kernel.ruleset import Ruleset
-from nftblockd.kernel.setwriter import Features, SetWriter
+from nftblockd.kernel.setwriter import Features, IngressChange, SetWriter
 from nftblockd.neverban import never_ban_keys, never_ban_range
 from nftblockd.service.logsetup import quote
 from nftblockd.service.metrics import Metrics
@@ -167,11 +167,28 @@ class Enforcer:
         """What the kernel can do; None before start()."""
         return self.writer.features if self.writer is not None else None
 
-    async def reinstall(self) -> None:
-        """Re-run the table setup (chains, rules, allowlist) in one transaction, e.g. after a reload."""
+    async def reinstall(self, plan: Ruleset | None = None) -> None:
+        """Re-run the table setup (chains, rules, allowlist) in one transaction, e.g. after a reload; with
+        `plan`, the chains it plans replace ours (its sets must be ours: a reload cannot change them)."""
         async with self._lock:
+            if plan is not None:
+                if plan.sets != self.plan.sets:
+                    raise ValueError("a reload cannot change the sets; restart nftblockd")
+                self.plan = plan
+                self._writer().plan = plan
             await self.kernel(self._writer().setup, self.allow.networks)
             self.generation = self._writer().last_generation
+
+    async def sync_ingress(self) -> IngressChange:
+        """Links changed: attach ingress chains whose device appeared, detach those whose device went."""
+        async with self._lock:
+            change = await self.kernel(self._writer().sync_ingress)
+            self.generation = self._writer().last_generation
+        for dev in change.attached:
+            log.info("device %s appeared: its ingress chain is attached", dev)
+        for dev in change.detached:
+            log.info("device %s went away: its ingress chain is detached", dev)
+        return change
 
     async def close(self) -> None:
         if self.writer is not None:

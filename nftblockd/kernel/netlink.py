@@ -238,19 +238,20 @@ class NftSocket:
             out[info.name] = info
         return out
 
-    def list_chains(self, table: str) -> list[str]:
+    def list_chains(self, table: str) -> dict[str, m.ChainHook | None]:
+        """The table's chains and where each is attached (None: a regular chain)."""
         try:
             parts = self.dump(m.NFT_MSG_GETCHAIN, m.NFPROTO_INET, m.strz(m.NFTA_CHAIN_TABLE, table))
         except KernelError as exc:
             if exc.errno == errno_mod.ENOENT:
-                return []
+                return {}
             raise
-        names = []
+        out: dict[str, m.ChainHook | None] = {}
         for r in parts:
             a = m.attrs_dict(r.payload[4:])
             if m.read_strz(a.get(m.NFTA_CHAIN_TABLE, b"")) == table:
-                names.append(m.read_strz(a[m.NFTA_CHAIN_NAME]))
-        return names
+                out[m.read_strz(a[m.NFTA_CHAIN_NAME])] = parse_chain_hook(a.get(m.NFTA_CHAIN_HOOK))
+        return out
 
     def count_rules(self, table: str, chain: str) -> int:
         try:
@@ -318,6 +319,23 @@ def parse_set_info(r: m.Reply) -> KernelSetInfo:
         size=size,
         count=count,
     )
+
+
+def parse_chain_hook(raw: bytes | None) -> m.ChainHook | None:
+    """NFTA_CHAIN_HOOK: hook number, signed priority and the device (NFTA_HOOK_DEV, or the first name of
+    NFTA_HOOK_DEVS, which kernels use for multi-device chains)."""
+    if raw is None:
+        return None
+    h = m.attrs_dict(raw)
+    device = None
+    if m.NFTA_HOOK_DEV in h:
+        device = m.read_strz(h[m.NFTA_HOOK_DEV])
+    elif m.NFTA_HOOK_DEVS in h:
+        names = [m.read_strz(v) for _k, v in m.iter_attrs(h[m.NFTA_HOOK_DEVS])]
+        device = names[0] if names else None
+    prio = m.read_be32(h[m.NFTA_HOOK_PRIORITY]) if m.NFTA_HOOK_PRIORITY in h else 0
+    return m.ChainHook(m.read_be32(h[m.NFTA_HOOK_HOOKNUM]) if m.NFTA_HOOK_HOOKNUM in h else -1,
+                         prio - (1 << 32) if prio >= 1 << 31 else prio, device)
 
 
 def kernel_release() -> tuple[int, int]:

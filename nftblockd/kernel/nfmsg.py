@@ -55,6 +55,7 @@ NFT_MSG_GETTABLE = 1
 NFT_MSG_DELTABLE = 2
 NFT_MSG_NEWCHAIN = 3
 NFT_MSG_GETCHAIN = 4
+NFT_MSG_DELCHAIN = 5
 NFT_MSG_NEWRULE = 6
 NFT_MSG_GETRULE = 7
 NFT_MSG_DELRULE = 8
@@ -83,6 +84,7 @@ NFTA_CHAIN_TYPE = 7
 NFTA_HOOK_HOOKNUM = 1
 NFTA_HOOK_PRIORITY = 2
 NFTA_HOOK_DEV = 3
+NFTA_HOOK_DEVS = 4
 NF_INET_PRE_ROUTING = 0
 NF_INET_LOCAL_IN = 1
 NF_INET_FORWARD = 2
@@ -137,10 +139,14 @@ NFTA_RULE_USERDATA = 7
 NFTNL_UDATA_RULE_COMMENT = 0
 NFTA_EXPR_NAME = 1
 NFTA_EXPR_DATA = 2
+NFTA_LOOKUP_FLAGS = 5
+NFT_LOOKUP_F_INV = 1
 NFT_REG_VERDICT = 0
 NFT_REG_1 = 1
 NF_DROP = 0
 NF_ACCEPT = 1
+NFT_RETURN = -5
+NFT_META_IIFNAME = 6
 
 MAX_NEST = 0xFFFF  # an attribute's length field is 16 bits: a message's ELEMENTS nest must stay below it
 
@@ -445,6 +451,15 @@ def read_be32(b: bytes) -> int:
 
 def read_be64(b: bytes) -> int:
     return int(_BE64.unpack_from(b)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class ChainHook:
+    """Where a base chain is attached: hook number, priority, device (None: not a device hook)."""
+
+    hooknum: int
+    priority: int
+    device: str | None
 
 
 @dataclass(frozen=True, slots=True)

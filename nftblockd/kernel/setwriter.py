@@ -13,8 +13,9 @@ from typing import Protocol
 
 from nftblockd.addr import IPNet
 from nftblockd.kernel.batcher import Group
+from nftblockd.kernel.ruleset import Ruleset
 
-__all__ = ["Features", "SetWriter", "WriteResult"]
+__all__ = ["Features", "IngressChange", "SetWriter", "WriteResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +47,18 @@ class WriteResult:
     missing_sets: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True, slots=True)
+class IngressChange:
+    """Devices whose ingress chain `sync_ingress` attached (the device appeared) or detached (it went)."""
+
+    attached: tuple[str, ...]
+    detached: tuple[str, ...]
+
+
 class SetWriter(Protocol):
     """The table, its sets and their elements, as the enforcer sees them."""
+
+    plan: Ruleset  # replaced by a reload when only the chains changed (the sets never change while running)
 
     @property
     def features(self) -> Features: ...
@@ -60,6 +71,10 @@ class SetWriter(Protocol):
 
     def setup(self, allowlist: Sequence[IPNet]) -> None:
         """Create or adopt the table and (re)install chains, rules and the allowlist in one transaction."""
+
+    def sync_ingress(self) -> IngressChange:
+        """Attach ingress chains whose device appeared, detach those whose device went (one transaction)."""
+        ...
 
     def write(self, groups: Sequence[Group], now_ms: int | None = None) -> WriteResult:
         """Apply element ops; one bad element never loses the rest (see writer.py for the guarantees)."""

@@ -7,7 +7,11 @@ Blocking; the daemon calls it from its single kernel worker thread. What it guar
   ENOENT on a delete is dropped and the batch resent);
 - a timeout of 0 is never sent (0 means "never expires"): an op whose end has passed is reported as expired;
 - re-adding an element refreshes its timeout: TIMEOUT + EXPIRATION on kernels that update timeouts (>= 6.12),
-  destroy + add in the same transaction elsewhere.
+  destroy + add in the same transaction elsewhere;
+- `setup` leaves exactly the planned chains in our table, in the transaction that installs the rules: a chain
+  no longer planned (an ingress device dropped from the config, an old hook) is deleted, one attached at
+  another priority is deleted and made again, and an ingress chain exists only while its device does
+  (`sync_ingress` follows devices that come and go).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from nftblockd.kernel import nfmsg as m
 from nftblockd.kernel import ruleset as rs
 from nftblockd.kernel.bans import OpSpec, SetOp
 from nftblockd.kernel.batcher import Group
+from nftblockd.kernel.links import Links
 from nftblockd.kernel.netlink import KernelError, KernelSetInfo, NftSocket, kernel_release
-from nftblockd.kernel.setwriter import Features, WriteResult
+from nftblockd.kernel.setwriter import Features, IngressChange, WriteResult
 
 log = logging.getLogger("nftblockd.kernel")
 
@@ -43,13 +48,32 @@ _Where = tuple[m.SetMessage, list[int], bool]  # message, op ids of its group, i
 class KernelWriter:
     """The SetWriter over netlink (setwriter.SetWriter)."""
 
-    def __init__(self, plan: rs.Ruleset, sock: NftSocket | None = None, *, protect: bool = True) -> None:
+    def __init__(self, plan: rs.Ruleset, sock: NftSocket | None = None, *, protect: bool = True,
+                 links: Links | None = None) -> None:
         self.plan = plan
         self.sock = sock or NftSocket()
         self.protect = protect
         self.features = Features(kernel_release(), False, False, False, False)
         self.table_flags = 0
+        self._links = links  # made on first use, in the namespace of the thread that uses it (the daemon's)
+
+    @property
+    def plan(self) -> rs.Ruleset:
+        return self._plan
+
+    @plan.setter
+    def plan(self, plan: rs.Ruleset) -> None:
+        """A reload may change the chains (ingress devices, hook); the sets stay as they are."""
+        self._plan = plan
         self._specs = {s.name: s for s in plan.sets}
+
+    def _devices(self) -> set[str]:
+        """The devices that exist now; no question asked when no chain needs one."""
+        if not any(c.device for c in self.plan.chains):
+            return set()
+        if self._links is None:
+            self._links = Links()
+        return self._links.names()
 
     # -- set-up ----------------------------------------------------------------------------------------
 
@@ -67,11 +91,24 @@ class KernelWriter:
         flags_options.append(0)
         last_error: KernelError | None = None
         for flags in flags_options:
-            msgs = rs.encode_ruleset(self.plan, flags, self.sock.next_seq(10000), stale)
-            msgs += self._allowlist_msgs(allowlist)
-            out = self.sock.transact(msgs)
+            out = None
+            # a device can go between our look and the commit (older kernels then refuse its chain, ENOENT):
+            # look again, a few times
+            for _attempt in range(3):
+                wanted = rs.chains_for(self.plan, self._devices())
+                delete = rs.chain_changes(wanted, self.sock.list_chains(self.plan.table))
+                msgs = rs.encode_ruleset(self.plan, flags, self.sock.next_seq(10000), stale, chains=wanted,
+                                         delete_chains=delete)
+                msgs += self._allowlist_msgs(allowlist)
+                out = self.sock.transact(msgs)
+                if out.committed or out.errors[0].errno != E.ENOENT or not any(c.device for c in self.plan.chains):
+                    break
+            assert out is not None
             if out.committed:
                 self.table_flags = flags
+                for name in delete:
+                    log.info("chain %s removed from table inet %s (%s)", name, self.plan.table,
+                             "replaced" if name in {c.name for c in wanted} else "no longer configured")
                 break
             err = out.errors[0]
             last_error = KernelError(err.errno, f"creating table inet {self.plan.table}", err.text)
@@ -102,6 +139,29 @@ class KernelWriter:
                 f"table inet {self.plan.table} already exists and holds rules nftblockd did not write ({shown}"
                 f"{more}); nftblockd replaces the rules of its table, so it will not take this one over. "
                 "Give nftblockd a table of its own (`table:` in the config) or remove that table")
+
+    def sync_ingress(self) -> IngressChange:
+        """Attach the ingress chains whose device exists now and is still without one, detach (delete) those
+        whose device is gone, and give the base chain the matching skip rules: one transaction, nothing sent
+        when nothing changed."""
+        for _attempt in range(3):
+            chains = rs.chains_for(self.plan, self._devices())
+            wanted = {c.name: c for c in chains if c.device}
+            existing = self.sock.list_chains(self.plan.table)
+            attach = [c for name, c in wanted.items() if name not in existing]
+            detach = {name: hook.device for name, hook in sorted(existing.items())
+                      if hook is not None and hook.device is not None and name not in wanted}
+            if not attach and not detach:
+                return IngressChange((), ())
+            base = [c for c in chains if c.device is None]
+            msgs = rs.encode_chains(self.plan, base + attach, self.sock.next_seq(10000), delete_chains=list(detach))
+            out = self.sock.transact(msgs)
+            if out.committed:
+                return IngressChange(tuple(c.device or "" for c in attach), tuple(d or "" for d in detach.values()))
+            if out.errors[0].errno != E.ENOENT:  # ENOENT: a device (or, on older kernels, its chain) just went
+                err = out.errors[0]
+                raise KernelError(err.errno, "updating the ingress chains", err.text)
+        raise KernelError(E.EAGAIN, "updating the ingress chains", "devices kept changing")
 
     def _verify_sets(self, existing: dict[str, KernelSetInfo]) -> None:
         problems = []
@@ -376,7 +436,7 @@ class KernelWriter:
         sets = self.sock.list_sets(self.plan.table)
         missing += [f"set {s.name}" for s in self.plan.sets if s.name not in sets]
         chains = self.sock.list_chains(self.plan.table)
-        for c in self.plan.chains:
+        for c in rs.chains_for(self.plan, self._devices()):
             if c.name not in chains:
                 missing.append(f"chain {c.name}")
             elif self.sock.count_rules(self.plan.table, c.name) != len(c.rules):
@@ -415,6 +475,8 @@ class KernelWriter:
 
     def close(self) -> None:
         self.sock.close()
+        if self._links is not None:
+            self._links.close()
 
 
 def _cidr_keys(first: int, last: int, bits: int, exp: int | None) -> dict[int, int | None]:

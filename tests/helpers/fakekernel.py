@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from nftblockd.addr import IPNet
 from nftblockd.kernel.batcher import Group
-from nftblockd.kernel.ruleset import Ruleset
-from nftblockd.kernel.setwriter import Features, WriteResult
+from nftblockd.kernel.ruleset import Ruleset, chains_for
+from nftblockd.kernel.setwriter import Features, IngressChange, WriteResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,8 @@ class FakeSetWriter:
     transactions: list[list[Group]] = field(default_factory=list)
     fail: dict[tuple[str, int], int] = field(default_factory=dict)  # (set, key) -> errno, every time
     setups: int = 0
+    devices: set[str] = field(default_factory=set)  # the network devices that exist (for ingress chains)
+    chains: set[str] = field(default_factory=set)  # the chains installed
     closed: bool = False
     _generation: int = 1
     _seen: int = 0
@@ -45,7 +47,18 @@ class FakeSetWriter:
         self.allowlist = list(allowlist)
         for s in self.plan.sets:
             self.sets.setdefault(s.name, {})
+        self.chains = {c.name for c in chains_for(self.plan, self.devices)}
         self._commit()
+
+    def sync_ingress(self) -> IngressChange:
+        wanted = {c.name: c.device for c in chains_for(self.plan, self.devices) if c.device}
+        devices = {c.name: c.device for c in self.plan.chains if c.device}
+        attached = tuple(d for n, d in wanted.items() if n not in self.chains)
+        detached = tuple(devices.get(n, n) or n for n in sorted(self.chains) if n in devices and n not in wanted)
+        if attached or detached:
+            self.chains = (self.chains - {n for n in devices if n not in wanted}) | set(wanted)
+            self._commit()
+        return IngressChange(attached, detached)
 
     @property
     def last_generation(self) -> int:

@@ -98,3 +98,47 @@ def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or pred}")
         time.sleep(interval)
+
+
+class Peer:
+    """A second namespace joined to `ns` by a veth pair whose end in `ns` is named `dev`: a device that
+    appears in `ns` (the end is made in the peer's namespace and moved over) and traffic that arrives on it.
+
+    Addresses: the peer end (`peer0`) 10.201.0.1/24, `dev` in `ns` 10.201.0.2/24."""
+
+    def __init__(self, ns: NetNS, dev: str) -> None:
+        self.ns = ns
+        self.dev = dev
+        self.peer = NetNS("nbp")
+        self.attached = False
+
+    def attach(self) -> Peer:
+        self.peer.run("ip", "link", "add", "peer0", "type", "veth", "peer", "name", self.dev, "netns", self.ns.name)
+        self.peer.run("ip", "addr", "add", "10.201.0.1/24", "dev", "peer0")
+        self.ns.run("ip", "addr", "add", "10.201.0.2/24", "dev", self.dev)
+        self.peer.run("ip", "link", "set", "peer0", "up")
+        self.ns.run("ip", "link", "set", self.dev, "up")
+        self.attached = True
+        return self
+
+    def detach(self) -> None:
+        """Delete the pair: `dev` goes away in `ns`."""
+        self.peer.run("ip", "link", "del", "peer0")
+        self.attached = False
+
+    def send_udp(self, sources: list[str], dst: str = "10.201.0.2") -> None:
+        """One 46-byte UDP packet from each source address (raw IPv4 with the source written in)."""
+        import socket
+        import struct
+
+        with inside(self.peer):
+            s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+        with s:
+            for src in sources:
+                udp = struct.pack("!HHHH", 40000, 9, 8 + 18, 0) + b"x" * 18
+                ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, socket.IPPROTO_UDP, 0,
+                                 socket.inet_aton(src), socket.inet_aton(dst))
+                s.sendto(ip + udp, (dst, 0))
+
+    def close(self) -> None:
+        self.peer.delete()  # takes the pair, and so `dev`, with it

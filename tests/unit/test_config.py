@@ -137,6 +137,30 @@ def test_missing_log_files_are_warnings_not_errors(tmp_path: Path) -> None:
     assert r.stdout == f"{cfg}: valid (2 warnings)\n"
 
 
+def test_ingress_device_names_are_checked_each_with_its_line() -> None:
+    cfg, problems = examine_text("chain:\n  ingress:\n    - eth0\n    - a/b\n    - eth0\n    - 12\n"
+                                 "    - abcdefghijklmnop\n    - \"has space\"\n    - veth-1.2\n", "i.yaml")
+    assert [str(p) for p in problems] == [
+        "i.yaml:4: chain.ingress.1: 'a/b' is not a valid interface name (no '/', ':', or whitespace; not . or ..)",
+        "i.yaml:5: chain.ingress.2: 'eth0' is listed twice",
+        "i.yaml:6: chain.ingress.3: an interface name is a string, got 12",
+        "i.yaml:7: chain.ingress.4: interface name 'abcdefghijklmnop' must be 1 to 15 bytes long",
+        "i.yaml:8: chain.ingress.5: 'has space' is not a valid interface name (no '/', ':', or whitespace; "
+        "not . or ..)",
+    ]
+    assert cfg is not None and cfg.chain.ingress == ("eth0", "veth-1.2")
+
+
+def test_a_missing_ingress_device_is_a_warning_at_its_line(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("chain:\n  ingress: [lo, nosuch0]\n")
+    r = check_config(cfg)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == (f"{cfg}:2: warning: chain.ingress: device 'nosuch0' does not exist now (its ingress chain "
+                        "is attached when it appears)\n")
+    assert r.stdout == f"{cfg}: valid (1 warning)\n"
+
+
 def test_values_compare_by_meaning_not_by_position() -> None:
     """A reload compares blocklists, jails and feeds: a comment added above must not change them."""
     text = ("blocklists: {default: {timeout: 1h}, f: {}}\nfeeds: {x: {path: /tmp/x, blocklist: f}}\n"

@@ -236,3 +236,30 @@ async def test_feed_owned_sets_are_not_adopted_into() -> None:
     stop.set()
     await runner
     await enforcer.close()
+
+
+async def test_ingress_chains_follow_devices_and_a_reload_replaces_the_chains() -> None:
+    cfg = parse_config(CONFIG + "chain: {ingress: [veth1, wg0]}\n")
+    plan = plan_ruleset(cfg)
+    fake = FakeSetWriter(plan, devices={"lo", "veth1"})
+    enforcer = Enforcer(cfg, plan, build_allowlist(cfg.allowlist, include_self=False), lambda: fake)
+    await enforcer.start()
+    assert fake.chains == {"prerouting", "ingress_veth1"}  # wg0 does not exist yet
+    fake.devices.add("wg0")
+    change = await enforcer.sync_ingress()
+    assert (change.attached, change.detached) == (("wg0",), ())
+    fake.devices.discard("veth1")
+    change = await enforcer.sync_ingress()
+    assert (change.attached, change.detached) == ((), ("veth1",))
+    assert fake.chains == {"prerouting", "ingress_wg0"}
+    gen = enforcer.generation
+    assert await enforcer.sync_ingress() == type(change)((), ())  # nothing changed: nothing sent
+    assert enforcer.generation == gen
+
+    # a reload that drops wg0 from the config: the writer gets the new chains, the sets stay
+    new = plan_ruleset(parse_config(CONFIG))
+    await enforcer.reinstall(new)
+    assert fake.plan is new and enforcer.plan is new and fake.chains == {"prerouting"}
+    with pytest.raises(ValueError, match="cannot change the sets"):
+        await enforcer.reinstall(plan_ruleset(parse_config("blocklists: {other: {}}\n")))
+    await enforcer.close()
