@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
-APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban
+APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban redis-server openssl
 STAMP := $(VENV)/.installed
 PROMTOOL := $(VENV)/bin/promtool
 

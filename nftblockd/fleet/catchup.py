@@ -5,14 +5,15 @@ How a host knows where it stands
 The host stores its cursor as (server `run_id`, last stream id applied). `run_id` changes whenever the
 server process restarts and differs between a primary and its replicas, so it tells whether the ids the
 cursor refers to belong to the history the server now has. On every connect the host reads the server's
-`run_id`, the stream's first entry id, its last generated id and, where the server has it (7.0+), the
-largest id ever deleted from it; then `decide`:
+`run_id`, the stream's first entry id, its last generated id and, where the server has it (7.0+), how many
+entries were ever removed from it (entries added minus length; trimming does not move "max-deleted-entry-id",
+so that field cannot tell); then `decide`:
 
 - no cursor                               -> snapshot ("no_cursor")
 - another run_id                          -> snapshot ("new_server": restart, failover, data loss)
 - cursor beyond the last generated id     -> snapshot ("cursor_ahead": a history we never saw)
 - cursor == last generated id             -> replay (nothing to read, keep blocking from there)
-- every entry after the cursor still held -> replay (cursor >= first entry, or nothing after it deleted)
+- every entry after the cursor still held -> replay (cursor >= first entry, or nothing ever removed)
 - otherwise                               -> snapshot ("trimmed": entries after the cursor were trimmed away)
 
 Replay is at-least-once: re-applying is harmless (a ban keeps the later end; an unban deletes if present).
@@ -70,7 +71,7 @@ class ServerView:
     run_id: str
     first_id: StreamId | None  # None: the stream is empty or absent
     last_generated: StreamId  # (0, 0) when the stream never existed
-    max_deleted: StreamId | None = None  # Redis >= 7.0; None when unknown
+    removed: int | None = None  # entries ever trimmed or deleted (Redis >= 7.0); None when unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +99,8 @@ def decide(saved: Cursor | None, server: ServerView) -> Replay | Snapshot:
         return Replay(cur)
     if server.first_id is not None and cur >= server.first_id:
         return Replay(cur)
-    if server.max_deleted is not None and server.max_deleted <= cur:
-        return Replay(cur)  # the entries after the cursor were never deleted (it sits before the first)
+    if server.removed == 0:
+        return Replay(cur)  # nothing was ever removed: the cursor merely sits before the first entry
     return Snapshot("trimmed")
 
 

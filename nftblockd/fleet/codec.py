@@ -25,7 +25,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from ..events import IPNet, format_target, normalise_network
 
@@ -78,7 +78,7 @@ def encode(ev: FleetEvent) -> dict[str, str]:
     }
 
 
-def _text(fields: Mapping[bytes | str, bytes | str], key: str) -> str | None:
+def _text(fields: Mapping[Any, Any], key: str) -> str | None:
     v = fields.get(key)
     if v is None:
         v = fields.get(key.encode())
@@ -128,7 +128,7 @@ def _int(text: str | None) -> int | None:
     return int(text)
 
 
-def decode(fields: Mapping[bytes | str, bytes | str]) -> FleetEvent | Rejection:
+def decode(fields: Mapping[Any, Any]) -> FleetEvent | Rejection:
     """The event in a stream entry's fields, or why it is refused. Never raises."""
     try:
         v = _text(fields, "v")

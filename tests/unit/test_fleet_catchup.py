@@ -49,8 +49,9 @@ V = ServerView("R1", first_id=(100, 0), last_generated=(200, 5))
     (Cursor("R1", (150, 0)), V, Replay((150, 0))),
     (Cursor("R1", (100, 0)), V, Replay((100, 0))),
     (Cursor("R1", (99, 9)), V, Snapshot("trimmed")),
-    (Cursor("R1", (99, 9)), ServerView("R1", (100, 0), (200, 5), max_deleted=(50, 0)), Replay((99, 9))),
-    (Cursor("R1", (99, 9)), ServerView("R1", (100, 0), (200, 5), max_deleted=(99, 10)), Snapshot("trimmed")),
+    (Cursor("R1", (99, 9)), ServerView("R1", (100, 0), (200, 5), removed=0), Replay((99, 9))),
+    (Cursor("R1", (99, 9)), ServerView("R1", (100, 0), (200, 5), removed=1), Snapshot("trimmed")),
+    (Cursor("R1", (0, 0)), ServerView("R1", (100, 0), (200, 5), removed=0), Replay((0, 0))),
     (Cursor("R1", (150, 0)), ServerView("R1", None, (200, 5)), Snapshot("trimmed")),  # all trimmed by age
     (Cursor("R1", (200, 5)), ServerView("R1", None, (200, 5)), Replay((200, 5))),
     (Cursor("R1", (0, 0)), ServerView("R1", None, (0, 0)), Replay((0, 0))),  # empty fleet, first start
