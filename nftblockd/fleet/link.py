@@ -155,6 +155,7 @@ class RedisLink:
         self.block_ms = block_ms
         self.cmd: Redis | None = None
         self.reader: Redis | None = None
+        self.sentinels: list[Redis] = []  # the Sentinel clients of the current connection, closed with it
         self.server = ""  # host:port we talk to, for status
 
     def _clients(self) -> tuple[Redis, Redis]:
@@ -173,6 +174,7 @@ class RedisLink:
             if k in kw:
                 skw[k] = kw[k]
         sentinel = Sentinel(list(self.cfg.sentinel_hosts), sentinel_kwargs=skw)
+        self.sentinels = list(sentinel.sentinels)
         svc = self.cfg.sentinel_service
         return (sentinel.master_for(svc, socket_timeout=COMMAND_TIMEOUT, **kw),
                 sentinel.master_for(svc, socket_timeout=read_timeout, **kw))
@@ -194,11 +196,13 @@ class RedisLink:
             raise _error(exc) from None
 
     async def close(self) -> None:
-        for c in (self.cmd, self.reader):
+        for c in (self.cmd, self.reader, *self.sentinels):
             if c is not None:
                 with contextlib.suppress(rexc.RedisError, OSError):
                     await c.aclose()
+                    await c.connection_pool.disconnect()
         self.cmd = self.reader = None
+        self.sentinels = []
 
     def _need(self, c: Redis | None) -> Redis:
         if c is None:

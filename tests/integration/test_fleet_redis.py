@@ -335,3 +335,33 @@ async def test_unreachable_server_backs_off_without_flooding(caplog: pytest.LogC
         assert len(warnings) == 1 and "unreachable" in warnings[0].getMessage()
     finally:
         await a.stop()
+
+
+@pytest.mark.slow
+async def test_sentinel_failover_loses_no_acknowledged_ban(tmp_path: Path) -> None:
+    primary = RedisServer(tmp_path / "p").start()
+    replica = RedisServer(tmp_path / "r", conf=f"replicaof 127.0.0.1 {primary.port}").start()
+    sentinels = [RedisServer(tmp_path / f"s{i}", sentinel=True, conf=(
+        f"sentinel monitor svc 127.0.0.1 {primary.port} 2\nsentinel down-after-milliseconds svc 1000\n"
+        "sentinel failover-timeout svc 5000\nsentinel parallel-syncs svc 1\n")).start() for i in range(3)]
+    hosts_cfg = {"sentinel_hosts": tuple(("127.0.0.1", s.port) for s in sentinels), "sentinel_service": "svc"}
+    a = Host(fleet_config("prod", "a", None, **hosts_cfg)).start()  # type: ignore[arg-type]
+    b = Host(fleet_config("prod", "b", None, **hosts_cfg)).start()  # type: ignore[arg-type]
+    try:
+        await until(lambda: a.service.stats.connected and b.service.stats.connected, what="connected via Sentinel")
+        assert a.service.stats.role == "master"
+        targets = nets(600, "198.18.0.0")
+        for i, n in enumerate(targets):
+            a.service.submit_bans([(n, time.time() + 3600, "cli")])
+            if i == 200:
+                primary.kill()  # SIGKILL: a crash, not a shutdown
+            await asyncio.sleep(0.005)  # a steady producer, not a burst
+        await until(lambda: all(b.sink.has(n) for n in targets), limit=30.0,
+                    what=f"every ban on b after failover ({sum(b.sink.has(n) for n in targets)} of 600)")
+        assert a.service.stats.outbox == 0
+        assert a.service.stats.connects >= 2 and b.service.stats.connects >= 2
+    finally:
+        await a.stop()
+        await b.stop()
+        for s in (*sentinels, replica, primary):
+            s.kill()
