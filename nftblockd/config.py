@@ -617,7 +617,7 @@ class _Builder:
             st = os.stat(value)
         except OSError as exc:
             self.fail((*path, key), f"cannot use {value}: {exc.strerror}")
-        return None if value is None else str(value)
+            return str(value)
         if not stat.S_ISREG(st.st_mode):
             self.fail((*path, key), f"{value} is not a regular file")
         elif st.st_mode & 0o077:
