@@ -149,8 +149,9 @@ def _info_field(info: Any, key: str) -> str:
 class RedisLink:
     """`Engine` over redis.asyncio: a plain server (`url`) or the primary named by Sentinels."""
 
-    def __init__(self, cfg: FleetConfig, *, block_ms: int = BLOCK_MS) -> None:
+    def __init__(self, cfg: FleetConfig, *, block_ms: int = BLOCK_MS, extra: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
+        self.extra = extra or {}  # more connection kwargs (the benchmark picks the reply parser this way)
         self.keys = Keys.for_fleet(cfg.name)
         self.block_ms = block_ms
         self.cmd: Redis | None = None
@@ -159,7 +160,7 @@ class RedisLink:
         self.server = ""  # host:port we talk to, for status
 
     def _clients(self) -> tuple[Redis, Redis]:
-        kw = connection_kwargs(self.cfg)
+        kw = connection_kwargs(self.cfg) | self.extra
         read_timeout = self.block_ms / 1000 + READ_GRACE
         if self.cfg.url is not None:
             # with a URL the scheme picks the connection class: TLS settings mean rediss://

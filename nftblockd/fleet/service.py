@@ -150,6 +150,13 @@ def _until_text(until: float | None) -> float | None:
     return None if until is None or until == math.inf else until
 
 
+def _honour_cancel(task: asyncio.Task[Any] | None) -> None:
+    """redis-py can swallow a CancelledError that lands while it waits for a reply (seen with XREAD BLOCK on
+    8.1, one stop in ~10): the request to stop is still counted on the task, so honour it after each call."""
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class FleetService:
     def __init__(self, cfg: FleetConfig, link: Engine, state: FleetState, sink: FleetSink, allow: Allowlist, *,
                  clock: Callable[[], float] = time.time, cursor_interval: float = 1.0,
@@ -214,6 +221,7 @@ class FleetService:
                 continue
             try:
                 await self._publish_pending()
+                _honour_cancel(asyncio.current_task())
                 delay = BACKOFF_FIRST
             except Exception as exc:  # LinkError expected; anything else must not end fleet mode either
                 if not isinstance(exc, LinkError):
@@ -315,10 +323,12 @@ class FleetService:
                 delay = min(delay * 2, BACKOFF_CAP)
 
     async def _follow(self) -> None:
+        task = asyncio.current_task()
         while True:
             cur = self._cursor
             assert cur is not None
             entries = await self.link.read(cur.last_id, self.read_count)
+            _honour_cancel(task)
             if entries:
                 await self._apply(entries, cur.run_id)
             if self._dirty and self.clock() - self._saved_at >= self.cursor_interval:
