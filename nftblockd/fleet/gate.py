@@ -35,11 +35,24 @@ NEVER_BAN: tuple[IPNet, ...] = tuple(ipaddress.ip_network(n) for n in (
 ))
 
 
+_NEVER_RANGES: dict[int, tuple[tuple[int, int, str], ...]] = {
+    v: tuple((int(n.network_address), int(n.broadcast_address), str(n)) for n in NEVER_BAN if n.version == v)
+    for v in (4, 6)
+}
+
+
+def span(net: IPNet) -> tuple[int, int]:
+    """First and last address of `net` as ints (without ipaddress's cached broadcast_address)."""
+    first = int(net.network_address)
+    return first, first + (1 << (net.max_prefixlen - net.prefixlen)) - 1
+
+
 def never_ban(net: IPNet) -> str | None:
     """The never-ban range `net` overlaps, as text, or None. (To be replaced by the shared check.)"""
-    for n in NEVER_BAN:
-        if n.version == net.version and (net.subnet_of(n) or n.subnet_of(net)):  # type: ignore[arg-type]
-            return str(n)
+    first, last = span(net)
+    for lo, hi, text in _NEVER_RANGES[net.version]:
+        if first <= hi and lo <= last:
+            return text
     return None
 
 
@@ -104,7 +117,8 @@ class Gate:
         special = never_ban(net)
         if special is not None:
             return Rejection("never_ban", f"{net} overlaps {special}")
-        entry = self.allow.contains(net)
+        first, last = span(net)
+        entry = self.allow.contains_range(net.version, first, last)
         if entry is not None:
             return Rejection("allowlisted", f"{net} overlaps allowlist entry {entry}")
         return None

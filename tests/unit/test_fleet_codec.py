@@ -116,3 +116,18 @@ def test_round_trip_ipv6(addr: int, plen: int) -> None:
     assert isinstance(out, FleetEvent)
     # IPv4-mapped space folds to IPv4: the one address has one form on the wire
     assert out.net == net or (out.net.version == 4 and net.prefixlen >= 96)
+
+
+@given(st.one_of(st.integers(0, 2**32 - 1).map(lambda x: str(ipaddress.IPv4Address(x))),
+                 st.integers(0, 2**128 - 1).map(lambda x: str(ipaddress.IPv6Address(x))),
+                 st.text(alphabet="0123456789abcdef:./%", max_size=24)))
+def test_fast_parse_equals_the_ipaddress_path(text: str) -> None:
+    from nftblockd.events import AddressError, parse_target
+    from nftblockd.fleet.codec import parse_net
+    fast = parse_net(text)
+    try:
+        slow = parse_target(text, strict=True)
+    except AddressError:
+        assert isinstance(fast, Rejection)
+        return
+    assert fast == slow or (isinstance(fast, Rejection) and fast.reason == "bad_net" and "/" not in text)
