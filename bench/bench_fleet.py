@@ -37,7 +37,7 @@ from nftblockd.allowlist import build_allowlist  # noqa: E402
 from nftblockd.fleet.catchup import FleetChange  # noqa: E402
 from nftblockd.fleet.link import Keys, RedisLink  # noqa: E402
 from nftblockd.fleet.service import FleetService  # noqa: E402
-from nftblockd.store import Store  # noqa: E402
+from nftblockd.state.store import Store  # noqa: E402
 from tests.helpers.fleet import FakeSink, fleet_config, until  # noqa: E402
 from tests.helpers.redis import RedisServer  # noqa: E402
 

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from ..allowlist import Allowlist
 from ..config import FleetConfig
 from ..events import IPNet, format_target
-from ..store import OutboxItem, OutboxRow
+from ..state.store import OutboxItem, OutboxRow
 from .catchup import (
     Cursor,
     FleetBan,

@@ -20,7 +20,7 @@ from nftblockd.events import IPNet
 from nftblockd.fleet.catchup import FleetChange, LocalBan
 from nftblockd.fleet.link import RedisLink
 from nftblockd.fleet.service import FleetService
-from nftblockd.store import Store
+from nftblockd.state.store import Store
 
 
 class FakeSink:

@@ -18,7 +18,7 @@ from redis.exceptions import NoPermissionError
 from nftblockd.allowlist import build_allowlist
 from nftblockd.fleet.catchup import LocalBan
 from nftblockd.fleet.link import Keys, LinkError, RedisLink
-from nftblockd.store import Store
+from nftblockd.state.store import Store
 from tests.helpers.fleet import Host, fleet_config, until
 from tests.helpers.redis import RedisServer, redis_available
 

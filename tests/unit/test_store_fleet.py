@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from nftblockd.store import SCHEMA_VERSION, Store
+from nftblockd.state.store import SCHEMA_VERSION, Store
 
 NOW = 1_700_000_000.0
 
