@@ -182,6 +182,8 @@ async def catch_up(url: str, n: int, parser: dict[str, Any] | None, trim: bool) 
         tb = asyncio.create_task(b.run())
         await until(lambda: len(sink.fleet) >= n, limit=120, what="caught up")
         took = time.perf_counter() - t0
+        # the sink fills inside catch-up, before the counters move: wait for those, untimed
+        await until(lambda: b.stats.snapshots + b.stats.replays >= 1, what="catch-up counted")
         assert (b.stats.snapshots == 1) == trim, b.stats
         await stop([tasks[0], tb], [a, b])
         store_b.close()
