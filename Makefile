@@ -4,9 +4,10 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 # mmdebstrap + systemd-container: the real-systemd test tier (tests/systemd/); lintian: the package check.
 # gcc, python3-dev, libpcre2-dev: the matcher's native core (nftblockd/detect/_scan.c); dpkg-dev: make deb;
-# gcc, libc6-dev: the data-path benchmark's packet sender (bench/udpflood.c)
+# gcc, libc6-dev: the data-path benchmark's packet sender (bench/udpflood.c);
+# redis-server, openssl: the fleet tests' own servers and TLS certificates
 APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban mmdebstrap systemd-container lintian \
-                gcc python3-dev libpcre2-dev dpkg-dev libc6-dev
+                gcc python3-dev libpcre2-dev dpkg-dev libc6-dev redis-server openssl
 STAMP := $(VENV)/.installed
 PROMTOOL := $(VENV)/bin/promtool
 

@@ -1,14 +1,19 @@
 """Load and validate the YAML config into frozen dataclasses.
 
 Every problem is collected and reported at once as `file:line: where: reason`, so an operator fixes a config
-in one pass. This module never touches the kernel, the network or the filesystem beyond reading the file;
-compiling filters happens in the daemon's build step, which reports with the line numbers kept here.
+in one pass. This module never touches the kernel, the network or the filesystem beyond reading the file and
+checking the permissions of the secret files it names (a fleet password file readable by others is refused
+here, so both `--check-config` and the daemon refuse it); compiling filters happens in the daemon's build
+step, which reports with the line numbers kept here.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from dataclasses import dataclass, field
+import socket
+import stat
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +161,38 @@ class FeedConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetTLS:
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetConfig:
+    """`fleet:`: share bans with other hosts through a Redis/Valkey server (docs/fleet.md)."""
+
+    name: str
+    host_id: str
+    url: str | None = None  # redis:// or rediss://; exactly one of url and sentinel_hosts
+    sentinel_hosts: tuple[tuple[str, int], ...] = ()
+    sentinel_service: str = ""
+    username: str | None = None  # the host's ACL user (None: the `default` user)
+    password_file: str | None = None
+    tls: FleetTLS | None = None  # also implied by a rediss:// url
+    share_jails: tuple[str, ...] | None = None  # None: every jail; () none
+    share_cli: bool = True
+    blocklist: str = "default"  # the local blocklist received bans go to
+    min_prefix_v4: int = 16
+    min_prefix_v6: int = 48
+    max_ban: float = 7 * 86400.0
+    allow_permanent: bool = False
+    rate: float = 2000.0  # events per second one origin may push (sustained)
+    burst: int = 20000  # ... and at once
+    history: float = 7 * 86400.0  # how long the stream and the tombstones keep an event
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     file: str
     table: str = "nftblock"
@@ -174,6 +211,7 @@ class Config:
     feeds: tuple[FeedConfig, ...] = ()
     leave_bans_on_stop: bool = True
     log_level: str = "info"
+    fleet: FleetConfig | None = None
     lines: dict[Path_, int] = field(default_factory=dict, compare=False, repr=False)
 
     def blocklist(self, name: str) -> BlocklistConfig:
@@ -318,7 +356,7 @@ class _Builder:
     def build(self) -> Config:
         top = self.mapping(self.doc.value, (), {
             "table", "chain", "control", "state_dir", "batch", "reconcile", "allowlist", "allowlist_self",
-            "blocklists", "metrics", "jails", "feeds", "leave_bans_on_stop", "log_level",
+            "blocklists", "metrics", "jails", "feeds", "leave_bans_on_stop", "log_level", "fleet",
         })
         family, table, protect = self.table(top.get("table"))
         blocklists = self.blocklists(top.get("blocklists"))
@@ -343,6 +381,8 @@ class _Builder:
             log_level=self.log_level(top),
             lines=self.doc.lines,
         )
+        if top.get("fleet") is not None:  # `fleet: null` (the example config's form) is no fleet
+            cfg = replace(cfg, fleet=self.fleet(top["fleet"], cfg))
         names = {j.name for j in cfg.jails}
         for j in cfg.jails:
             for w in j.watch:
@@ -612,10 +652,148 @@ class _Builder:
             ))
         return tuple(out)
 
+    def secret_file(self, m: dict[str, Any], key: str, path: Path_) -> str | None:
+        """A path to a file only root (its owner) may read: a secret readable by others is refused."""
+        value = self.get(m, key, path, str, None)
+        if value is None:
+            return None
+        try:
+            st = os.stat(value)
+        except OSError as exc:
+            self.fail((*path, key), f"cannot use {value}: {exc.strerror}")
+            return str(value)
+        if not stat.S_ISREG(st.st_mode):
+            self.fail((*path, key), f"{value} is not a regular file")
+        elif st.st_mode & 0o077:
+            self.fail((*path, key), f"{value} is readable by group or others (mode {stat.S_IMODE(st.st_mode):04o});"
+                      f" chmod 0600 it")
+        return str(value)
+
+    def plain_file(self, m: dict[str, Any], key: str, path: Path_) -> str | None:
+        value = self.get(m, key, path, str, None)
+        if value is not None and not os.path.isfile(value):
+            self.fail((*path, key), f"{value} is not a readable file")
+        return value if value is None else str(value)
+
+    # complexity exempt (C901): one flat walk over the fleet block's keys, each checked where it is read
+    def fleet(self, value: Any, cfg: Config) -> FleetConfig | None:  # noqa: C901
+        path: Path_ = ("fleet",)
+        m = self.mapping(value, path, {
+            "name", "host_id", "url", "sentinel", "username", "password_file", "tls", "share", "blocklist",
+            "trust", "history",
+        })
+        if not m:
+            self.fail(path, "fleet needs at least a name and a server (url: or sentinel:)")
+            return None
+        name = self.get(m, "name", path, str, "")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,32}", name):
+            self.fail((*path, "name"), "a fleet name is 1 to 32 letters, digits, '.', '_' or '-'")
+        host_id = self.get(m, "host_id", path, str, None)
+        if host_id is None:
+            host_id = socket.gethostname().split(".")[0]
+            if not FLEET_HOST_RE.fullmatch(host_id):
+                self.fail((*path, "host_id"), f"the hostname {host_id!r} is not usable as a host id; set host_id")
+        elif not FLEET_HOST_RE.fullmatch(host_id):
+            self.fail((*path, "host_id"), "a host id is a letter or digit then up to 63 letters, digits, "
+                      "'.', '_', ':' or '-'")
+        url = self.get(m, "url", path, str, None)
+        hosts: list[tuple[str, int]] = []
+        service = ""
+        if url is not None and not re.fullmatch(r"rediss?://[^\s]+", url):
+            self.fail((*path, "url"), "url must start with redis:// or rediss://")
+        if url is not None and re.match(r"rediss?://[^/@]*:[^/@]*@", url):
+            self.fail((*path, "url"), "no password in the url: the config is world-readable; use password_file")
+        if "sentinel" in m:
+            sp: Path_ = (*path, "sentinel")
+            s = self.mapping(m["sentinel"], sp, {"hosts", "service"})
+            service = self.get(s, "service", sp, str, "")
+            if not service:
+                self.fail(sp, "sentinel needs service: (the name the Sentinels monitor)")
+            raw = s.get("hosts")
+            if not isinstance(raw, list) or not raw:
+                self.fail((*sp, "hosts"), "sentinel needs hosts: a list of HOST:PORT")
+                raw = []
+            for i, h in enumerate(raw):
+                hm = re.fullmatch(r"\[?([A-Za-z0-9.:-]+?)\]?:(\d{1,5})", str(h))
+                if hm is None or not 0 < int(hm.group(2)) < 65536:
+                    self.fail((*sp, "hosts", i), f"expected HOST:PORT, got {h!r}")
+                else:
+                    hosts.append((hm.group(1), int(hm.group(2))))
+        if (url is None) == ("sentinel" not in m):
+            self.fail(path, "fleet needs exactly one of url: or sentinel:")
+        tls: FleetTLS | None = None
+        if "tls" in m:
+            tp: Path_ = (*path, "tls")
+            t = self.mapping(m["tls"], tp, {"ca", "cert", "key"})
+            tls = FleetTLS(ca=self.plain_file(t, "ca", tp), cert=self.plain_file(t, "cert", tp),
+                           key=self.secret_file(t, "key", tp))
+            if (tls.cert is None) != (tls.key is None):
+                self.fail(tp, "a client certificate needs both cert: and key:")
+        share_path: Path_ = (*path, "share")
+        share = self.mapping(m.get("share"), share_path, {"jails", "cli"})
+        jails_raw = share.get("jails", "all")
+        share_jails: tuple[str, ...] | None = None
+        jail_names = {j.name for j in cfg.jails}
+        if jails_raw == "all":
+            share_jails = None
+        elif jails_raw in ("none", False):
+            share_jails = ()
+        elif isinstance(jails_raw, list) and all(isinstance(j, str) for j in jails_raw):
+            for j in jails_raw:
+                if j not in jail_names:
+                    self.fail((*share_path, "jails"), f"{j!r} is not a jail of this config")
+            share_jails = tuple(jails_raw)
+        else:
+            self.fail((*share_path, "jails"), "jails is all, none or a list of jail names")
+        blocklist = self.get(m, "blocklist", path, str, "default")
+        owned = {f.blocklist for f in cfg.feeds}
+        if blocklist not in {b.name for b in cfg.blocklists}:
+            self.fail((*path, "blocklist"), f"unknown blocklist {blocklist!r}")
+        elif blocklist in owned:
+            self.fail((*path, "blocklist"), f"blocklist {blocklist!r} is filled by feeds; fleet bans need another")
+        tp2: Path_ = (*path, "trust")
+        trust = self.mapping(m.get("trust"), tp2, {"min_prefix_v4", "min_prefix_v6", "max_ban",
+                                                   "allow_permanent", "rate", "burst"})
+        max_ban = self.duration(trust, "max_ban", tp2, 7 * 86400.0)
+        if max_ban < 1:
+            self.fail((*tp2, "max_ban"), "max_ban must be at least 1s")
+            max_ban = 7 * 86400.0
+        history = self.duration(m, "history", path, 7 * 86400.0)
+        if history < 60:
+            self.fail((*path, "history"), "history must be at least 1m (how long a host may be away and replay)")
+            history = 7 * 86400.0
+        rate = self.get(trust, "rate", tp2, (int, float), 2000.0)
+        if rate <= 0:
+            self.fail((*tp2, "rate"), "rate must be positive (events per second per origin)")
+            rate = 2000.0
+        return FleetConfig(
+            name=name,
+            host_id=host_id,
+            url=url,
+            sentinel_hosts=tuple(hosts),
+            sentinel_service=service,
+            username=self.get(m, "username", path, str, None),
+            password_file=self.secret_file(m, "password_file", path),
+            tls=tls,
+            share_jails=share_jails,
+            share_cli=self.get(share, "cli", share_path, bool, True),
+            blocklist=blocklist,
+            min_prefix_v4=self.positive_int(trust, "min_prefix_v4", tp2, 16, 1, 32),
+            min_prefix_v6=self.positive_int(trust, "min_prefix_v6", tp2, 48, 1, 128),
+            max_ban=max_ban,
+            allow_permanent=self.get(trust, "allow_permanent", tp2, bool, False),
+            rate=float(rate),
+            burst=self.positive_int(trust, "burst", tp2, 20000, 1, 10_000_000),
+            history=history,
+            line=self.doc.line(path),
+        )
+
+
+FLEET_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
 __all__ = [
     "BatchConfig", "BlocklistConfig", "ChainConfig", "Config", "ConfigError", "ControlConfig", "Escalation",
-    "FeedConfig", "JailConfig", "Problem", "examine_config", "examine_text", "in_file_order", "load_config",
-    "parse_config",
+    "FeedConfig", "FleetConfig", "FleetTLS", "JailConfig", "Problem", "examine_config", "examine_text",
+    "in_file_order", "load_config", "parse_config",
 ]
 

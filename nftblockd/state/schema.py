@@ -19,7 +19,7 @@ from nftblockd.state.db import StoreError, Unusable, classify, connect, transact
 __all__ = ["CACHE_KIB", "HISTORY_INSERT", "MIGRATIONS", "SCHEMA_VERSION", "WAL_SIZE_LIMIT", "Synchronous",
            "label_id", "migrate", "open_file", "open_memory", "schema_version", "verify_quick"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CACHE_KIB = 16384  # page cache; random-key upserts into a million rows crawl with the 2 MiB default
 WAL_SIZE_LIMIT = 32 * 1024 * 1024  # the WAL file is truncated to this after a checkpoint
 
@@ -54,9 +54,21 @@ def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
                  " PRIMARY KEY(blocklist, target)) WITHOUT ROWID")
 
 
+def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
+    # Fleet mode: the outbox survives a restart while the server is away (AUTOINCREMENT: an oseq is never
+    # reused, it names one event fleet-wide); the cursor lets a restarted host replay instead of snapshotting.
+    conn.execute("CREATE TABLE fleet_outbox(oseq INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL,"
+                 " target TEXT NOT NULL, until REAL, src TEXT NOT NULL, created REAL NOT NULL,"
+                 " state INTEGER NOT NULL DEFAULT 0)")
+    conn.execute("CREATE INDEX fleet_outbox_state ON fleet_outbox(state, oseq)")
+    conn.execute("CREATE INDEX fleet_outbox_target ON fleet_outbox(target)")
+    conn.execute("CREATE TABLE fleet_cursor(fleet TEXT PRIMARY KEY, run_id TEXT NOT NULL, last_id TEXT NOT NULL)"
+                 " WITHOUT ROWID")
+
+
 # MIGRATIONS[n] upgrades a database at version n to n + 1, inside one transaction with the version bump.
 # Append, never edit: a released step is what existing databases went through.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1, _migrate_1_to_2]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1, _migrate_1_to_2, _migrate_2_to_3]
 
 
 def _too_new(version: int) -> Unusable:

@@ -17,6 +17,9 @@ What is stored (schema.py: version `SCHEMA_VERSION` in `PRAGMA user_version`, up
   ("5 failures in 10m"), not per address. The table is WITHOUT ROWID: the primary key *is* the row.
 - `history`: (at, jail, target text, until) per ban a jail made, for escalation; pruned by age.
 - `positions`: key -> text (file offsets as JSON, journal cursors). `feeds`: feed name -> JSON text.
+- `fleet_outbox`: this host's bans and unbans for the fleet, numbered (`oseq`, never reused), with a state:
+  pending (to publish), published (kept while active: re-asserted after a server lost them) or dead
+  (expired, or unbanned since). `fleet_cursor`: per fleet, the server run id and the last stream id applied.
 
 Writes: every public write is ONE transaction (`commit` can combine bans, deletions, history and positions in
 one, so a position never runs ahead of the bans its lines produced). Bans are sorted by key and written with
@@ -62,7 +65,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from nftblockd.addr import IPNet, pack_target
 from nftblockd.events import Ban
@@ -71,8 +74,8 @@ from nftblockd.state.salvage import memory_fallback, replace_corrupt
 from nftblockd.state.schema import HISTORY_INSERT, Synchronous, label_id, open_file, verify_quick
 
 __all__ = [
-    "BULK_ROWS", "BanRow", "CompactBans", "HistoryEntry", "HistoryRow", "PackedBans", "PruneStats", "Store",
-    "StoreError", "StorePositions", "StoreProblem",
+    "BULK_ROWS", "BanRow", "CompactBans", "HistoryEntry", "HistoryRow", "OutboxItem", "OutboxRow", "PackedBans",
+    "PruneStats", "Store", "StoreError", "StorePositions", "StoreProblem",
 ]
 
 log = logging.getLogger("nftblockd.store")
@@ -93,6 +96,21 @@ HistoryEntry: TypeAlias = tuple[str, str, float] | tuple[str, str, float, float 
 
 
 # --- values ------------------------------------------------------------------------------------------
+
+OutboxItem: TypeAlias = tuple[str, str, float | None, str, float]
+"""(op "ban"|"unban", target text, until or None, src, created): one own fleet event to queue."""
+
+
+class OutboxRow(NamedTuple):
+    """One row of the fleet outbox (`until` None = permanent)."""
+
+    oseq: int
+    op: str
+    target: str
+    until: float | None
+    src: str
+    created: float
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,6 +450,99 @@ class Store:
         return self._run("load ban history", lambda c: [
             (j, t, at, u) for at, j, t, u in
             c.execute("SELECT at, jail, target, until FROM history WHERE at >= ? ORDER BY at", (since,))])
+
+    # -- fleet outbox and cursor ------------------------------------------------------------------------
+
+    def fleet_enqueue(self, items: Iterable[OutboxItem]) -> list[int]:
+        """Queue own bans/unbans for publishing, in order; returns their oseqs. An unban also kills the earlier
+        bans of its target (a pending one is never published; a published one is never re-asserted)."""
+        rows = list(items)
+
+        def run(conn: sqlite3.Connection) -> list[int]:
+            out = []
+            with transaction(conn):
+                for op, target, until, src, created in rows:
+                    if op == "unban":
+                        conn.execute("UPDATE fleet_outbox SET state = 2 WHERE target = ? AND op = 'ban'"
+                                     " AND state < 2", (target,))
+                    cur = conn.execute("INSERT INTO fleet_outbox(op, target, until, src, created) VALUES"
+                                       " (?, ?, ?, ?, ?)", (op, target, until, src, created))
+                    out.append(int(cur.lastrowid or 0))
+            return out
+
+        return self._run("queue fleet events", run)
+
+    def fleet_pending(self, now: float, limit: int = 10000) -> list[OutboxRow]:
+        """Pending events in oseq order; bans that ended meanwhile are marked dead and skipped."""
+
+        def run(conn: sqlite3.Connection) -> list[OutboxRow]:
+            with transaction(conn):
+                conn.execute("UPDATE fleet_outbox SET state = 2 WHERE state = 0 AND op = 'ban' AND until <= ?",
+                             (now,))
+                return [OutboxRow(*r) for r in conn.execute(
+                    "SELECT oseq, op, target, until, src, created FROM fleet_outbox WHERE state = 0"
+                    " ORDER BY oseq LIMIT ?", (limit,))]
+
+        return self._run("read the fleet outbox", run)
+
+    def fleet_mark_published(self, oseqs: Iterable[int]) -> None:
+        """Published bans stay (re-assert); published unbans have done their job."""
+        keys = [(o,) for o in oseqs]
+
+        def run(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                conn.executemany("UPDATE fleet_outbox SET state = CASE op WHEN 'ban' THEN 1 ELSE 2 END"
+                                 " WHERE oseq = ? AND state = 0", keys)
+
+        self._run("mark fleet events published", run)
+
+    def fleet_forget(self, targets: Iterable[tuple[str, float]]) -> None:
+        """A fleet-wide unban of `target` at `at`: own bans of it made before then are over."""
+        keys = [(t, at) for t, at in targets]
+
+        def run(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                conn.executemany("UPDATE fleet_outbox SET state = 2 WHERE target = ? AND op = 'ban' AND state < 2"
+                                 " AND created < ?", keys)
+
+        if keys:
+            self._run("record fleet unbans", run)
+
+    def fleet_own_active(self, now: float, since: float) -> list[OutboxRow]:
+        """Own published bans made since `since` and still running, in oseq order."""
+        return self._run("read own fleet bans", lambda c: [OutboxRow(*r) for r in c.execute(
+            "SELECT oseq, op, target, until, src, created FROM fleet_outbox WHERE state = 1 AND created >= ?"
+            " AND (until IS NULL OR until > ?) ORDER BY oseq", (since, now))])
+
+    def fleet_outbox_size(self) -> int:
+        return int(self._run("count the fleet outbox", lambda c: c.execute(
+            "SELECT count(*) FROM fleet_outbox WHERE state = 0").fetchone()[0]))
+
+    def fleet_prune(self, now: float, horizon: float) -> int:
+        """Drop dead rows, ended bans and published rows older than the horizon; returns how many."""
+
+        def run(conn: sqlite3.Connection) -> int:
+            with transaction(conn):
+                cur = conn.execute("DELETE FROM fleet_outbox WHERE state = 2 OR (state = 1 AND (until <= ?"
+                                   " OR created < ?))", (now, now - horizon))
+                return int(cur.rowcount)
+
+        return self._run("prune the fleet outbox", run)
+
+    def fleet_cursor(self, fleet: str) -> tuple[str, str] | None:
+        """(server run id, last stream id applied) or None."""
+        row = self._run("read the fleet cursor", lambda c: c.execute(
+            "SELECT run_id, last_id FROM fleet_cursor WHERE fleet = ?", (fleet,)).fetchone())
+        return None if row is None else (str(row[0]), str(row[1]))
+
+    def set_fleet_cursor(self, fleet: str, run_id: str, last_id: str) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                conn.execute("INSERT INTO fleet_cursor(fleet, run_id, last_id) VALUES (?, ?, ?) ON CONFLICT(fleet)"
+                             " DO UPDATE SET run_id = excluded.run_id, last_id = excluded.last_id",
+                             (fleet, run_id, last_id))
+
+        self._run("save the fleet cursor", run)
 
     def get_position(self, key: str) -> str | None:
         row = self._run("read a position", lambda c: c.execute(

@@ -1,0 +1,192 @@
+"""Catch-up after a (re)connect, and the snapshot reconcile. Pure: the caller brings what it read.
+
+How a host knows where it stands
+--------------------------------
+The host stores its cursor as (server `run_id`, last stream id applied). `run_id` changes whenever the
+server process restarts and differs between a primary and its replicas, so it tells whether the ids the
+cursor refers to belong to the history the server now has. On every connect the host reads the server's
+`run_id`, the stream's first entry id, its last generated id and, where the server has it (7.0+), how many
+entries were ever removed from it (entries added minus length; trimming does not move "max-deleted-entry-id",
+so that field cannot tell); then `decide`:
+
+- no cursor                               -> snapshot ("no_cursor")
+- another run_id                          -> snapshot ("new_server": restart, failover, data loss)
+- cursor beyond the last generated id     -> snapshot ("cursor_ahead": a history we never saw)
+- cursor == last generated id             -> replay (nothing to read, keep blocking from there)
+- every entry after the cursor still held -> replay (cursor >= first entry, or nothing ever removed)
+- otherwise                               -> snapshot ("trimmed": entries after the cursor were trimmed away)
+
+Replay is at-least-once: re-applying is harmless (a ban keeps the later end; an unban deletes if present).
+
+Snapshot reconcile
+------------------
+The snapshot is the `active` sorted set (member -> end) and the `unbanned` tombstones (member -> unban time),
+read atomically with the stream's last id. `reconcile` turns it into one change for the kernel:
+- every gated snapshot ban is added unless the kernel already holds the address (fleet- or local-origin)
+  until at least as late;
+- every fleet-origin element absent from the snapshot is removed (it was unbanned, or expired meanwhile);
+- a local-origin ban is removed only when a tombstone for it is *newer* than the local ban: an unban that
+  happened before this host decided its own ban does not cancel it.
+
+Re-assert
+---------
+After a snapshot, this host's own still-active recent bans whose `active` score is missing or lower are
+published again (`reassert`): this repairs writes a primary acknowledged and lost in a failover. A ban the
+snapshot shows tombstoned after we made it is not resurrected.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from nftblockd.addr import IPNet
+
+StreamId: TypeAlias = tuple[int, int]  # (milliseconds, sequence)
+
+
+def parse_id(text: str | bytes) -> StreamId:
+    """`"1700000000000-3"` -> (1700000000000, 3); raises ValueError for anything else."""
+    s = text.decode() if isinstance(text, bytes) else text
+    ms, sep, seq = s.partition("-")
+    if not ms.isdigit() or (sep and not seq.isdigit()):
+        raise ValueError(f"not a stream id: {s!r}")
+    return int(ms), int(seq or 0)
+
+
+def format_id(sid: StreamId) -> str:
+    return f"{sid[0]}-{sid[1]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    run_id: str
+    last_id: StreamId
+
+
+@dataclass(frozen=True, slots=True)
+class ServerView:
+    run_id: str
+    first_id: StreamId | None  # None: the stream is empty or absent
+    last_generated: StreamId  # (0, 0) when the stream never existed
+    removed: int | None = None  # entries ever trimmed or deleted (Redis >= 7.0); None when unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    after: StreamId
+
+
+SnapshotWhy: TypeAlias = Literal["no_cursor", "new_server", "cursor_ahead", "trimmed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    why: SnapshotWhy
+
+
+def decide(saved: Cursor | None, server: ServerView) -> Replay | Snapshot:
+    if saved is None:
+        return Snapshot("no_cursor")
+    if saved.run_id != server.run_id:
+        return Snapshot("new_server")
+    cur = saved.last_id
+    if cur > server.last_generated:
+        return Snapshot("cursor_ahead")
+    if cur == server.last_generated:
+        return Replay(cur)
+    if server.first_id is not None and cur >= server.first_id:
+        return Replay(cur)
+    if server.removed == 0:
+        return Replay(cur)  # nothing was ever removed: the cursor merely sits before the first entry
+    return Snapshot("trimmed")
+
+
+# -- reconcile -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LocalBan:
+    """A ban this host decided itself (a jail, the CLI): when it was made and until when."""
+
+    created: float
+    until: float  # math.inf for permanent
+
+
+@dataclass(frozen=True, slots=True)
+class FleetBan:
+    net: IPNet
+    until: float  # absolute; math.inf permanent
+    origin: str  # the host that decided it ("" when it comes from a snapshot)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetUnban:
+    """Remove the fleet-origin element for `net`; also a local-origin ban made before `at` (None: never)."""
+
+    net: IPNet
+    at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetChange:
+    """What one kernel transaction does for the fleet."""
+
+    bans: tuple[FleetBan, ...] = ()
+    unbans: tuple[FleetUnban, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.bans or self.unbans)
+
+
+def reconcile(active: Mapping[IPNet, float], tombstones: Mapping[IPNet, float],
+              fleet_elements: Mapping[IPNet, float], local: Mapping[IPNet, LocalBan]) -> FleetChange:
+    """The change that makes the kernel agree with a snapshot. `active` must already be gated and clamped."""
+    bans = []
+    for net, until in active.items():
+        have = fleet_elements.get(net)
+        lb = local.get(net)
+        best = max(have if have is not None else -math.inf, lb.until if lb is not None else -math.inf)
+        if best < until:
+            bans.append(FleetBan(net, until, ""))
+    unbans = [FleetUnban(net, None) for net in fleet_elements if net not in active]
+    for net, at in tombstones.items():
+        lb = local.get(net)
+        if lb is not None and at > lb.created and net not in active:
+            unbans.append(FleetUnban(net, at))
+    return FleetChange(tuple(bans), tuple(unbans))
+
+
+@dataclass(frozen=True, slots=True)
+class OwnBan:
+    """One of this host's published bans, from its outbox."""
+
+    oseq: int
+    net: IPNet
+    until: float
+    src: str
+    created: float
+
+
+def reassert(own: Iterable[OwnBan], active: Mapping[IPNet, float], tombstones: Mapping[IPNet, float],
+             now: float) -> list[OwnBan]:
+    """Own bans to publish again: still running, missing or shorter on the server, not tombstoned since."""
+    out = []
+    for b in own:
+        if b.until <= now:
+            continue
+        if active.get(b.net, -math.inf) >= b.until:
+            continue
+        t = tombstones.get(b.net)
+        if t is not None and t >= b.created:
+            continue
+        out.append(b)
+    return out
+
+
+__all__ = [
+    "Cursor", "FleetBan", "FleetChange", "FleetUnban", "LocalBan", "OwnBan", "Replay", "ServerView", "Snapshot",
+    "StreamId", "decide", "format_id", "parse_id", "reassert", "reconcile",
+]

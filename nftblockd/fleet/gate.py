@@ -1,0 +1,155 @@
+"""The trust gate: a received fleet event is untrusted input, checked as strictly as a local detection.
+
+Any host holding write access to the stream can ban on every host, so before an event reaches the kernel:
+
+1. the codec has parsed it (schema version, address with host bits zero, a sane end time);
+2. a ban's prefix is no wider than the configured minimum of its family (no /0, no /8 by default);
+3. never-ban space is refused: unspecified, loopback, link-local, multicast, reserved and limited broadcast
+   (`never_ban`, swappable for the project's shared check);
+4. the allowlist wins, and it includes this host's own addresses: a ban that overlaps either is refused;
+5. the remaining time is clamped to [1 s, max_ban]; a ban already over is refused as `expired`; permanent is
+   kept only when the operator allows it, otherwise it becomes max_ban;
+6. a per-origin token bucket caps how many events one host can push (rate per second, burst). Its clock is
+   the *server's* entry id time, not ours nor the event's claimed `ts`: a replay after downtime goes at the
+   pace the origin actually published, and a peer cannot forge its way around the cap.
+
+Unbans pass 1 and 6 only: removing a ban never endangers reachability.
+The gate is pure: time is an argument, the only state is the per-origin buckets (bounded by `max_origins`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass
+
+from nftblockd.addr import IPNet
+from nftblockd.allowlist import Allowlist
+from nftblockd.fleet.codec import FleetEvent, Rejection
+
+# Addresses no host should ever drop traffic from, whatever a peer says. Private and documentation ranges are
+# not here: a fleet may well need to ban an internal host.
+NEVER_BAN: tuple[IPNet, ...] = tuple(ipaddress.ip_network(n) for n in (
+    "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
+    "::/128", "::1/128", "fe80::/10", "ff00::/8",
+))
+
+
+_NEVER_RANGES: dict[int, tuple[tuple[int, int, str], ...]] = {
+    v: tuple((int(n.network_address), int(n.broadcast_address), str(n)) for n in NEVER_BAN if n.version == v)
+    for v in (4, 6)
+}
+
+
+def span(net: IPNet) -> tuple[int, int]:
+    """First and last address of `net` as ints (without ipaddress's cached broadcast_address)."""
+    first = int(net.network_address)
+    return first, first + (1 << (net.max_prefixlen - net.prefixlen)) - 1
+
+
+def never_ban(net: IPNet) -> str | None:
+    """The never-ban range `net` overlaps, as text, or None. (To be replaced by the shared check.)"""
+    first, last = span(net)
+    for lo, hi, text in _NEVER_RANGES[net.version]:
+        if first <= hi and lo <= last:
+            return text
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TrustLimits:
+    min_prefix_v4: int = 16
+    min_prefix_v6: int = 48
+    max_ban: float = 7 * 86400.0
+    allow_permanent: bool = False
+    rate: float = 2000.0  # events per second per origin, sustained
+    burst: int = 20000  # events one origin may send at once
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """An event that passed: `until` is clamped (math.inf only for an allowed permanent ban)."""
+
+    event: FleetEvent
+    until: float
+    clamped: bool = False
+
+
+class _Bucket:
+    __slots__ = ("at", "tokens")
+
+    def __init__(self, tokens: float, at: float) -> None:
+        self.tokens = tokens
+        self.at = at
+
+
+class Gate:
+    """Checks events against `limits` and `allow` (which must already hold this host's own addresses)."""
+
+    def __init__(self, limits: TrustLimits, allow: Allowlist, *, max_origins: int = 10000) -> None:
+        self.limits = limits
+        self.allow = allow
+        self.max_origins = max_origins
+        self._buckets: dict[str, _Bucket] = {}
+
+    def _rate_ok(self, origin: str, at: float) -> bool:
+        lim = self.limits
+        b = self._buckets.get(origin)
+        if b is None:
+            if len(self._buckets) >= self.max_origins:
+                # bounded memory: forget the origin seen longest ago (dicts keep insertion order)
+                del self._buckets[next(iter(self._buckets))]
+            b = self._buckets[origin] = _Bucket(float(lim.burst), at)
+        elif at > b.at:
+            b.tokens = min(float(lim.burst), b.tokens + (at - b.at) * lim.rate)
+            b.at = at
+        if b.tokens < 1.0:
+            return False
+        b.tokens -= 1.0
+        return True
+
+    def check_net(self, net: IPNet) -> Rejection | None:
+        """Steps 2-4 for a ban target (also used for snapshot entries, which carry no origin)."""
+        lim = self.limits
+        minimum = lim.min_prefix_v4 if net.version == 4 else lim.min_prefix_v6
+        if net.prefixlen < max(1, minimum):
+            return Rejection("too_wide", f"{net} is wider than /{minimum}")
+        special = never_ban(net)
+        if special is not None:
+            return Rejection("never_ban", f"{net} overlaps {special}")
+        first, last = span(net)
+        entry = self.allow.contains_range(net.version, first, last)
+        if entry is not None:
+            return Rejection("allowlisted", f"{net} overlaps allowlist entry {entry}")
+        return None
+
+    def clamp(self, until: float, now: float) -> tuple[float, bool] | Rejection:
+        """Step 5: the end to enforce and whether it was shortened, or `expired`."""
+        lim = self.limits
+        if until == math.inf:
+            if lim.allow_permanent:
+                return math.inf, False
+            return now + lim.max_ban, True
+        remaining = until - now
+        if remaining <= 0:
+            return Rejection("expired", f"ended {-remaining:.0f}s ago")
+        if remaining > lim.max_ban:
+            return now + lim.max_ban, True
+        return max(until, now + 1.0), False
+
+    def check(self, ev: FleetEvent, now: float, server_time: float) -> Accepted | Rejection:
+        """The whole gate for one decoded event; `server_time` is the stream entry id's time in seconds."""
+        if not self._rate_ok(ev.origin, server_time):
+            return Rejection("rate", ev.origin)
+        if ev.op == "unban":
+            return Accepted(ev, 0.0)
+        bad = self.check_net(ev.net)
+        if bad is not None:
+            return bad
+        clamped = self.clamp(ev.until, now)
+        if isinstance(clamped, Rejection):
+            return clamped
+        return Accepted(ev, clamped[0], clamped[1])
+
+
+__all__ = ["NEVER_BAN", "Accepted", "Gate", "TrustLimits", "never_ban"]

@@ -1,0 +1,340 @@
+"""The one module that speaks to the fleet server (Redis >= 6.2 or Valkey), over `redis.asyncio`.
+
+Keys of one fleet share the hash tag `{<fleet>}`, so the MULTI blocks below stay legal on a cluster too:
+- `nftblock:{F}:events`   STREAM: the ordered event log, trimmed by age (MINID ~ now - history)
+- `nftblock:{F}:active`   ZSET: member = canonical address/prefix, score = end of the ban (inf = permanent)
+- `nftblock:{F}:unbanned` ZSET: tombstones, score = unban time, trimmed to the history horizon
+
+Every write is one MULTI: the stream entry and the sorted sets never disagree. `ZADD GT` keeps the later end
+when two hosts ban one address. A burst is one pipelined MULTI per `CHUNK` events (one round trip).
+
+Two connections: `cmd` (publish, snapshot, INFO) and `reader`, dedicated to `XREAD BLOCK` so a blocked read
+never delays a publish. redis-py's own reconnect-and-retry is turned off: a silent reconnect could land on a
+restarted or failed-over server and carry on from a cursor that means nothing there. Every connection error
+surfaces as `LinkError`, and the service runs catch-up (which re-reads the server's run id) before reading on.
+
+This module decides nothing: no gate, no reconcile, no clock (time is an argument). Connection secrets are
+read from files at connect time and never logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+
+from nftblockd.addr import format_target
+from nftblockd.config import FleetConfig
+from nftblockd.fleet.catchup import ServerView, StreamId, format_id, parse_id
+from nftblockd.fleet.codec import FleetEvent, encode
+
+CHUNK = 1000  # events per MULTI: big enough to amortise the round trip, small enough not to stall the server
+BLOCK_MS = 5000  # XREAD BLOCK: an idle host wakes every 5 s, and a dead peer is noticed within BLOCK + grace
+READ_GRACE = 5.0  # seconds beyond BLOCK before the reader's socket gives up on a silent server
+CONNECT_TIMEOUT = 3.0
+COMMAND_TIMEOUT = 5.0
+
+
+class LinkError(Exception):
+    """The server is unreachable, refused us, or answered something unusable (the network's fault or the
+    operator's: wrong password, ACL, TLS). `str()` is a sentence without secrets."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    events: str
+    active: str
+    unbanned: str
+
+    @classmethod
+    def for_fleet(cls, name: str) -> Keys:
+        base = f"nftblock:{{{name}}}"
+        return cls(f"{base}:events", f"{base}:active", f"{base}:unbanned")
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotData:
+    """What the server holds, read atomically with the stream position it corresponds to."""
+
+    run_id: str
+    last_id: StreamId
+    active: dict[str, float]  # member text -> end (math.inf permanent)
+    tombstones: dict[str, float]  # member text -> unban time
+
+
+Entry = tuple[StreamId, dict[bytes, bytes]]
+
+
+class Engine(Protocol):
+    """What the fleet service needs from a server; `RedisLink` is the one engine today."""
+
+    async def connect(self) -> str: ...
+    async def close(self) -> None: ...
+    async def server_view(self) -> ServerView: ...
+    async def publish(self, events: Sequence[FleetEvent], now: float) -> None: ...
+    async def read(self, after: StreamId, count: int, block_ms: int | None = None) -> list[Entry]: ...
+    async def snapshot(self, now: float) -> SnapshotData: ...
+    async def role(self) -> str: ...
+
+
+def _password(cfg: FleetConfig) -> str | None:
+    if cfg.password_file is None:
+        return None
+    try:
+        with open(cfg.password_file, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as exc:
+        raise LinkError(f"cannot read the fleet password file {cfg.password_file}: {exc.strerror}") from None
+
+
+def connection_kwargs(cfg: FleetConfig) -> dict[str, Any]:
+    """Keyword arguments for every connection to the server (and, for TLS, to the Sentinels)."""
+    kw: dict[str, Any] = {
+        "socket_connect_timeout": CONNECT_TIMEOUT,
+        "retry": Retry(NoBackoff(), 0),
+        "client_name": None,
+    }
+    if cfg.username is not None:
+        kw["username"] = cfg.username
+    pw = _password(cfg)
+    if pw is not None:
+        kw["password"] = pw
+    if cfg.tls is not None:
+        kw["ssl"] = True
+        if cfg.tls.ca:
+            kw["ssl_ca_certs"] = cfg.tls.ca
+        if cfg.tls.cert:
+            kw["ssl_certfile"] = cfg.tls.cert
+            kw["ssl_keyfile"] = cfg.tls.key
+    return kw
+
+
+def _error(exc: BaseException) -> LinkError:
+    if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
+        return LinkError(f"the fleet server refused our credentials: {exc}")
+    if isinstance(exc, rexc.NoPermissionError):
+        return LinkError(f"the fleet server's ACL refused a command: {exc}")
+    return LinkError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+
+def _f(v: bytes | str | float) -> float:
+    if isinstance(v, float | int):
+        return float(v)
+    s = v.decode() if isinstance(v, bytes) else v
+    return math.inf if s in ("inf", "+inf") else float(s)
+
+
+def _zmap(pairs: Any) -> dict[str, float]:
+    return {(m.decode() if isinstance(m, bytes) else str(m)): _f(s) for m, s in pairs}
+
+
+def _info_field(info: Any, key: str) -> str:
+    if isinstance(info, dict):
+        return str(info.get(key, ""))
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        if line.startswith(key + ":"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+class RedisLink:
+    """`Engine` over redis.asyncio: a plain server (`url`) or the primary named by Sentinels."""
+
+    def __init__(self, cfg: FleetConfig, *, block_ms: int = BLOCK_MS, extra: dict[str, Any] | None = None) -> None:
+        self.cfg = cfg
+        self.extra = extra or {}  # more connection kwargs (the benchmark picks the reply parser this way)
+        self.keys = Keys.for_fleet(cfg.name)
+        self.block_ms = block_ms
+        self.cmd: Redis | None = None
+        self.reader: Redis | None = None
+        self.sentinels: list[Redis] = []  # the Sentinel clients of the current connection, closed with it
+        self.server = ""  # host:port we talk to, for status
+
+    def _clients(self) -> tuple[Redis, Redis]:
+        kw = connection_kwargs(self.cfg) | self.extra
+        read_timeout = self.block_ms / 1000 + READ_GRACE
+        if self.cfg.url is not None:
+            # with a URL the scheme picks the connection class: TLS settings mean rediss://
+            url = self.cfg.url
+            if kw.pop("ssl", False) and url.startswith("redis://"):
+                url = "rediss://" + url[len("redis://"):]
+            cmd = Redis.from_url(url, socket_timeout=COMMAND_TIMEOUT, **kw)
+            reader = Redis.from_url(url, socket_timeout=read_timeout, **kw)
+            return cmd, reader
+        skw: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT, "socket_timeout": COMMAND_TIMEOUT}
+        for k in ("ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+            if k in kw:
+                skw[k] = kw[k]
+        sentinel = Sentinel(list(self.cfg.sentinel_hosts), sentinel_kwargs=skw)
+        self.sentinels = list(sentinel.sentinels)
+        svc = self.cfg.sentinel_service
+        return (sentinel.master_for(svc, socket_timeout=COMMAND_TIMEOUT, **kw),
+                sentinel.master_for(svc, socket_timeout=read_timeout, **kw))
+
+    async def connect(self) -> str:
+        """Open both connections and return the server's run id. Raises LinkError."""
+        await self.close()
+        try:
+            self.cmd, self.reader = self._clients()
+            await self.cmd.ping()
+            await self.reader.ping()
+            info = await self.cmd.execute_command("INFO", "server")
+            conn = self.cmd.connection
+            pool_conn = conn if conn is not None else None
+            self.server = f"{getattr(pool_conn, 'host', '')}:{getattr(pool_conn, 'port', '')}"
+            return _info_field(info, "run_id")
+        except (rexc.RedisError, OSError) as exc:
+            await self.close()
+            raise _error(exc) from None
+
+    async def close(self) -> None:
+        for c in (self.cmd, self.reader, *self.sentinels):
+            if c is not None:
+                with contextlib.suppress(rexc.RedisError, OSError):
+                    await c.aclose()
+                    await c.connection_pool.disconnect()
+        self.cmd = self.reader = None
+        self.sentinels = []
+
+    def _need(self, c: Redis | None) -> Redis:
+        if c is None:
+            raise LinkError("not connected to the fleet server")
+        return c
+
+    async def role(self) -> str:
+        try:
+            r = await self._need(self.cmd).execute_command("ROLE")
+        except (rexc.RedisError, OSError) as exc:
+            raise _error(exc) from None
+        role = r[0]
+        return role.decode() if isinstance(role, bytes) else str(role)
+
+    async def server_view(self) -> ServerView:
+        cmd = self._need(self.cmd)
+        try:
+            pipe = cmd.pipeline(transaction=True)
+            pipe.execute_command("INFO", "server")
+            pipe.execute_command("XINFO", "STREAM", self.keys.events)
+            info, xinfo = await pipe.execute(raise_on_error=False)
+        except (rexc.RedisError, OSError) as exc:
+            raise _error(exc) from None
+        if isinstance(info, Exception):
+            raise _error(info)
+        run_id = _info_field(info, "run_id")
+        if isinstance(xinfo, rexc.ResponseError) and "no such key" in str(xinfo).lower():
+            return ServerView(run_id, None, (0, 0))
+        if isinstance(xinfo, Exception):
+            raise _error(xinfo)
+        first = _xget(xinfo, "first-entry")
+        first_id = parse_id(first[0]) if first else None
+        last_gen = parse_id(_xget(xinfo, "last-generated-id") or "0-0")
+        added, length = _xget(xinfo, "entries-added"), _xget(xinfo, "length")
+        removed = int(added) - int(length) if added is not None and length is not None else None
+        return ServerView(run_id, first_id, last_gen, removed)
+
+    async def publish(self, events: Sequence[FleetEvent], now: float) -> None:
+        """Append `events` in order, one MULTI (one round trip) per CHUNK. Raises LinkError."""
+        if not events:
+            return
+        cmd = self._need(self.cmd)
+        k = self.keys
+        minid = str(max(0, int((now - self.cfg.history) * 1000)))
+        for i in range(0, len(events), CHUNK):
+            chunk = events[i:i + CHUNK]
+            pipe = cmd.pipeline(transaction=True)
+            unbans = False
+            for ev in chunk:
+                fields = encode(ev)
+                args: list[Any] = ["XADD", k.events, "MINID", "~", minid, "*"]
+                for key, value in fields.items():
+                    args += [key, value]
+                pipe.execute_command(*args)
+                member = format_target(ev.net)
+                if ev.op == "ban":
+                    pipe.execute_command("ZADD", k.active, "GT", fields["until"].replace("inf", "+inf"), member)
+                    pipe.execute_command("ZREM", k.unbanned, member)
+                else:
+                    unbans = True
+                    pipe.execute_command("ZREM", k.active, member)
+                    pipe.execute_command("ZADD", k.unbanned, repr(now), member)
+            pipe.execute_command("ZREMRANGEBYSCORE", k.active, "-inf", f"({now!r}")
+            if unbans:
+                pipe.execute_command("ZREMRANGEBYSCORE", k.unbanned, "-inf", f"({now - self.cfg.history!r}")
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except (rexc.RedisError, OSError) as exc:
+                raise _error(exc) from None
+            for r in replies:
+                if isinstance(r, Exception):
+                    raise _error(r)
+
+    async def read(self, after: StreamId, count: int, block_ms: int | None = None) -> list[Entry]:
+        """Entries after `after` (at most `count`), waiting up to `block_ms` for the first. Raises LinkError."""
+        reader = self._need(self.reader)
+        block = self.block_ms if block_ms is None else block_ms
+        try:
+            r = await reader.execute_command("XREAD", "COUNT", count, "BLOCK", block, "STREAMS", self.keys.events,
+                                             format_id(after))
+        except (rexc.RedisError, OSError) as exc:
+            raise _error(exc) from None
+        if not r:
+            return []
+        entries = r[0][1] if isinstance(r, list) else next(iter(r.values()))[0]
+        out: list[Entry] = []
+        for eid, fields in entries:
+            if isinstance(fields, list):  # RESP2 flat pairs, if the parser hands them raw
+                fields = dict(zip(fields[::2], fields[1::2], strict=True))
+            out.append((parse_id(eid), fields or {}))
+        return out
+
+    async def snapshot(self, now: float) -> SnapshotData:
+        """Active bans, tombstones, the stream's last id and the run id, in one MULTI. Raises LinkError."""
+        cmd = self._need(self.cmd)
+        k = self.keys
+        try:
+            pipe = cmd.pipeline(transaction=True)
+            pipe.execute_command("INFO", "server")
+            pipe.execute_command("ZRANGE", k.active, repr(now), "+inf", "BYSCORE", "WITHSCORES")
+            pipe.execute_command("ZRANGE", k.unbanned, "-inf", "+inf", "BYSCORE", "WITHSCORES")
+            pipe.execute_command("XINFO", "STREAM", k.events)
+            info, active, tomb, xinfo = await pipe.execute(raise_on_error=False)
+        except (rexc.RedisError, OSError) as exc:
+            raise _error(exc) from None
+        for r in (info, active, tomb):
+            if isinstance(r, Exception):
+                raise _error(r)
+        if isinstance(xinfo, Exception):
+            if "no such key" not in str(xinfo).lower():
+                raise _error(xinfo)
+            last = (0, 0)
+        else:
+            last = parse_id(_xget(xinfo, "last-generated-id") or "0-0")
+        return SnapshotData(_info_field(info, "run_id"), last, _zmap(_pairs(active)), _zmap(_pairs(tomb)))
+
+
+def _xget(d: Any, key: str) -> Any:
+    """A field of an XINFO reply, whichever way the parser keyed it (bytes by default, str when decoding)."""
+    if not isinstance(d, dict):
+        raise LinkError(f"unexpected XINFO reply: {type(d).__name__}")
+    v = d.get(key.encode())
+    return d.get(key) if v is None else v
+
+
+def _pairs(r: Any) -> list[tuple[Any, Any]]:
+    """ZRANGE ... WITHSCORES as (member, score) pairs, whether the parser paired them or not."""
+    if r and not isinstance(r[0], list | tuple):
+        return list(zip(r[::2], r[1::2], strict=True))
+    return [tuple(p) for p in r]
+
+
+__all__ = ["BLOCK_MS", "CHUNK", "Engine", "Entry", "Keys", "LinkError", "RedisLink", "SnapshotData",
+           "connection_kwargs"]

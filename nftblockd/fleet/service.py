@@ -1,0 +1,460 @@
+"""The fleet service: publish this host's bans, apply everyone else's, catch up after every (re)connect.
+
+Rules (the receive side is a small state machine: offline -> catching up -> following -> offline ...)
+
+- Local first. The daemon enforces a ban in its own kernel, then hands it to `submit_bans`; the publisher
+  writes it to the outbox in the state database (durable) and publishes it when the server is reachable.
+  Losing the server never weakens protection: only sharing waits. Outbox rows are published in oseq order;
+  a ban that ended or was unbanned meanwhile is skipped.
+- Receive. One dedicated connection loops `XREAD BLOCK` from the cursor. Every entry is decoded and passes
+  the trust gate; events whose origin is this host only move the cursor. The accepted events of one reply
+  become ONE `FleetSink.apply_fleet` call (one kernel transaction); within a reply, the last event for an
+  address wins. The cursor is saved after the kernel commit (at most every `cursor_interval` seconds, and at
+  close), so a crash replays a little: bans keep the later end and unbans delete if present, so
+  re-applying is harmless.
+- Catch-up, on every connect: read the server's run id and stream bounds and `catchup.decide`. Replay just
+  continues from the cursor. Snapshot reads the server state atomically, gates it, reconciles the fleet's
+  kernel elements to it in one change, continues from the snapshot's stream id, and then re-publishes this
+  host's own recent active bans that the server lacks (repairing writes a failed-over primary lost).
+- Offline. Any error on the server link closes both connections; the service waits a capped, jittered
+  exponential backoff (0.5 s doubling to 30 s) and connects again. One warning when the link goes down,
+  one info line when it comes back (with how long it was away); retries in between log at debug level.
+
+The service never touches the kernel or SQLite itself: the enforcer behind `FleetSink` and the store behind
+`FleetState` (called in a worker thread) do. It never reads the wall clock except through `clock`.
+"""
+
+from __future__ import annotations
+
+import asyncio  # noqa: TID251 (an IO edge: the fleet's receive loop, publisher and reconnects)
+import collections
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from nftblockd.addr import IPNet, format_target
+from nftblockd.allowlist import Allowlist
+from nftblockd.config import FleetConfig
+from nftblockd.fleet.catchup import (
+    Cursor,
+    FleetBan,
+    FleetChange,
+    FleetUnban,
+    LocalBan,
+    OwnBan,
+    Replay,
+    decide,
+    format_id,
+    parse_id,
+    reassert,
+    reconcile,
+)
+from nftblockd.fleet.codec import FleetEvent, Rejection, decode, parse_net
+from nftblockd.fleet.gate import Gate, TrustLimits
+from nftblockd.fleet.link import Engine, Entry, LinkError
+from nftblockd.state.store import OutboxItem, OutboxRow
+
+log = logging.getLogger("nftblockd.fleet")
+
+READ_COUNT = 1000  # entries per XREAD: one kernel transaction each
+PUBLISH_BATCH = 10000  # outbox rows per publish round
+QUEUE_LIMIT = 1_000_000  # submitted events waiting for the outbox write; beyond, counted and dropped
+BACKOFF_FIRST = 0.5
+BACKOFF_CAP = 30.0
+
+
+class FleetSink(Protocol):
+    """The enforcer, as the fleet sees it: one transaction per change, and what the kernel holds."""
+
+    async def apply_fleet(self, change: FleetChange) -> None:
+        """Apply bans (keep the later end; a local ban lasting longer stays as it is) and unbans (remove the
+        fleet-origin element; a local-origin ban only if it was made before `FleetUnban.at`)."""
+        ...
+
+    async def fleet_view(self) -> tuple[Mapping[IPNet, float], Mapping[IPNet, LocalBan]]:
+        """(fleet-origin elements -> end, local-origin bans) of the fleet's blocklist; math.inf = permanent."""
+        ...
+
+
+class FleetState(Protocol):
+    """The state store's fleet tables (`store.Store` implements it); called from a worker thread."""
+
+    def fleet_enqueue(self, items: Iterable[OutboxItem]) -> list[int]: ...
+    def fleet_pending(self, now: float, limit: int = ...) -> list[OutboxRow]: ...
+    def fleet_mark_published(self, oseqs: Iterable[int]) -> None: ...
+    def fleet_forget(self, targets: Iterable[tuple[str, float]]) -> None: ...
+    def fleet_own_active(self, now: float, since: float) -> list[OutboxRow]: ...
+    def fleet_outbox_size(self) -> int: ...
+    def fleet_cursor(self, fleet: str) -> tuple[str, str] | None: ...
+    def set_fleet_cursor(self, fleet: str, run_id: str, last_id: str) -> None: ...
+
+
+def shares(cfg: FleetConfig, src: str) -> bool:
+    """Whether a ban decided by `src` ("jail:<name>", "cli", "escalation", ...) goes to the fleet."""
+    if src == "cli":
+        return cfg.share_cli
+    if src.startswith("jail:"):
+        return cfg.share_jails is None or src[5:] in cfg.share_jails
+    return False  # escalations, feeds, imports: each host decides those itself
+
+
+def limits_of(cfg: FleetConfig) -> TrustLimits:
+    return TrustLimits(cfg.min_prefix_v4, cfg.min_prefix_v6, cfg.max_ban, cfg.allow_permanent, cfg.rate,
+                       cfg.burst)
+
+
+@dataclass
+class FleetStats:
+    """What `nftblock fleet` shows; counters only grow."""
+
+    connected: bool = False
+    server: str = ""
+    role: str = ""
+    run_id: str = ""
+    cursor: str = ""
+    outbox: int = 0
+    received: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)  # (op, result)
+    published: int = 0
+    publish_failures: int = 0
+    dropped: int = 0  # submitted events the bounded queue could not hold
+    snapshots: int = 0
+    replays: int = 0
+    reasserted: int = 0
+    connects: int = 0
+    last_error: str = ""
+    last_error_at: float = 0.0
+    lag_last: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        rejected: dict[str, int] = collections.Counter()
+        by_op: dict[str, dict[str, int]] = {}
+        for (op, result), n in self.received.items():
+            by_op.setdefault(op, {})[result] = n
+            if result not in ("applied", "own"):
+                rejected[result] += n
+        return {
+            "connected": self.connected, "server": self.server, "role": self.role, "run_id": self.run_id,
+            "cursor": self.cursor, "outbox": self.outbox, "received": by_op, "rejected": dict(rejected),
+            "published": self.published, "publish_failures": self.publish_failures, "dropped": self.dropped,
+            "snapshots": self.snapshots, "replays": self.replays, "reasserted": self.reasserted,
+            "connects": self.connects, "last_error": self.last_error, "last_error_at": self.last_error_at,
+            "lag_last": self.lag_last,
+        }
+
+
+def _until_text(until: float | None) -> float | None:
+    return None if until is None or until == math.inf else until
+
+
+def _honour_cancel(task: asyncio.Task[Any] | None) -> None:
+    """redis-py can swallow a CancelledError that lands while it waits for a reply (seen with XREAD BLOCK on
+    8.1, one stop in ~10): the request to stop is still counted on the task, so honour it after each call."""
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+class FleetService:
+    def __init__(self, cfg: FleetConfig, link: Engine, state: FleetState, sink: FleetSink, allow: Allowlist, *,
+                 clock: Callable[[], float] = time.time, cursor_interval: float = 1.0,
+                 on_lag: Callable[[float], None] | None = None, read_count: int = READ_COUNT) -> None:
+        self.cfg = cfg
+        self.link = link
+        self.state = state
+        self.sink = sink
+        self.gate = Gate(limits_of(cfg), allow)
+        self.clock = clock
+        self.cursor_interval = cursor_interval
+        self.on_lag = on_lag
+        self.read_count = read_count
+        self.stats = FleetStats()
+        self._cursor: Cursor | None = None
+        self._cursor_loaded = False
+        self._saved_at = -math.inf
+        self._dirty = False
+        self._queue: collections.deque[OutboxItem] = collections.deque()
+        self._wake = asyncio.Event()
+        self._online = asyncio.Event()
+        self._down_since: float | None = None
+
+    # -- publishing ----------------------------------------------------------------------------------
+
+    def submit_bans(self, bans: Iterable[tuple[IPNet, float | None, str]]) -> int:
+        """Queue own bans (target, absolute end or None, src) the kernel already holds; returns how many the
+        fleet shares. Never blocks, never raises."""
+        now = self.clock()
+        n = 0
+        for net, until, src in bans:
+            if shares(self.cfg, src):
+                n += self._put(("ban", format_target(net), _until_text(until), src, now))
+        return n
+
+    def submit_unbans(self, nets: Iterable[IPNet], src: str = "cli") -> int:
+        """Queue fleet-wide unbans (an operator's `nftblock unban`)."""
+        if not shares(self.cfg, src):
+            return 0
+        now = self.clock()
+        return sum(self._put(("unban", format_target(net), None, src, now)) for net in nets)
+
+    def _put(self, item: OutboxItem) -> int:
+        if len(self._queue) >= QUEUE_LIMIT:
+            self.stats.dropped += 1
+            return 0
+        self._queue.append(item)
+        self._wake.set()
+        return 1
+
+    async def _publish_loop(self) -> None:
+        delay = BACKOFF_FIRST
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._queue:
+                items = list(self._queue)
+                self._queue.clear()
+                await asyncio.to_thread(self.state.fleet_enqueue, items)
+            if not self._online.is_set():
+                self.stats.outbox = await asyncio.to_thread(self.state.fleet_outbox_size)
+                continue
+            try:
+                await self._publish_pending()
+                _honour_cancel(asyncio.current_task())
+                delay = BACKOFF_FIRST
+            except Exception as exc:  # LinkError expected; anything else must not end fleet mode either
+                if not isinstance(exc, LinkError):
+                    log.error("fleet %s: unexpected error while publishing", self.cfg.name, exc_info=True)
+                self.stats.publish_failures += 1
+                self._note_error(exc)
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, BACKOFF_CAP)
+                self._wake.set()
+
+    async def _publish_pending(self) -> None:
+        while True:
+            now = self.clock()
+            rows = await asyncio.to_thread(self.state.fleet_pending, now, PUBLISH_BATCH)
+            if not rows:
+                self.stats.outbox = 0
+                return
+            ts = int(now * 1000)
+            events = [self._event(r, ts) for r in rows]
+            await self.link.publish([e for e in events if e is not None], now)
+            await asyncio.to_thread(self.state.fleet_mark_published, [r.oseq for r in rows])
+            self.stats.published += len(rows)
+
+    def _event(self, r: OutboxRow, ts: int) -> FleetEvent | None:
+        net = parse_net(r.target)
+        if isinstance(net, Rejection):
+            return None  # cannot happen for rows we wrote; never let one poison the outbox
+        if r.op == "ban":
+            return FleetEvent("ban", net, math.inf if r.until is None else r.until, self.cfg.host_id, r.oseq,
+                              r.src, ts)
+        return FleetEvent("unban", net, 0.0, self.cfg.host_id, r.oseq, r.src, ts)
+
+    # -- receiving -----------------------------------------------------------------------------------
+
+    def _note_error(self, exc: BaseException) -> None:
+        self.stats.last_error = str(exc)
+        self.stats.last_error_at = self.clock()
+
+    async def _load_cursor(self) -> None:
+        if self._cursor_loaded:
+            return
+        saved = await asyncio.to_thread(self.state.fleet_cursor, self.cfg.name)
+        if saved is not None:
+            try:
+                self._cursor = Cursor(saved[0], parse_id(saved[1]))
+            except ValueError:
+                self._cursor = None
+        self._cursor_loaded = True
+
+    async def save_cursor(self) -> None:
+        """Persist the cursor now (the daemon calls this at shutdown)."""
+        if self._cursor is not None and self._dirty:
+            c = self._cursor
+            await asyncio.to_thread(self.state.set_fleet_cursor, self.cfg.name, c.run_id, format_id(c.last_id))
+            self._dirty = False
+            self._saved_at = self.clock()
+
+    def _move(self, cursor: Cursor) -> None:
+        self._cursor = cursor
+        self._dirty = True
+        self.stats.cursor = format_id(cursor.last_id)
+
+    async def _receive_loop(self) -> None:
+        delay = BACKOFF_FIRST
+        while True:
+            try:
+                run_id = await self.link.connect()
+                self.stats.connects += 1
+                self.stats.run_id = run_id
+                self.stats.server = getattr(self.link, "server", "")
+                self.stats.role = await self.link.role()
+                await self._catch_up()
+                self.stats.connected = True
+                if self._down_since is not None:
+                    log.info("fleet %s: connected to %s again after %.1fs", self.cfg.name, self.stats.server,
+                             self.clock() - self._down_since)
+                    self._down_since = None
+                else:
+                    log.info("fleet %s: connected to %s (%s)", self.cfg.name, self.stats.server, self.stats.role)
+                self._online.set()
+                self._wake.set()
+                delay = BACKOFF_FIRST
+                await self._follow()
+            except Exception as exc:  # LinkError is the expected case; anything else is a bug or a surprise
+                # from the client library, and must not end fleet mode (or the daemon's TaskGroup)
+                if not isinstance(exc, LinkError):
+                    log.error("fleet %s: unexpected error, reconnecting", self.cfg.name, exc_info=True)
+                self._online.clear()
+                self.stats.connected = False
+                self._note_error(exc)
+                if self._down_since is None:
+                    self._down_since = self.clock()
+                    log.warning("fleet %s: server unreachable (%s); bans are still enforced here and queued for "
+                                "the fleet; retrying with backoff", self.cfg.name, exc)
+                else:
+                    log.debug("fleet %s: still unreachable: %s", self.cfg.name, exc)
+                await self.link.close()
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, BACKOFF_CAP)
+
+    async def _follow(self) -> None:
+        task = asyncio.current_task()
+        while True:
+            cur = self._cursor
+            assert cur is not None
+            entries = await self.link.read(cur.last_id, self.read_count)
+            _honour_cancel(task)
+            if entries:
+                await self._apply(entries, cur.run_id)
+            if self._dirty and self.clock() - self._saved_at >= self.cursor_interval:
+                await self.save_cursor()
+
+    async def _apply(self, entries: Sequence[Entry], run_id: str) -> None:
+        now = self.clock()
+        latest: dict[IPNet, tuple[FleetEvent, float]] = {}
+        received = self.stats.received
+        for sid, fields in entries:
+            ev = decode(fields)
+            if isinstance(ev, Rejection):
+                op = fields.get(b"op", b"?")
+                received[(op.decode("ascii", "replace")[:8] if isinstance(op, bytes) else "?", ev.reason)] += 1
+                log.debug("fleet: refused entry %s: %s %s", format_id(sid), ev.reason, ev.detail)
+                continue
+            if ev.origin == self.cfg.host_id:
+                received[(ev.op, "own")] += 1
+                continue
+            ok = self.gate.check(ev, now, sid[0] / 1000)
+            if isinstance(ok, Rejection):
+                received[(ev.op, ok.reason)] += 1
+                log.debug("fleet: refused %s %s from %s: %s", ev.op, ev.net, ev.origin, ok.detail)
+                continue
+            received[(ev.op, "applied")] += 1
+            latest[ev.net] = (ev, ok.until if ev.op == "ban" else sid[0] / 1000)
+        bans = tuple(FleetBan(net, v, ev.origin) for net, (ev, v) in latest.items() if ev.op == "ban")
+        unbans = tuple(FleetUnban(net, v) for net, (ev, v) in latest.items() if ev.op == "unban")
+        if bans or unbans:
+            await self.sink.apply_fleet(FleetChange(bans, unbans))
+            done = self.clock()
+            for ev, _ in latest.values():
+                if ev.op == "ban" and ev.ts:
+                    self.stats.lag_last = done - ev.ts / 1000
+                    if self.on_lag is not None:
+                        self.on_lag(self.stats.lag_last)
+            if unbans:
+                await asyncio.to_thread(self.state.fleet_forget,
+                                        [(format_target(u.net), u.at or now) for u in unbans])
+        self._move(Cursor(run_id, entries[-1][0]))
+
+    # -- catch-up ------------------------------------------------------------------------------------
+
+    async def _catch_up(self) -> None:
+        await self._load_cursor()
+        view = await self.link.server_view()
+        choice = decide(self._cursor, view)
+        if isinstance(choice, Replay):
+            self.stats.replays += 1
+            if self._cursor is None or self._cursor.last_id != choice.after:
+                self._move(Cursor(view.run_id, choice.after))
+            log.info("fleet %s: replaying from %s", self.cfg.name, format_id(choice.after))
+            return
+        await self._snapshot(choice.why)
+
+    async def _snapshot(self, why: str) -> None:
+        now = self.clock()
+        snap = await self.link.snapshot(now)
+        active_raw: dict[IPNet, float] = {}
+        active: dict[IPNet, float] = {}
+        for member, until in snap.active.items():
+            net = parse_net(member)
+            if isinstance(net, Rejection):
+                self.stats.received[("snapshot", net.reason)] += 1
+                continue
+            active_raw[net] = until
+            bad = self.gate.check_net(net)
+            clamped = self.gate.clamp(until, now) if bad is None else bad
+            if isinstance(clamped, Rejection):
+                self.stats.received[("snapshot", clamped.reason)] += 1
+                continue
+            active[net] = clamped[0]
+        tombstones: dict[IPNet, float] = {}
+        for member, at in snap.tombstones.items():
+            net = parse_net(member)
+            if not isinstance(net, Rejection):
+                tombstones[net] = at
+        fleet_elements, local = await self.sink.fleet_view()
+        change = reconcile(active, tombstones, fleet_elements, local)
+        if change:
+            await self.sink.apply_fleet(change)
+        self._move(Cursor(snap.run_id, snap.last_id))
+        await self.save_cursor()
+        self.stats.snapshots += 1
+        log.info("fleet %s: snapshot (%s): %d active, %d tombstones; %d added, %d removed here", self.cfg.name,
+                 why, len(snap.active), len(snap.tombstones), len(change.bans), len(change.unbans))
+        rows = await asyncio.to_thread(self.state.fleet_own_active, now, now - self.cfg.history)
+        own = []
+        for r in rows:
+            net = parse_net(r.target)
+            if not isinstance(net, Rejection):
+                own.append(OwnBan(r.oseq, net, math.inf if r.until is None else r.until, r.src, r.created))
+        again = reassert(own, active_raw, tombstones, now)
+        if again:
+            ts = int(now * 1000)
+            await self.link.publish([FleetEvent("ban", b.net, b.until, self.cfg.host_id, b.oseq, b.src, ts)
+                                     for b in again], now)
+            self.stats.reasserted += len(again)
+            log.info("fleet %s: re-asserted %d own bans the server lacked", self.cfg.name, len(again))
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Publisher and receiver until cancelled (run it under the daemon's TaskGroup)."""
+        self.stats.outbox = await asyncio.to_thread(self.state.fleet_outbox_size)
+        if self.stats.outbox:
+            self._wake.set()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._receive_loop(), name="fleet-receive")
+                tg.create_task(self._publish_loop(), name="fleet-publish")
+        finally:
+            self._online.clear()
+            self.stats.connected = False
+
+    async def close(self) -> None:
+        """Save the cursor and close the connections (after `run` was cancelled)."""
+        try:
+            await self.save_cursor()
+        finally:
+            await self.link.close()
+
+    def status(self) -> dict[str, Any]:
+        d = self.stats.as_dict()
+        d.update(fleet=self.cfg.name, host_id=self.cfg.host_id, queued=len(self._queue))
+        return d
+
+
+__all__ = ["FleetService", "FleetSink", "FleetState", "FleetStats", "limits_of", "shares"]

@@ -1,0 +1,110 @@
+"""Catch-up decision (replay or snapshot), snapshot reconcile and re-assert of own bans."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nftblockd.fleet.catchup import (
+    Cursor,
+    FleetBan,
+    FleetUnban,
+    LocalBan,
+    OwnBan,
+    Replay,
+    ServerView,
+    Snapshot,
+    decide,
+    format_id,
+    parse_id,
+    reassert,
+    reconcile,
+)
+
+N = ipaddress.ip_network
+NOW = 1_700_000_000.0
+
+
+def test_ids() -> None:
+    assert parse_id(b"1700000000000-3") == (1700000000000, 3)
+    assert parse_id("5") == (5, 0)
+    assert format_id((5, 2)) == "5-2"
+    for bad in ("", "a-1", "1-", "-1", "1-2-3"):
+        with pytest.raises(ValueError):
+            parse_id(bad)
+
+
+V = ServerView("R1", first_id=(100, 0), last_generated=(200, 5))
+
+
+@pytest.mark.parametrize(("saved", "server", "want"), [
+    (None, V, Snapshot("no_cursor")),
+    (Cursor("R0", (150, 0)), V, Snapshot("new_server")),
+    (Cursor("R1", (300, 0)), V, Snapshot("cursor_ahead")),
+    (Cursor("R1", (200, 5)), V, Replay((200, 5))),
+    (Cursor("R1", (150, 0)), V, Replay((150, 0))),
+    (Cursor("R1", (100, 0)), V, Replay((100, 0))),
+    (Cursor("R1", (99, 9)), V, Snapshot("trimmed")),
+    (Cursor("R1", (99, 9)), ServerView("R1", (100, 0), (200, 5), removed=0), Replay((99, 9))),
+    (Cursor("R1", (99, 9)), ServerView("R1", (100, 0), (200, 5), removed=1), Snapshot("trimmed")),
+    (Cursor("R1", (0, 0)), ServerView("R1", (100, 0), (200, 5), removed=0), Replay((0, 0))),
+    (Cursor("R1", (150, 0)), ServerView("R1", None, (200, 5)), Snapshot("trimmed")),  # all trimmed by age
+    (Cursor("R1", (200, 5)), ServerView("R1", None, (200, 5)), Replay((200, 5))),
+    (Cursor("R1", (0, 0)), ServerView("R1", None, (0, 0)), Replay((0, 0))),  # empty fleet, first start
+])
+def test_decide(saved: Cursor | None, server: ServerView, want: Replay | Snapshot) -> None:
+    assert decide(saved, server) == want
+
+
+@given(st.tuples(st.integers(0, 50), st.integers(0, 3)), st.tuples(st.integers(0, 50), st.integers(0, 3)),
+       st.tuples(st.integers(0, 50), st.integers(0, 3)))
+def test_replay_only_when_nothing_after_the_cursor_was_lost(cur: tuple[int, int], first: tuple[int, int],
+                                                            last: tuple[int, int]) -> None:
+    if first > last:
+        first, last = last, first
+    d = decide(Cursor("R", cur), ServerView("R", first, last))
+    # replay is safe exactly when the cursor is inside [first, last] (or at last)
+    assert isinstance(d, Replay) == (first <= cur <= last or cur == last)
+
+
+A, B, C, D = (N(x) for x in ("203.0.113.1/32", "203.0.113.2/32", "203.0.113.3/32", "198.51.100.0/24"))
+
+
+def test_reconcile_adds_missing_and_longer_removes_absent_fleet_elements() -> None:
+    change = reconcile(
+        active={A: NOW + 100, B: NOW + 500, D: math.inf},
+        tombstones={},
+        fleet_elements={A: NOW + 100, B: NOW + 50, C: NOW + 900},
+        local={},
+    )
+    assert set(change.bans) == {FleetBan(B, NOW + 500, ""), FleetBan(D, math.inf, "")}
+    assert change.unbans == (FleetUnban(C, None),)
+
+
+def test_local_bans_survive_unless_a_newer_tombstone_exists() -> None:
+    change = reconcile(
+        active={A: NOW + 100},
+        tombstones={B: NOW - 10, C: NOW - 10},
+        fleet_elements={},
+        local={A: LocalBan(NOW - 5, NOW + 1000),  # already longer locally: nothing to add
+               B: LocalBan(NOW - 20, NOW + 1000),  # unbanned fleet-wide after we banned it: goes
+               C: LocalBan(NOW - 5, NOW + 1000)},  # we banned it after that unban: stays
+    )
+    assert change.bans == ()
+    assert change.unbans == (FleetUnban(B, NOW - 10),)
+    assert not reconcile({}, {}, {}, {})
+
+
+def test_reassert_own_bans_the_server_lacks() -> None:
+    own = [OwnBan(1, A, NOW + 100, "jail:sshd", NOW - 50),  # server lost it: re-assert
+           OwnBan(2, B, NOW + 100, "cli", NOW - 50),  # server has it longer: fine
+           OwnBan(3, C, NOW - 1, "cli", NOW - 50),  # over: nothing to say
+           OwnBan(4, D, NOW + 100, "cli", NOW - 50)]  # tombstoned after we made it: do not resurrect
+    out = reassert(own, active={B: NOW + 200}, tombstones={D: NOW - 20}, now=NOW)
+    assert [b.oseq for b in out] == [1]
+    # a tombstone older than our ban does not stop it
+    assert reassert([OwnBan(5, D, NOW + 100, "cli", NOW - 5)], {}, {D: NOW - 20}, NOW)[0].oseq == 5

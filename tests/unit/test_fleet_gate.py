@@ -1,0 +1,103 @@
+"""Trust gate: limits, never-ban space, allowlist and own addresses, clamping and the per-origin rate cap."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+
+import pytest
+
+from nftblockd.allowlist import build_allowlist
+from nftblockd.fleet.codec import FleetEvent, Rejection
+from nftblockd.fleet.gate import Accepted, Gate, TrustLimits, never_ban
+
+N = ipaddress.ip_network
+A = ipaddress.ip_address
+NOW = 1_700_000_000.0
+
+
+def _gate(**kw: object) -> Gate:
+    allow = build_allowlist([N("192.0.2.0/24")], [A("198.51.100.10"), A("2001:db8::10")])
+    return Gate(TrustLimits(**kw), allow)  # type: ignore[arg-type]
+
+
+def _ev(net: str, until: float = NOW + 3600, op: str = "ban", origin: str = "web-02") -> FleetEvent:
+    return FleetEvent(op, N(net), until, origin, 1, "jail:sshd", 0)  # type: ignore[arg-type]
+
+
+def _reason(r: Accepted | Rejection) -> str:
+    return r.reason if isinstance(r, Rejection) else "ok"
+
+
+@pytest.mark.parametrize(("net", "reason"), [
+    ("203.0.113.7/32", "ok"),
+    ("203.0.113.0/24", "ok"),
+    ("203.0.0.0/16", "ok"),
+    ("203.0.0.0/15", "too_wide"),
+    ("0.0.0.0/0", "too_wide"),
+    ("::/0", "too_wide"),
+    ("2001:db8:1::/48", "ok"),
+    ("2001:db8::/47", "too_wide"),
+    ("192.0.2.55/32", "allowlisted"),
+    ("198.51.100.10/32", "allowlisted"),  # the host's own address
+    ("198.51.100.0/24", "allowlisted"),  # a range around it
+    ("2001:db8::/64", "allowlisted"),
+    ("127.0.0.1/32", "never_ban"),
+    ("0.0.0.0/32", "never_ban"),
+    ("255.255.255.255/32", "never_ban"),
+    ("224.0.0.251/32", "never_ban"),
+    ("240.1.0.0/16", "never_ban"),
+    ("169.254.1.1/32", "never_ban"),
+    ("::/128", "never_ban"),
+    ("fe80::1/128", "never_ban"),
+    ("ff02::1/128", "never_ban"),
+    ("10.1.2.3/32", "ok"),  # private space is bannable: a fleet may need to stop an inside host
+])
+def test_targets(net: str, reason: str) -> None:
+    assert _reason(_gate().check(_ev(net), NOW, NOW)) == reason
+
+
+def test_never_ban_overlap_both_ways() -> None:
+    assert never_ban(N("224.0.0.0/3")) == "224.0.0.0/4"
+    assert never_ban(N("8.8.8.8/32")) is None
+
+
+def test_clamping() -> None:
+    g = _gate(max_ban=3600.0)
+    r = g.check(_ev("203.0.113.7/32", NOW + 86400), NOW, NOW)
+    assert isinstance(r, Accepted) and r.until == NOW + 3600 and r.clamped
+    r = g.check(_ev("203.0.113.7/32", math.inf), NOW, NOW)
+    assert isinstance(r, Accepted) and r.until == NOW + 3600 and r.clamped
+    r = g.check(_ev("203.0.113.7/32", NOW + 0.2), NOW, NOW)
+    assert isinstance(r, Accepted) and r.until == NOW + 1.0  # at least one second
+    assert _reason(g.check(_ev("203.0.113.7/32", NOW - 1), NOW, NOW)) == "expired"
+    r = _gate(allow_permanent=True).check(_ev("203.0.113.7/32", math.inf), NOW, NOW)
+    assert isinstance(r, Accepted) and r.until == math.inf and not r.clamped
+
+
+def test_unbans_skip_the_target_checks() -> None:
+    r = _gate().check(_ev("127.0.0.1/32", 0.0, "unban"), NOW, NOW)
+    assert isinstance(r, Accepted) and r.event.op == "unban"
+
+
+def test_rate_cap_per_origin_on_server_time() -> None:
+    g = _gate(rate=10.0, burst=5)
+    results = [_reason(g.check(_ev("203.0.113.7/32"), NOW, NOW)) for _ in range(7)]
+    assert results == ["ok"] * 5 + ["rate"] * 2
+    # another origin has its own bucket
+    assert _reason(g.check(_ev("203.0.113.7/32", origin="web-03"), NOW, NOW)) == "ok"
+    # 0.35 s of server time refills 3 tokens at 10/s
+    results = [_reason(g.check(_ev("203.0.113.7/32"), NOW, NOW + 0.35)) for _ in range(4)]
+    assert results == ["ok"] * 3 + ["rate"]
+    # a replay hours later goes at the pace the entries were written: their server time, not ours
+    g2 = _gate(rate=10.0, burst=5)
+    late = _ev("203.0.113.7/32", NOW + 9000)
+    ok = sum(_reason(g2.check(late, NOW + 7200, NOW + i * 0.1)) == "ok" for i in range(100))
+    assert ok == 100
+
+
+def test_origin_memory_is_bounded() -> None:
+    g = Gate(TrustLimits(), build_allowlist([]), max_origins=3)
+    for i in range(10):
+        g.check(_ev("203.0.113.7/32", origin=f"h{i}"), NOW, NOW)
+    assert len(g._buckets) == 3

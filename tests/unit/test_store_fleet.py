@@ -1,0 +1,72 @@
+"""Fleet tables of the state store: the outbox (pending, published, dead) and the cursor."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from nftblockd.state.schema import SCHEMA_VERSION
+from nftblockd.state.store import Store
+from tests.helpers.store import memory_store
+
+NOW = 1_700_000_000.0
+
+
+def test_outbox_order_expiry_and_unbans(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s.db") as st:
+        seqs = st.fleet_enqueue([("ban", "203.0.113.1", NOW + 100, "jail:sshd", NOW),
+                                 ("ban", "203.0.113.2", NOW + 5, "cli", NOW),
+                                 ("ban", "203.0.113.3", None, "cli", NOW),
+                                 ("ban", "203.0.113.4", NOW + 100, "cli", NOW)])
+        assert seqs == sorted(seqs) and len(set(seqs)) == 4
+        st.fleet_enqueue([("unban", "203.0.113.4", None, "cli", NOW + 1)])
+        assert st.fleet_outbox_size() == 4
+        # at NOW+10 the 5-second ban is over: skipped; the unbanned one is never published
+        pending = st.fleet_pending(NOW + 10)
+        assert [(r.op, r.target) for r in pending] == [("ban", "203.0.113.1"), ("ban", "203.0.113.3"),
+                                                       ("unban", "203.0.113.4")]
+        st.fleet_mark_published([r.oseq for r in pending])
+        assert st.fleet_pending(NOW + 10) == [] and st.fleet_outbox_size() == 0
+        own = st.fleet_own_active(NOW + 10, NOW - 60)
+        assert [(r.target, r.until) for r in own] == [("203.0.113.1", NOW + 100), ("203.0.113.3", None)]
+        # another host unbanned .1 fleet-wide after we banned it: not ours to re-assert any more
+        st.fleet_forget([("203.0.113.1", NOW + 20), ("203.0.113.3", NOW - 1)])
+        assert [r.target for r in st.fleet_own_active(NOW + 30, NOW - 60)] == ["203.0.113.3"]
+        assert st.fleet_prune(NOW + 30, 3600) >= 4
+        assert [r.target for r in st.fleet_own_active(NOW + 30, NOW - 60)] == ["203.0.113.3"]
+        # past the horizon even a permanent ban is no longer "recent"
+        assert st.fleet_prune(NOW + 7200, 3600) == 1
+
+
+def test_oseq_is_never_reused_and_survives_restart(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with Store.open(path) as st:
+        (a,) = st.fleet_enqueue([("ban", "203.0.113.1", NOW + 1, "cli", NOW)])
+        st.fleet_mark_published([a])
+        st.fleet_prune(NOW + 2, 3600)
+        st.set_fleet_cursor("prod", "run1", "1700000000000-0")
+        st.set_fleet_cursor("prod", "run2", "1700000000001-3")
+    with Store.open(path) as st:
+        (b,) = st.fleet_enqueue([("ban", "203.0.113.1", NOW + 1, "cli", NOW)])
+        assert b > a
+        assert st.fleet_cursor("prod") == ("run2", "1700000000001-3") and st.fleet_cursor("other") is None
+
+
+def test_version_2_database_is_upgraded(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with Store.open(path) as st:
+        st.set_positions({"k": "v"})
+    with sqlite3.connect(path) as c:
+        c.execute("DROP TABLE fleet_outbox")
+        c.execute("DROP TABLE fleet_cursor")
+        c.execute("PRAGMA user_version = 2")
+    with Store.open(path) as st:
+        assert st.get_position("k") == "v" and st.fleet_outbox_size() == 0
+    with sqlite3.connect(path) as c:
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+
+
+def test_memory_store_has_the_tables() -> None:
+    st = memory_store()
+    st.fleet_enqueue([("ban", "203.0.113.1", None, "cli", NOW)])
+    assert st.fleet_outbox_size() == 1
