@@ -18,6 +18,7 @@ from typing import Any
 
 from nftblockd.addr import split_net_keys
 from nftblockd.config import Config
+from nftblockd.durations import ban_end, longest
 from nftblockd.feeds.aggregate import Aggregate, Sanitised, aggregate
 from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate
 from nftblockd.kernel.enforcer import Enforcer
@@ -97,8 +98,7 @@ class FeedManager:
             t0 = time.perf_counter()
             agg = aggregate(parts)
             timeouts = [self._timeouts[n] for n in feeds]
-            ban_timeout = None if any(t is None for t in timeouts) else max(t for t in timeouts if t is not None)
-            until = None if ban_timeout is None else time.time() + ban_timeout
+            until = ban_end(longest(timeouts), time.time())
             desired = _desired(agg, blocklist)
             res = await self.enforcer.sync_sets(desired, until, reason="feeds " + ", ".join(feeds))
             self.syncs += 1

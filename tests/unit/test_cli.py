@@ -29,6 +29,7 @@ from nftblockd.addr import AddressError, format_target, parse_target
 from nftblockd.cli import canonical_target, main
 from nftblockd.control.protocol import encode_error
 from nftblockd.control.server import ControlServer, Peer
+from nftblockd.durations import PERMANENT, Permanent
 from nftblockd.state.f2bimport import refusal
 from tests.helpers.apirig import ApiRig, FakeFeeds, api_rig, serve
 
@@ -401,7 +402,7 @@ async def test_test_filter_reports_a_missing_module(monkeypatch: pytest.MonkeyPa
 class F2bBan:
     jail: str
     ip: str
-    remaining: float | None
+    remaining: float | Permanent
     time_of_ban: float = 0.0
 
 
@@ -413,7 +414,7 @@ async def test_import_fail2ban(sock: Path, rig: ApiRig, monkeypatch: pytest.Monk
         return [
             F2bBan("sshd", "192.0.2.1", 120.4),
             F2bBan("recidive", "192.0.2.1", 86000.0),  # the same address: the longer ban wins
-            F2bBan("sshd", "192.0.2.2", None),
+            F2bBan("sshd", "192.0.2.2", PERMANENT),
             F2bBan("sshd", "192.0.2.3", 0.0),  # expired meanwhile
             F2bBan("nginx", "10.1.2.3", 50.0),  # allowlisted here
             F2bBan("sshd", "0.0.0.0", 300.0),  # never-ban space (issue 13): skipped with the reason
