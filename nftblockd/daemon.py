@@ -273,6 +273,7 @@ class Daemon:
 
         def problem(p: StoreProblem) -> None:
             log.error("state database: %s", p.message)
+            self.metrics.state_problem(p.kind, p.salvaged_rows, p.dropped_rows, p.truncated_bytes)
 
         # quick_check runs after READY (`verify`): damage in the bans table is met by the load itself
         self.store = await self.store_call(Store.open, path, on_problem=problem, verify=False)
@@ -458,7 +459,10 @@ class Daemon:
             saving = self.persister.status()
             store = {"path": str(Path(self.cfg.state_dir) / "state.db"), "persistent": self.store.persistent,
                      "degraded": saving.degraded, "unsaved_changes": saving.unsaved_changes,
-                     "last_error": saving.last_error, "degraded_since": saving.degraded_since}
+                     "last_error": saving.last_error, "degraded_since": saving.degraded_since,
+                     "salvaged_rows": sum(p.salvaged_rows for p in self.store.problems),
+                     "salvage_dropped_rows": sum(p.dropped_rows for p in self.store.problems),
+                     "truncated_bytes": sum(p.truncated_bytes for p in self.store.problems)}
         return {"jails": jails, "tracker": {"tracked": self.tracker.tracked, "evictions": self.tracker.evictions,
                                     "evicted_several": self.tracker.evicted_several}, "store": store}
 
@@ -609,7 +613,11 @@ class Daemon:
         mx = self.metrics
         mx.before_scrape.append(self.refresh_gauges)
         mx.tracker_addresses.read = lambda: [((jail,), n) for jail, n in self.tracker.tracked_by_jail().items()]
-        mx.tracker_evictions.read = lambda: [((), self.tracker.evictions)]
+        mx.tracker_evictions.read = lambda: [(("one",), self.tracker.evictions - self.tracker.evicted_several),
+                                             (("several",), self.tracker.evicted_several)]
+        mx.failures_refused.read = lambda: [((j.jail.name, why), n) for j in self.jails
+                                            for why, n in (("allowlisted", j.stats.allowlisted),
+                                                           ("never_ban", j.stats.never_ban))]
 
         def invalid_lines() -> list[tuple[tuple[str, ...], float]]:
             by: dict[tuple[str, ...], float] = {}

@@ -119,6 +119,13 @@ class BulkResult:
     never_ban: dict[int, list[int]] = field(default_factory=dict)  # never-ban space (neverban.py), refused
 
 
+def refusal_reason(r: DecisionResult) -> str:
+    """The `reason` label of nftblock_bans_refused for a refused ban's result."""
+    if r.code == "unavailable":  # the kernel refused the element (its set is named) or the state did (overlap)
+        return "kernel" if r.set_name else "overlap"
+    return r.code or "none"
+
+
 class Enforcer:
     def __init__(self, cfg: Config, plan: Ruleset, allow: Allowlist, writer_factory: Callable[[], SetWriter],
                  *, metrics: Metrics | None = None, on_flush: Callable[[FlushReport], None] | None = None,
@@ -224,6 +231,10 @@ class Enforcer:
             self.metrics.netlink_errors.labels(E.errorcode.get(errno, str(errno))).inc()
             if full:
                 self.metrics.set_full.labels(set_name).inc()
+
+    def _count_refused(self, reason: str, n: int) -> None:
+        if n and self.metrics is not None:
+            self.metrics.bans_refused.labels(reason).inc(n)
 
     # -- decisions ----------------------------------------------------------------------------------
 
@@ -340,6 +351,9 @@ class Enforcer:
         if self.metrics is not None:
             self.metrics.bans.labels(jail, origin).inc(applied)
             self.metrics.allowlist_hits.inc(sum(len(v) for v in out.allowlisted.values()))
+            self._count_refused("allowlisted", sum(len(v) for v in out.allowlisted.values()))
+            self._count_refused("never_ban", sum(len(v) for v in out.never_ban.values()))
+            self._count_refused("kernel", len(out.failed))
             if started is not None and applied:
                 self.metrics.ban_latency.observe((origin,), time.monotonic() - started, applied)
         self.counters.refused += len(out.failed) + sum(len(v) for v in out.allowlisted.values()) + sum(
@@ -496,6 +510,8 @@ class Enforcer:
                 banned[d.origin] = banned.get(d.origin, 0) + 1
             elif r.code is None and isinstance(d, Unban) and r.outcome is BanOutcome.REMOVED:
                 mx.unbans.labels(d.origin).inc()
+            if r.code is not None and isinstance(d, Ban):
+                mx.bans_refused.labels(refusal_reason(r)).inc()
         for origin, n in banned.items():
             mx.ban_latency.observe((origin,), latency, n)
 
