@@ -564,7 +564,7 @@ class Daemon:
                     self.tracker.note_ban(Ban(host_net(k, version), blocklist, ends[k], _origin(origin), reason, jail),
                                           now)
         if others:
-            results = await self.enforcer.apply(others, now=now, persist=False)
+            results = await self.enforcer.restore_bans(others, now)
             n += sum(1 for r in results if r.code is None)
             for b in others:
                 if b.jail:

@@ -294,7 +294,8 @@ class ControlAPI:
             "errors": {"kernel": {str(k): v for k, v in e.counters.kernel_errors.items()},
                        "set_full": e.counters.set_full, "refused": e.counters.refused,
                        "allowlisted": e.counters.allowlisted, "rebuilds": e.counters.rebuilds,
-                       "drift_repaired": e.counters.drift_repaired, "adopted": e.counters.adopted},
+                       "drift_repaired": e.counters.drift_repaired, "adopted": e.counters.adopted,
+                       "unbannable_removed": e.counters.unbannable_removed},
             "jails": [],
             "feeds": self._feeds() if self._feeds else [],
         }

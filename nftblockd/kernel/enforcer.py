@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from nftblockd.addr import IPNet, format_host, format_target, pack_hosts
+from nftblockd.addr import IPNet, format_host, format_target, key_net, key_range, pack_hosts
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import Config
 from nftblockd.events import Ban, Decision, Unban, clip_reason
@@ -91,6 +91,8 @@ class Counters:
     rebuilds: int = 0
     drift_repaired: int = 0
     adopted: int = 0  # elements found in our sets that the state did not know, taken in (see reconcile)
+    # saved or kernel-held bans that no ban may cover (never-ban space, the allowlist): removed, not enforced
+    unbannable_removed: int = 0
     last_batch_seconds: float = 0.0
 
 
@@ -231,6 +233,47 @@ class Enforcer:
             self.metrics.netlink_errors.labels(E.errorcode.get(errno, str(errno))).inc()
             if full:
                 self.metrics.set_full.labels(set_name).inc()
+
+    def unbannable(self, version: int, interval: bool, keys: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """Among `keys` (host keys, or net keys of an interval set), those no ban may cover: key -> (reason,
+        message), reason `never_ban` (neverban.py) or `allowlisted`. For what was banned before the rules
+        or the allowlist said otherwise: a saved ban, an element found in the kernel."""
+        out: dict[int, tuple[str, str]] = {}
+        if not interval:
+            for k in never_ban_keys(version, keys):
+                out[k] = ("never_ban", f"{format_host(k, version)} is never banned: "
+                                       f"{never_ban_range(version, k, k)}")
+            if len(self.allow):
+                for k in keys:
+                    hit = self.allow.contains_range(version, k, k)
+                    if hit is not None and k not in out:
+                        out[k] = ("allowlisted", f"{format_host(k, version)} is allowlisted ({hit})")
+            return out
+        for k in keys:
+            first, last = key_range(k, version)
+            why = never_ban_range(version, first, last)
+            if why is not None:
+                out[k] = ("never_ban", f"{format_target(key_net(k, version))} is never banned: {why}")
+                continue
+            hit = self.allow.contains_range(version, first, last)
+            if hit is not None:
+                out[k] = ("allowlisted", f"{format_target(key_net(k, version))} is allowlisted ({hit})")
+        return out
+
+    def _report_unbannable(self, where: str, found: dict[int, tuple[str, str]]) -> None:
+        """Log, count and meter bans removed because no ban may cover them (`where`: whence they came)."""
+        if not found:
+            return
+        self.counters.unbannable_removed += len(found)
+        by_reason: dict[str, int] = {}
+        for reason, _msg in found.values():
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        for reason, n in by_reason.items():
+            self._count_refused(reason, n)
+        shown = [msg for _reason, msg in list(found.values())[:5]]
+        more = f" (and {len(found) - len(shown)} more)" if len(found) > len(shown) else ""
+        log.warning("removed %d %s that no ban may cover, instead of enforcing them: %s%s", len(found), where,
+                    "; ".join(shown), more)
 
     def _count_refused(self, reason: str, n: int) -> None:
         if n and self.metrics is not None:
@@ -430,9 +473,18 @@ class Enforcer:
         """Saved single-address bans with their own ends back into state and kernel (no persistence).
 
         Straight to the kernel thread in large transactions: this runs before READY with nothing else
-        pending, and the batcher's small windows would cost a flush per 10k bans.
+        pending, and the batcher's small windows would cost a flush per 10k bans. A saved ban that no ban may
+        cover (never-ban space, or the allowlist as configured now) is not restored: it is deleted from the
+        state database, logged and counted (status' `unbannable_removed`, nftblock_bans_refused_total).
         """
         now = time.time()
+        refused = self.unbannable(version, False, keys)
+        if refused:
+            kept = [(k, u) for k, u in zip(keys, untils, strict=True) if k not in refused]
+            keys, untils = [k for k, _u in kept], [u for _k, u in kept]
+            self._report_unbannable(f"saved bans of blocklist {blocklist}", refused)
+            if self.persist is not None:
+                await self.persist(StateChange(packed_deletes=[(blocklist, pack_hosts(refused, version))]))
         failures: list[OpFailure] = []
         restored: list[int] = []
         name = ""
@@ -455,6 +507,21 @@ class Enforcer:
             self.state.forget(f.set_name, f.key)
             self._count_refusal(f.errno, f.set_name)
         return name, restored, failures
+
+    async def restore_bans(self, bans: Sequence[Ban], now: float) -> list[DecisionResult]:
+        """Saved bans of ranges (and other one-by-one bans) back into state and kernel, without saving them
+        again; one that no ban may cover is refused as `apply` refuses it, and deleted from the database."""
+        results = await self.apply(bans, now=now, persist=False)
+        gone = [(b, r) for b, r in zip(bans, results, strict=True) if r.code in ("never_ban", "allowlisted")]
+        if gone:
+            self.counters.unbannable_removed += len(gone)
+            shown = "; ".join(r.message for _b, r in gone[:5])
+            more = f" (and {len(gone) - 5} more)" if len(gone) > 5 else ""
+            log.warning("removed %d saved bans that no ban may cover, instead of enforcing them: %s%s", len(gone),
+                        shown, more)
+            if self.persist is not None:
+                await self.persist(StateChange(deletes=[(b.blocklist, b.target) for b, _r in gone]))
+        return results
 
     async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]], *, origin: str = "cli",
                           jail: str = "") -> list[tuple[str, list[int], list[int]]]:
@@ -623,8 +690,12 @@ class Enforcer:
                 missing = [k for k in entries.entries if k not in kernel_keys]
                 extra = [k for k in kernel_keys if k not in entries.entries]
                 adopted: list[int] = []
+                unbannable: dict[int, tuple[str, str]] = {}
                 if extra and spec.blocklist not in feed_owned:
-                    adopted = self.state.adopt(name, {k: kernel_keys[k] for k in extra}, now)
+                    # never adopt what no ban may cover: such elements are deleted like any other extra
+                    unbannable = self.unbannable(spec.version, spec.interval, extra)
+                    adopt = {k: kernel_keys[k] for k in extra if k not in unbannable}
+                    adopted = self.state.adopt(name, adopt, now)
                     taken = set(adopted)
                     extra = [k for k in extra if k not in taken]
                 batches: list[tuple[str, Sequence[int], OpSpec]] = list(
@@ -632,6 +703,7 @@ class Enforcer:
                 if extra:
                     batches.append((name, extra, DELETE))
                 fut = await self.batcher.submit_many(batches) if batches else None
+            self._report_unbannable(f"elements of set {name} found in the kernel", unbannable)
             if adopted:
                 log.warning("set %s holds %d bans that nftblockd's state did not know (state database lost or "
                             "damaged, or the clock jumped); adopted them with their remaining kernel timeouts",
