@@ -697,10 +697,32 @@ class Daemon:
             log.info("chains now: %s", ", ".join(c.name for c in self.plan.chains))
             await self._warn_missing_devices()
         jails = await self._reload_jails(old_cfg, new, filters, policies)
-        log.info("configuration reloaded from %s%s", self.config_path, f" ({jails})" if jails else "")
+        feeds = await self._reload_feeds(old_cfg, new)
+        summary = "; ".join(x for x in (jails, feeds) if x)
+        log.info("configuration reloaded from %s%s", self.config_path, f" ({summary})" if summary else "")
         self.notifier.ready("configuration reloaded")
-        self.reload_changes = jails
+        self.reload_changes = summary
         return True
+
+    async def _reload_feeds(self, old: Config, new: Config) -> str:
+        """Apply feed changes (feeds/manager.py: `reconfigure`); the API learns which blocklists feeds own
+        now. Returns a summary."""
+        if self.feeds is None:
+            if not new.feeds:
+                return ""
+            from nftblockd.feeds.manager import FeedManager
+            self.feeds = FeedManager(old, self.enforcer, Path(new.state_dir) / "feeds", self.metrics)
+            if self._tg is not None:
+                self._tg.create_task(self.feeds.run(self.stop), name="feeds")
+        owned = self.feeds.blocklists()
+        added, removed, changed = await self.feeds.reconfigure(new)
+        self.api.set_feeds(self.feeds.status, self.feeds.refresh, self.feeds.blocklists())
+        now_owned = self.feeds.blocklists()
+        parts = [f"{what}: {', '.join(sorted(names))}" for what, names in
+                 (("feeds added", added), ("feeds removed", removed), ("feeds changed", changed),
+                  ("blocklists now fed", now_owned - owned), ("blocklists no longer fed", owned - now_owned))
+                 if names]
+        return "; ".join(parts)
 
     async def _reload_jails(self, old: Config, new: Config, filters: dict[str, Filter],
                             policies: list[JailPolicy]) -> str:

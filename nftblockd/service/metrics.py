@@ -185,6 +185,9 @@ class Metrics:
         self.adopted = Counter("nftblock_adopted", "Elements found in nftblockd's sets that its state did not know "
                                "(lost state database, clock jump), adopted with their kernel timeouts", registry=r)
         self.feed_fetch = Counter("nftblock_feed_fetch", "Feed fetches by result", ["feed", "result"], registry=r)
+        self.feed_task_failures = Counter(
+            "nftblock_feed_task_failures", "Times a feed's task raised an unexpected error (a bug, not a failed "
+            "fetch) and was started again after a backoff", ["feed"], registry=r)
         self.feed_last_success = Live(
             "gauge", "nftblock_feed_last_success_timestamp_seconds",
             "Unix time the copy of a feed in force was fetched (or confirmed unchanged)", ["feed"], registry=r)

@@ -372,7 +372,7 @@ async def test_status_counts_batches_and_errors(rig: ApiRig) -> None:
     assert (b["max_ops"], b["delay"]) == (10000, 0.002)
     assert st["errors"] == {"kernel": {str(E.ENFILE): 1, str(E.ENOMEM): 1}, "set_full": 1, "refused": 3,
                             "allowlisted": 1, "rebuilds": 0, "drift_repaired": 0, "adopted": 0,
-                           "unbannable_removed": 0}
+                            "unbannable_removed": 0}
 
 
 async def test_status_merges_the_daemons_extra_part() -> None:
