@@ -77,9 +77,11 @@ class Crashing(FeedFetcher):
         self.crashes = crashes
         self.runs = runs
         self.again = asyncio.Event()
+        self.ran = asyncio.Event()
 
     async def run(self, on_update: Callable[[FeedUpdate], Awaitable[None]], stop: asyncio.Event) -> None:
         self.runs.append(self.name)
+        self.ran.set()
         if len(self.runs) <= self.crashes:
             raise KeyError("a bug")
         self.again.set()
@@ -121,17 +123,18 @@ async def test_status_shows_a_crashed_feed_while_it_waits_to_start_again(tmp_pat
     (tmp_path / "a.txt").write_text("1.2.3.4\n")
     runs: list[str] = []
 
+    made: list[Crashing] = []
+
     def make(f: FeedConfig, d: Path, allow: Sequence[IPNet]) -> FeedFetcher:
-        return Crashing(f, d, 1, runs)
+        made.append(Crashing(f, d, 1, runs))
+        return made[-1]
 
     async with api_rig(BLOCKLISTS) as rig:
         mgr = FeedManager(config(tmp_path, a="fa"), rig.enforcer, tmp_path / "cache", fetcher=make,
                           crash_retry_base=3600.0)  # long enough to look at it
         stop = asyncio.Event()
         running = asyncio.create_task(mgr.run(stop))
-        while not runs:
-            await asyncio.sleep(0)  # the task's first run (no clock involved: it happens on the next turns)
-        await asyncio.sleep(0)
+        await made[0].ran.wait()  # it raised, and the supervisor noted it in the same step
         [a] = mgr.status()
         assert a["error"].startswith("the feed's task failed (KeyError: 'a bug')")
         assert "starting it again in 300s" in a["error"]  # the cap
