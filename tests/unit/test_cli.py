@@ -276,7 +276,7 @@ async def test_status(sock: Path, rig: ApiRig) -> None:
     assert re.search(r"^batches: flushes=2 ops=2 pending=0 failures=1 last_seconds=\S+ max_ops=10000 "
                      r"delay=0.002$", out, re.M), out
     assert ("errors: kernel.12=1 set_full=0 refused=1 allowlisted=0 rebuilds=0 drift_repaired=0 "
-            "adopted=0\n") in out
+            "adopted=0 unbannable_removed=0\n") in out
     assert "  sshd: bans=2 failures=10\n" in out
     assert "spamhaus" in out and "1234" in out
     r = await nftblock("status", "--json", sock=sock)
