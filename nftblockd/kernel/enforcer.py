@@ -441,11 +441,13 @@ class Enforcer:
         now = time.time()
         groups: list[Group] = []
         changes: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        removed_keys: dict[str, set[int]] = {}
         async with self._lock:
             for name, keys in desired.items():
                 added, removed, kept = self.state.replace_set(name, keys, until, origin=origin, reason=reason,
                                                               refresh=until is not None)
                 changes[name] = (added, removed, kept)
+                removed_keys[name] = set(removed)
                 until_ms = None if until is None else int(until * 1000)
                 if removed:
                     groups.append(Group(name, removed, [DELETE] * len(removed)))
@@ -462,6 +464,8 @@ class Enforcer:
                 self.state.forget(name, key)
                 failed += 1
                 self._count_refusal(errno, name)
+            # feed entries the kernel refused (a full set) are bans refused; a failed delete is not one
+            self._count_refused("kernel", sum(1 for name, key in res.failed if key not in removed_keys.get(name, ())))
             if self.metrics is not None and res.elements_sent:
                 self.metrics.batch_seconds.observe(res.seconds)
                 self.metrics.batch_elements.observe(res.elements_sent)
@@ -506,6 +510,7 @@ class Enforcer:
         for f in failures:
             self.state.forget(f.set_name, f.key)
             self._count_refusal(f.errno, f.set_name)
+        self._count_refused("kernel", len(failures))
         return name, restored, failures
 
     async def restore_bans(self, bans: Sequence[Ban], now: float) -> list[DecisionResult]:

@@ -161,6 +161,7 @@ async def test_feed_syncs_count_their_batch_and_their_kernel_refusals(rig: ApiRi
     assert sample(rig, "nftblock_netlink_errors_total", errno="ENFILE") == 2
     assert sample(rig, "nftblock_netlink_errors_total", errno="ENOMEM") == 1
     assert rig.enforcer.counters.set_full == 2
+    assert sample(rig, "nftblock_bans_refused_total", reason="kernel") == 3  # feed entries are bans too
 
 
 async def test_restored_bans_the_kernel_refuses_are_counted(rig: ApiRig) -> None:
@@ -168,6 +169,7 @@ async def test_restored_bans_the_kernel_refuses_are_counted(rig: ApiRig) -> None
     out = await rig.enforcer.restore_hosts("default", 4, [k("192.0.2.1"), k("192.0.2.2")], [None, None],
                                            origin="store", reason="", jail="")
     assert out is not None and len(out[2]) == 1
+    assert sample(rig, "nftblock_bans_refused_total", reason="kernel") == 1
     assert sample(rig, "nftblock_netlink_errors_total", errno="ENOMEM") == 1
     assert rig.enforcer.counters.kernel_errors == {E.ENOMEM: 1}
 
