@@ -272,6 +272,7 @@ class KernelWriter:
             else:
                 live.append(i)
         no_replace: set[int] = set()  # refreshes whose delete half found nothing: just add
+        rule_retries = 2
         if unruled:  # a set whose adds all ended already stays empty, and without a rule
             unruled &= {names[i] for i in live if specs[i].add}
             rules = self._rule_msgs(unruled)
@@ -287,8 +288,9 @@ class KernelWriter:
                 self._ruled(unruled)
                 break
             rule_seqs = {int.from_bytes(r[8:12], "little") for r in rules}
-            if any(e.seq in rule_seqs for e in out.errors):
-                rules = self._rule_msgs(unruled)  # a chain went (its device, on kernels before 6.16): look again
+            if rule_retries and any(e.seq in rule_seqs for e in out.errors):
+                rule_retries -= 1  # a chain went (its device, on kernels before 6.16): look again, a few times;
+                rules = self._rule_msgs(unruled)  # then the error fails the ops, as a batch error does
                 continue
             drop, retry_whole = _offenders(out.errors, where, live, names, keys, specs, res, no_replace)
             if not drop and not retry_whole:

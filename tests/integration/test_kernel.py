@@ -292,3 +292,33 @@ def test_a_write_that_adds_nothing_brings_no_rule(netns: NetNS, writer: KernelWr
                             SetOp("default_ip6", 1, True, t - 1)], now_ms=t)
     assert not res.failed and res.expired == [("default_ip6", 1)]
     assert drop_rules(netns) == [] and writer.filled == set()
+
+
+def test_a_chain_gone_between_look_and_commit_is_looked_up_again(netns: NetNS) -> None:
+    """On kernels before 6.16 an ingress chain goes with its device, maybe between the writer's look at the
+    chains and the commit of a first element with its rules: the kernel refuses the rule (ENOENT), the writer
+    looks again and commits without it; an error that stays fails the ops instead of hiding them."""
+    w = make_writer(netns, CONFIG + "chain: {ingress: [ghost0]}\n")
+    try:
+        w.setup([])
+        real = w.sock.list_chains
+        lies = [1]
+
+        def stale(table: str) -> dict[str, object]:
+            chains: dict[str, object] = dict(real(table))
+            if lies:
+                lies.pop()
+                chains["ingress_ghost0"] = None  # "still there"
+            return chains
+
+        w.sock.list_chains = stale  # type: ignore[assignment,method-assign]
+        res = w.write_ops([SetOp("default_ip4", ip4("203.0.113.4"), True, now_ms() + 60_000)])
+        assert not res.failed and not lies and drop_rules(netns) == ["default_ip4"]
+        lies[:] = [1] * 6  # never true: the ops fail, with the kernel's errno
+        res = w.write_ops([SetOp("default_net4", net_key(ipaddress.ip_network("198.18.0.0/15")), True)])
+        assert set(res.failed) == {("default_net4", net_key(ipaddress.ip_network("198.18.0.0/15")))}
+        assert next(iter(res.failed.values()))[0] == errno.ENOENT
+        assert drop_rules(netns) == ["default_ip4"] and "198.18.0.0/15" not in netns.set_elements(
+            "nftblock", "default_net4")
+    finally:
+        w.close()
