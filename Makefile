@@ -49,9 +49,10 @@ demo: venv
 	$(PY) tools/demo.py
 
 # The unit tests, measuring the pure modules' coverage against its floor (pyproject.toml [tool.coverage]);
-# then the integration tests (root, namespaces). The unit part alone needs no root: `make coverage`.
+# then the integration tests (root, namespaces) and the real-systemd tier (the built .deb in a container booted
+# with systemd as PID 1, ~1 min). The unit part alone needs no root: `make coverage`.
 test: coverage
-	$(PY) -m pytest -q -p no:cacheprovider tests/integration
+	$(PY) -m pytest -q -p no:cacheprovider tests/integration tests/systemd
 
 coverage: venv
 	$(PY) -m pytest -q -p no:cacheprovider --cov --cov-report=term tests/unit

@@ -28,6 +28,7 @@ from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.netlink import NftSocket
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.kernel.writer import KernelWriter
+from nftblockd.neverban import never_ban_range
 from tests.helpers.daemon import DaemonProc
 from tests.helpers.netns import NetNS, inside
 
@@ -39,7 +40,9 @@ def addresses(n: int, seed: int = 1) -> list[str]:
     rnd = random.Random(seed)
     out: set[int] = set()
     while len(out) < n:
-        out.add(rnd.randrange(0x0B000000, 0xDF000000))
+        a = rnd.randrange(0x0B000000, 0xDF000000)
+        if never_ban_range(4, a, a) is None:  # loopback, private, ... are refused as they should be
+            out.add(a)
     return [str(ipaddress.IPv4Address(a)) for a in out]
 
 

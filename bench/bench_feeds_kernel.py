@@ -97,8 +97,9 @@ def expected_text(desired: dict[str, list[int]]) -> dict[str, set[str]]:
     for name, keys in desired.items():
         v6 = name.endswith("6")
         cls: Callable[[int], Any] = ipaddress.IPv6Address if v6 else ipaddress.IPv4Address
-        if "_net" in name:
-            out[name] = {f"{cls(k >> 8)}/{k & 0xFF}" for k in keys}
+        if "_net" in name:  # a single address in an interval set (a feed's hosts) is shown without /32
+            full = 128 if v6 else 32
+            out[name] = {f"{cls(k >> 8)}/{k & 0xFF}" if k & 0xFF != full else str(cls(k >> 8)) for k in keys}
         else:
             out[name] = {str(cls(k)) for k in keys}
     return out

@@ -27,8 +27,9 @@ Layouts (IPv4 traffic; each has the IPv6 twins of its sets and rules, empty, as 
   concat    `after` with the interval set keyed `ip saddr . meta l4proto` (a concatenation: the kernel picks
             the pipapo backend instead of the rbtree)
   perbl     per-blocklist sets kept, allowlist after, one rule per set (2 blocklists: 4 IPv4 lookups):
-            what nftblockd uses now
-  feedint   `perbl`, with the feed-owned blocklist's single addresses in its interval set (3 lookups)
+            what nftblockd used first after issue 14
+  feedint   `perbl`, with the feed-owned blocklist's single addresses in its interval set (3 lookups): what
+            nftblockd uses, except that it also leaves out the rules of empty sets (here `default_net4`: 2)
 """
 
 from __future__ import annotations

@@ -123,8 +123,8 @@ class Sanitised:
 class Aggregate:
     """The minimal CIDR set for one blocklist: net keys per family, sorted and disjoint.
 
-    The kernel sync should work from `v4`/`v6` (`addr.split_net_keys` parts hash-set and interval-set
-    elements); the methods below build `ipaddress` objects, ≈5 µs each.
+    The kernel sync works from `v4`/`v6` (a feed-owned blocklist's interval sets hold them all, single
+    addresses included); the methods below build `ipaddress` objects, ≈5 µs each.
     """
 
     v4: list[int]

@@ -1,7 +1,12 @@
 """Threat feeds in the daemon: fetchers → union per blocklist → aggregate → one atomic kernel delta.
 
-A blocklist that a feed targets belongs to its feeds: its four sets hold exactly the aggregate of those
-feeds' last good copies (exact addresses in the hash sets, ranges in the interval sets). Each change is
+A blocklist that a feed targets belongs to its feeds: its sets hold exactly the aggregate of those feeds'
+last good copies, all of it in the interval sets (single addresses as /32 or /128 ranges) and nothing in the
+hash sets, whose drop rules then stay out of the chain: one lookup per packet instead of two for the feed
+(docs/datapath.md, `feedint`). Nobody else writes these sets (jails, CLI and fleet bans are refused there),
+and the aggregate never overlaps itself, so one interval set per family can hold it all. Upgrading from the
+layout with hosts in the hash sets: the first sync sends them an empty list, and the start's reconcile
+deletes what the kernel still holds there (feed-owned sets are never adopted from). Each change is
 applied as ONE netlink transaction of deletions and additions, so there is never a moment with old entries
 gone and new ones not yet in. At start, cached copies are applied before READY, so a reboot without network
 still protects the host.
@@ -25,7 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from nftblockd.addr import IPNet, split_net_keys
+from nftblockd.addr import IPNet
 from nftblockd.config import Config, FeedConfig
 from nftblockd.durations import PERMANENT, ban_end, longest
 from nftblockd.feeds.aggregate import Aggregate, Sanitised, aggregate
@@ -38,12 +43,12 @@ log = logging.getLogger("nftblockd.feeds")
 
 
 def _desired(agg: Aggregate, blocklist: str) -> dict[str, list[int]]:
-    """Set name -> keys in the ban state's forms (host keys for the hash sets, net keys for the interval sets)."""
+    """Set name -> keys in the ban state's forms: every entry's net key in the interval set of its family,
+    the hash sets empty."""
     out: dict[str, list[int]] = {}
     for version, keys in ((4, agg.v4), (6, agg.v6)):
-        hosts, ranges = split_net_keys(keys, version)
-        out[set_name(blocklist, version, False)] = hosts
-        out[set_name(blocklist, version, True)] = ranges
+        out[set_name(blocklist, version, False)] = []
+        out[set_name(blocklist, version, True)] = list(keys)
     return out
 
 

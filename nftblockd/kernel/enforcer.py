@@ -730,6 +730,11 @@ class Enforcer:
                 self.metrics.adopted.inc(len(adopted_bans))
         if adopted_bans and self.persist is not None:
             await self.persist(StateChange(adopted_bans))
+        async with self._lock:  # after the repairs: a set they refilled keeps its rule
+            idle = await self.kernel(self._writer().drop_idle_rules)
+            self.generation = self._writer().last_generation
+        if idle:
+            log.info("sets now empty, their drop rules removed until their next element: %s", ", ".join(idle))
         return repaired + len(adopted_bans)
 
     async def kernel_counts(self) -> dict[str, int | None]:

@@ -17,6 +17,17 @@ the allowlist (before, `ip saddr @allow_net4 accept` came first and every packet
 costs 50-130 ns even in a tiny or empty set, against ~10 ns for a plain compare: the number of lookups an
 innocent packet makes is the data path's cost (docs/datapath.md has the measurements and the layouts tried).
 
+So a set's rule is installed only while the set may hold elements (`chains_for(..., filled)`): the plan
+holds every rule, and the writer decides which sets are filled. Its rules for that:
+  * at setup (start, reload, rebuild) a set is filled when the kernel counts elements in it, or gives no
+    count (a kernel without NFTA_SET_COUNT: filled, to be safe);
+  * the first add to a set without its rule carries the rule in the same transaction as the elements: no
+    element is ever in a set whose rule is missing, so nothing passes unfiltered;
+  * a rule on a set that became empty is dropped lazily (`drop_idle_rules`, at reconcile) or at the next
+    setup; until then it only costs the lookup.
+A feed-owned blocklist keeps its single addresses in its interval sets, as /32 or /128 ranges (the feed
+manager does that): its hash sets stay empty and so have no rule, one lookup less per packet.
+
 What this module must not do: talk to the kernel, or decide which devices exist (the writer asks, and passes
 the answer to `chains_for`).
 """
@@ -128,18 +139,29 @@ def plan_ruleset(cfg: Config) -> Ruleset:
     return Ruleset(cfg.table, tuple(sets), tuple(chains))
 
 
-def chains_for(rs: Ruleset, present: Collection[str]) -> tuple[ChainSpec, ...]:
-    """The chains to install: every chain without a device, and the ingress chains whose device exists.
+def chains_for(rs: Ruleset, present: Collection[str], filled: Collection[str] | None = None
+               ) -> tuple[ChainSpec, ...]:
+    """The chains to install: every chain without a device, and the ingress chains whose device exists;
+    with `filled`, only the drop rules of the sets named there (None: every rule).
 
     An ingress chain is installed only while its device exists, on every kernel: before 6.16 the kernel
     refuses a chain for a missing device and deletes one whose device goes away; from 6.16 on it keeps it
     detached. The base chain filters that device's packets whenever its ingress chain is not installed, and
     skips them (`SkipSpec`, first) while it is: installed together, in one transaction, the two never
     disagree, and an innocent packet is looked up once, not at both hooks."""
-    ingress = [c for c in rs.chains if c.device is not None and c.device in present]
+    chains = rs.chains
+    if filled is not None:
+        chains = tuple(replace(c, rules=tuple(r for r in c.rules if isinstance(r, SkipSpec)
+                                              or r.set_name in filled)) for c in chains)
+    ingress = [c for c in chains if c.device is not None and c.device in present]
     skips = tuple(SkipSpec(c.device) for c in ingress if c.device is not None)
-    base = [replace(c, rules=skips + c.rules) for c in rs.chains if c.device is None]
+    base = [replace(c, rules=skips + c.rules) for c in chains if c.device is None]
     return (*base, *ingress)
+
+
+def rules_for_sets(chains: Sequence[ChainSpec], sets: Collection[str]) -> list[tuple[str, RuleSpec]]:
+    """(chain, rule) for every drop rule on one of `sets` in `chains`: what a set's first element brings."""
+    return [(c.name, r) for c in chains for r in c.rules if isinstance(r, RuleSpec) and r.set_name in sets]
 
 
 def chain_changes(wanted: Sequence[ChainSpec], existing: Mapping[str, m.ChainHook | None]) -> list[str]:
@@ -300,6 +322,14 @@ def encode_ruleset(rs: Ruleset, table_flags: int, seq: int, stale_sets: Sequence
     for name in stale_sets:
         msgs.append(encode_del_set(rs.table, name, seq + len(msgs)))
     return msgs
+
+
+def encode_added_rules(rs: Ruleset, rules: Sequence[tuple[str, RuleSpec]], seq: int) -> list[bytes]:
+    """Append drop rules to existing chains (after the skip rules, which come first): sets named by name
+    and by their plan position, as `encode_chains` does."""
+    set_ids = {s.name: i for i, s in enumerate(rs.sets, start=1)}
+    return [encode_rule(rs.table, chain, r, set_ids[r.set_name], seq + i, set_ids[r.unless] if r.unless else 0)
+            for i, (chain, r) in enumerate(rules)]
 
 
 def encode_chains(rs: Ruleset, chains: Sequence[ChainSpec], seq: int, *,

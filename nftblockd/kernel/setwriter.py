@@ -80,6 +80,11 @@ class SetWriter(Protocol):
         """Apply element ops; one bad element never loses the rest (see writer.py for the guarantees)."""
         ...
 
+    def drop_idle_rules(self) -> list[str]:
+        """Remove the drop rules of sets the kernel counts empty (one transaction); returns those sets.
+        A set's next first element brings its rule back in the transaction that adds it."""
+        ...
+
     def generation(self) -> int:
         """Read the ruleset generation now."""
         ...

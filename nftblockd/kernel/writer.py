@@ -11,7 +11,10 @@ Blocking; the daemon calls it from its single kernel worker thread. What it guar
 - `setup` leaves exactly the planned chains in our table, in the transaction that installs the rules: a chain
   no longer planned (an ingress device dropped from the config, an old hook) is deleted, one attached at
   another priority is deleted and made again, and an ingress chain exists only while its device does
-  (`sync_ingress` follows devices that come and go).
+  (`sync_ingress` follows devices that come and go);
+- a set's drop rule is installed only while the set may hold elements (ruleset.py says when): the first add
+  to a set without its rule carries the rule in the same transaction, `drop_idle_rules` removes the rules of
+  sets the kernel counts empty, and setup installs the rules of the sets that hold something.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class KernelWriter:
         self.features = Features(kernel_release(), False, False, False, False)
         self.table_flags = 0
         self._links = links  # made on first use, in the namespace of the thread that uses it (the daemon's)
+        # the sets whose drop rules are installed; None until setup says which (until then: assume all)
+        self.filled: set[str] | None = None
 
     @property
     def plan(self) -> rs.Ruleset:
@@ -66,6 +71,10 @@ class KernelWriter:
         """A reload may change the chains (ingress devices, hook); the sets stay as they are."""
         self._plan = plan
         self._specs = {s.name: s for s in plan.sets}
+
+    def chains(self, devices: set[str] | None = None) -> tuple[rs.ChainSpec, ...]:
+        """The chains as they are (to be) installed: the devices present, the filled sets' rules."""
+        return rs.chains_for(self.plan, self._devices() if devices is None else devices, self.filled)
 
     def _devices(self) -> set[str]:
         """The devices that exist now; no question asked when no chain needs one."""
@@ -87,6 +96,9 @@ class KernelWriter:
         existing = self.sock.list_sets(self.plan.table)
         self._verify_sets(existing)
         stale = tuple(name for name in existing if name not in self._specs)
+        # a set made by this transaction is empty; a kernel without NFTA_SET_COUNT leaves count None: filled
+        filled = {name for name, info in existing.items() if name in self._specs and info.count != 0}
+        filled &= {s.name for s in self.plan.sets if s.blocklist is not None}
         flags_options = [m.NFT_TABLE_F_OWNER | m.NFT_TABLE_F_PERSIST] if self.protect else []
         flags_options.append(0)
         last_error: KernelError | None = None
@@ -95,7 +107,7 @@ class KernelWriter:
             # a device can go between our look and the commit (older kernels then refuse its chain, ENOENT):
             # look again, a few times
             for _attempt in range(3):
-                wanted = rs.chains_for(self.plan, self._devices())
+                wanted = rs.chains_for(self.plan, self._devices(), filled)
                 delete = rs.chain_changes(wanted, self.sock.list_chains(self.plan.table))
                 msgs = rs.encode_ruleset(self.plan, flags, self.sock.next_seq(10000), stale, chains=wanted,
                                          delete_chains=delete)
@@ -106,6 +118,7 @@ class KernelWriter:
             assert out is not None
             if out.committed:
                 self.table_flags = flags
+                self.filled = filled
                 for name in delete:
                     log.info("chain %s removed from table inet %s (%s)", name, self.plan.table,
                              "replaced" if name in {c.name for c in wanted} else "no longer configured")
@@ -145,7 +158,7 @@ class KernelWriter:
         whose device is gone, and give the base chain the matching skip rules: one transaction, nothing sent
         when nothing changed."""
         for _attempt in range(3):
-            chains = rs.chains_for(self.plan, self._devices())
+            chains = self.chains()
             wanted = {c.name: c for c in chains if c.device}
             existing = self.sock.list_chains(self.plan.table)
             attach = [c for name, c in wanted.items() if name not in existing]
@@ -234,8 +247,11 @@ class KernelWriter:
         """Apply ops in as few transactions as possible; see the module docstring for the guarantees."""
         t0 = time.perf_counter()
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        fast = self._write_uniform(groups, now_ms)
+        unruled = self._unruled(groups)
+        rules = self._rule_msgs(unruled)
+        fast = self._write_uniform(groups, now_ms, rules)
         if fast is not None:
+            self._ruled(unruled)
             fast.seconds = time.perf_counter() - t0
             return fast
         res = WriteResult()
@@ -256,16 +272,26 @@ class KernelWriter:
             else:
                 live.append(i)
         no_replace: set[int] = set()  # refreshes whose delete half found nothing: just add
+        rule_retries = 2
+        if unruled:  # a set whose adds all ended already stays empty, and without a rule
+            unruled &= {names[i] for i in live if specs[i].add}
+            rules = self._rule_msgs(unruled)
         for _attempt in range(len(live) + 3):
             if not live:
                 break
             msgs, where = self._encode(names, keys, specs, live, now_ms, no_replace)
             res.transactions += 1
             res.elements_sent += len(live)
-            out = self.sock.transact([x.data for x in msgs])
+            out = self.sock.transact([x.data for x in msgs] + rules)
             if out.committed:
                 res.committed_ops += len(live)
+                self._ruled(unruled)
                 break
+            rule_seqs = {int.from_bytes(r[8:12], "little") for r in rules}
+            if rule_retries and any(e.seq in rule_seqs for e in out.errors):
+                rule_retries -= 1  # a chain went (its device, on kernels before 6.16): look again, a few times;
+                rules = self._rule_msgs(unruled)  # then the error fails the ops, as a batch error does
+                continue
             drop, retry_whole = _offenders(out.errors, where, live, names, keys, specs, res, no_replace)
             if not drop and not retry_whole:
                 for i in live:
@@ -276,7 +302,51 @@ class KernelWriter:
         res.seconds = time.perf_counter() - t0
         return res
 
-    def _write_uniform(self, groups: Sequence[Group], now_ms: int) -> WriteResult | None:
+    def _unruled(self, groups: Sequence[Group]) -> set[str]:
+        """Sets this write adds to that have no drop rule yet."""
+        if self.filled is None:
+            return set()
+        return {g.set_name for g in groups if g.keys and g.set_name not in self.filled
+                and g.set_name in self._specs and any(s.add for s in g.specs)}
+
+    def _rule_msgs(self, sets: set[str]) -> list[bytes]:
+        """The drop rules of `sets` for every planned chain that exists now: they go into the transaction that
+        adds the sets' first elements, so no element is ever in a set without its rule."""
+        if not sets:
+            return []
+        present = self.sock.list_chains(self.plan.table)
+        rules = rs.rules_for_sets([c for c in self.plan.chains if c.name in present], sets)
+        return rs.encode_added_rules(self.plan, rules, self.sock.next_seq(len(rules) + 1))
+
+    def _ruled(self, sets: set[str]) -> None:
+        if sets and self.filled is not None:
+            self.filled |= sets
+            log.debug("drop rules installed for %s", ", ".join(sorted(sets)))
+
+    def drop_idle_rules(self) -> list[str]:
+        """Remove the drop rules of sets the kernel counts empty: the chains' rules replaced in one
+        transaction (flushed and re-added without them), so the other rules never leave. Returns the sets."""
+        if self.filled is None:
+            return []
+        sets = self.sock.list_sets(self.plan.table)
+        idle = {name for name in self.filled if name in sets and sets[name].count == 0}
+        if not idle:
+            return []
+        filled = self.filled - idle
+        present = self.sock.list_chains(self.plan.table)
+        # the ingress chains as they are, not as the devices say: a skip rule only ever comes with its chain
+        attached = {c.device for c in self.plan.chains if c.device is not None and c.name in present}
+        chains = [c for c in rs.chains_for(self.plan, attached, filled) if c.name in present]
+        out = self.sock.transact(rs.encode_chains(self.plan, chains, self.sock.next_seq(10000)))
+        if not out.committed:
+            err = out.errors[0]
+            log.info("could not drop the rules of empty sets %s (%s); kept", ", ".join(sorted(idle)),
+                     KernelError(err.errno, "replacing rules", err.text))
+            return []
+        self.filled = filled
+        return sorted(idle)
+
+    def _write_uniform(self, groups: Sequence[Group], now_ms: int, rules: list[bytes]) -> WriteResult | None:
         """Bulk fast path: every group targets a hash set and shares one op (bulk bans, feed hosts, restores).
 
         One transaction, no per-element bookkeeping. Returns None when the path does not apply, or when the
@@ -319,7 +389,7 @@ class KernelWriter:
             n += len(g.keys)
         if not msgs:
             return None
-        out = self.sock.transact(msgs)
+        out = self.sock.transact(msgs + rules)
         if not out.committed:
             return None
         return WriteResult(committed_ops=n, transactions=1, elements_sent=n)
@@ -436,7 +506,7 @@ class KernelWriter:
         sets = self.sock.list_sets(self.plan.table)
         missing += [f"set {s.name}" for s in self.plan.sets if s.name not in sets]
         chains = self.sock.list_chains(self.plan.table)
-        for c in rs.chains_for(self.plan, self._devices()):
+        for c in self.chains():
             if c.name not in chains:
                 missing.append(f"chain {c.name}")
             elif self.sock.count_rules(self.plan.table, c.name) != len(c.rules):

@@ -39,6 +39,7 @@ class FakeSetWriter:
     devices: set[str] = field(default_factory=set)  # the network devices that exist (for ingress chains)
     chains: set[str] = field(default_factory=set)  # the chains installed
     closed: bool = False
+    idle_checks: int = 0
     _generation: int = 1
     _seen: int = 0
 
@@ -107,6 +108,11 @@ class FakeSetWriter:
 
     def table_intact(self) -> list[str]:
         return [f"set {s.name}" for s in self.plan.sets if s.name not in self.sets]
+
+    def drop_idle_rules(self) -> list[str]:
+        """Rules are not modelled here (tests/integration/test_kernel.py checks them): only the calls."""
+        self.idle_checks += 1
+        return []
 
     def set_counts(self) -> dict[str, int | None]:
         return {s.name: (len(self.sets[s.name]) if s.name in self.sets else None) for s in self.plan.sets}

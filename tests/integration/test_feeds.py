@@ -30,11 +30,12 @@ DROP_V1 = """; an example feed, Spamhaus DROP style
 2a00:dead::1
 not-an-address
 """
+# a feed-owned blocklist keeps its single addresses in its interval sets: its hash sets stay empty, without a rule
 EXPECTED_V1 = {
-    "feeds_net4": {"45.10.0.0/23", "45.11.0.0/16", "91.200.0.0/25", "46.1.0.0/16"},
-    "feeds_ip4": {"77.77.77.77"},
-    "feeds_net6": {"2a00:1450::/32"},
-    "feeds_ip6": {"2a00:dead::1"},
+    "feeds_net4": {"45.10.0.0/23", "45.11.0.0/16", "91.200.0.0/25", "46.1.0.0/16", "77.77.77.77"},
+    "feeds_ip4": set(),
+    "feeds_net6": {"2a00:1450::/32", "2a00:dead::1"},
+    "feeds_ip6": set(),
 }
 
 
@@ -87,6 +88,12 @@ feeds:
 """
 
 
+def ruled_sets(ns: NetNS) -> set[str]:
+    """The sets our prerouting chain's rules look up."""
+    text = ns.nft("list", "chain", "inet", "nftblock", "prerouting").stdout
+    return {w[1:] for w in text.split() if w.startswith("@") and not w.startswith("@allow")}
+
+
 def kernel(ns: NetNS) -> dict[str, set[str]]:
     return {s: set(ns.set_elements("nftblock", s)) for s in EXPECTED_V1}
 
@@ -128,6 +135,14 @@ def test_feeds_load_refresh_break_and_restart(netns: NetNS, tmp_path: Path,
         # feed-owned blocklists refuse manual bans (their sets hold exactly the feeds' entries)
         r = d.cli("ban", "--set", "feeds", "88.88.88.88")
         assert r.returncode == 1 and "feeds" in r.stderr
+
+        # an upgrade from the layout that kept the feed's single addresses in its hash sets: the start empties
+        # them (after the interval sets hold the same addresses) and their rule goes with the last element
+        assert d.stop() == 0
+        assert ruled_sets(netns) == {"feeds_net4", "feeds_net6"}
+        netns.nft("add", "element", "inet", "nftblock", "feeds_ip4", "{ 77.77.77.77, 45.10.9.9 }")
+        d.start()
+        assert kernel(netns) == expected_v3 and ruled_sets(netns) == {"feeds_net4", "feeds_net6"}
 
         # restart after a "reboot" without network: the cached copies protect the host before READY
         assert d.stop() == 0

@@ -206,7 +206,7 @@ feeds:
     d = DaemonProc(netns, tmp_path / "d", cfg).start()
     try:
         def fb() -> set[str]:
-            return set(netns.set_elements("nftblock", "fb_ip4"))
+            return set(netns.set_elements("nftblock", "fb_net4"))  # a feed's hosts are in its interval set
 
         def fetched() -> int:
             return int(next(f for f in d.cli_json("feeds")["feeds"] if f["name"] == "flappy")["counters"]["fetch_ok"])

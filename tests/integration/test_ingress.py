@@ -90,7 +90,7 @@ def test_a_chain_for_a_missing_device_is_attached_when_it_appears_and_detached_w
         change = w.sync_ingress()
         assert (change.attached, change.detached) == ((), ("vethR",))
         assert set(chains(netns)) == {"prerouting"} and w.table_intact() == []
-        assert first_rule(netns).startswith("ip saddr @default_ip4")
+        assert first_rule(netns).startswith("ip saddr @default_net4")  # the one set holding something
     finally:
         w.close()
 
@@ -101,6 +101,7 @@ def test_setup_removes_chains_no_longer_configured_in_the_transaction_that_insta
     w = writer_for(netns, ["vethR"])
     w.setup([])
     assert set(chains(netns)) == {"prerouting", "ingress_vethR"}
+    ban_range(w)
     w.close()
     w = writer_for(netns, [])
     batches: list[list[int]] = []
@@ -116,7 +117,6 @@ def test_setup_removes_chains_no_longer_configured_in_the_transaction_that_insta
         assert set(chains(netns)) == {"prerouting"}
         first = batches[0]
         assert m.NFT_MSG_DELCHAIN in first and m.NFT_MSG_NEWRULE in first  # one transaction: no moment between
-        ban_range(w)
         peer.send_udp(BANNED)
         wait_for(lambda: dropped(netns, "prerouting") == len(BANNED), what="drops at prerouting")
     finally:
@@ -132,8 +132,36 @@ def test_a_chain_attached_at_another_priority_is_made_again(netns: NetNS) -> Non
         w.setup([])  # before: EOPNOTSUPP, the kernel cannot change a chain's priority
         c = chains(netns)["prerouting"]
         assert c["prio"] == -300
+        ban_range(w)
         rules = [o["rule"] for o in netns.nft_json("list", "chain", "inet", "nftblock", "prerouting") if "rule" in o]
-        assert len(rules) == len(w.plan.chains[0].rules) and all(r.get("comment") == COMMENT for r in rules)
+        assert len(rules) == 1 and all(r.get("comment") == COMMENT for r in rules)  # the filled set's only
+    finally:
+        w.close()
+
+
+def test_a_first_ban_drops_from_its_first_packet_at_both_hooks_and_so_does_one_after_an_idle_drop(
+        netns: NetNS, peer: Peer) -> None:
+    """No rule for an empty set: the rule comes in the transaction of the set's first element, on every
+    installed chain, so the first packet after a ban is dropped; and again after the rule was dropped idle."""
+    peer.attach()
+    w = writer_for(netns, ["vethR"])
+    try:
+        w.setup([])
+        assert first_rule(netns) == 'iifname "vethR" return comment "nftblockd: checked at ingress"'
+        assert len(netns.nft("list", "chain", "inet", "nftblock", "prerouting").stdout.splitlines()) == 6
+        ban_range(w)
+        peer.send_udp(BANNED)
+        wait_for(lambda: dropped(netns, "ingress_vethR") == len(BANNED), what="drops at ingress")
+        key = net_key(ipaddress.ip_network("198.18.0.0/15"))
+        assert not w.write_ops([SetOp("default_net4", key, False)]).failed
+        assert w.drop_idle_rules() == ["default_net4"]
+        assert [c.rules for c in w.chains()] == [(rs.SkipSpec("vethR"),), ()] and w.table_intact() == []
+        ban_range(w)
+        peer.send_udp(BANNED)
+        wait_for(lambda: dropped(netns, "ingress_vethR") == len(BANNED), what="drops at ingress again")
+        peer.detach()  # the kernel keeps the chain (6.16+) or deletes it: either way prerouting takes over
+        w.sync_ingress()
+        assert dropped(netns, "prerouting") == 0 and first_rule(netns).startswith("ip saddr @default_net4")
     finally:
         w.close()
 

@@ -11,6 +11,7 @@ import pytest
 
 from nftblockd.addr import net_key
 from nftblockd.config import parse_config
+from nftblockd.kernel import nfmsg as m
 from nftblockd.kernel import ruleset as rs
 from nftblockd.kernel.bans import SetOp
 from nftblockd.kernel.netlink import NftSocket
@@ -48,7 +49,24 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def drop_rules(ns: NetNS, chain: str = "prerouting") -> list[str]:
+    """The sets our chain's drop rules look up, in the chain's order."""
+    out = []
+    for o in ns.nft_json("list", "chain", "inet", "nftblock", chain):
+        rule = o.get("rule")
+        if rule:
+            out += [e["match"]["right"][1:] for e in rule["expr"] if "match" in e and e["match"]["op"] == "=="
+                    and str(e["match"]["right"]).startswith("@")]
+    return out
+
+
 def test_setup_creates_the_planned_ruleset(netns: NetNS, writer: KernelWriter) -> None:
+    # every set, and a rule for each once all hold something (nothing is banned yet: no rule at all)
+    assert drop_rules(netns) == []
+    t = now_ms()
+    writer.write_ops([SetOp(s.name, 1 << 8 | (s.key_len * 8) if s.interval else 1, True, t + 60_000)
+                      for s in writer.plan.sets if s.blocklist is not None])
+    writer.setup([ipaddress.ip_network("192.0.2.0/24"), ipaddress.ip_network("2001:db8::/64")])
     listing = netns.nft("list", "table", "inet", "nftblock").stdout
     for line in rs.render_nft(writer.plan).splitlines():
         if "counter" in line:  # nft shows the counter values too
@@ -61,10 +79,10 @@ def test_setup_creates_the_planned_ruleset(netns: NetNS, writer: KernelWriter) -
 
 
 def test_setup_twice_keeps_one_copy_of_each_rule(netns: NetNS, writer: KernelWriter) -> None:
+    writer.write_ops([SetOp("default_ip4", ip4("203.0.113.5"), True, now_ms() + 60_000)])
     writer.setup([ipaddress.ip_network("192.0.2.0/24")])
     writer.setup([ipaddress.ip_network("198.51.100.0/24")])
-    rules = [o for o in netns.nft_json("list", "chain", "inet", "nftblock", "prerouting") if "rule" in o]
-    assert len(rules) == len(writer.plan.chains[0].rules)
+    assert drop_rules(netns) == ["default_ip4"]
     assert netns.set_elements("nftblock", "allow_net4") == {"198.51.100.0/24": {}}
 
 
@@ -226,3 +244,81 @@ def test_set_counts_and_point_lookup(writer: KernelWriter) -> None:
     e = writer.sock.get_element("nftblock", "default_ip4", bytes([203, 0, 113, 5]))
     assert e is not None and e.timeout_ms == 60_000
     assert writer.sock.get_element("nftblock", "default_ip4", bytes([203, 0, 113, 6])) is None
+
+
+# -- no rule for an empty set ------------------------------------------------------------------------------
+
+def test_a_set_gets_its_rule_with_its_first_element_and_loses_it_once_empty(netns: NetNS,
+                                                                             writer: KernelWriter) -> None:
+    batches: list[list[int]] = []
+    transact = writer.sock.transact
+
+    def spy(msgs: list[bytes], **kw: object) -> object:
+        batches.append([int.from_bytes(x[4:6], "little") & 0xFF for x in msgs])
+        return transact(msgs, **kw)  # type: ignore[arg-type]
+
+    writer.sock.transact = spy  # type: ignore[assignment,method-assign]
+    assert drop_rules(netns) == [] and writer.table_intact() == []
+    k = ip4("203.0.113.9")
+    assert not writer.write_ops([SetOp("default_ip4", k, True, now_ms() + 60_000)]).failed
+    # one transaction: the element and its rule (nothing ever sits in a set without its rule)
+    assert batches[-1] == [m.NFT_MSG_NEWSETELEM, m.NFT_MSG_NEWRULE]
+    assert drop_rules(netns) == ["default_ip4"] and writer.table_intact() == []
+    rng = net_key(ipaddress.ip_network("198.18.0.0/15"))
+    writer.write_ops([SetOp("default_net4", rng, True, now_ms() + 60_000),
+                      SetOp("default_ip4", ip4("203.0.113.10"), True, now_ms() + 60_000)])
+    assert drop_rules(netns) == ["default_ip4", "default_net4"]  # a rule once, not per add
+    n = len(batches)
+    writer.write_ops([SetOp("default_ip4", ip4("203.0.113.11"), True, now_ms() + 60_000)])
+    assert m.NFT_MSG_NEWRULE not in batches[n]
+    # an empty set keeps its rule until the next check (it only costs the lookup), which drops it in one
+    # transaction that re-adds the others
+    writer.write_ops([SetOp("default_ip4", key, False) for key in (k, k + 1, k + 2)])
+    assert drop_rules(netns) == ["default_ip4", "default_net4"]
+    assert writer.drop_idle_rules() == ["default_ip4"]
+    assert drop_rules(netns) == ["default_net4"] and writer.table_intact() == []
+    assert writer.drop_idle_rules() == []
+    # at the next setup (start, reload), the kernel's counts say which sets hold something
+    writer.filled = None
+    writer.setup([])
+    assert writer.filled == {"default_net4"} and drop_rules(netns) == ["default_net4"]
+    writer.write_ops([SetOp("feeds_ip6", 1, True)])
+    assert drop_rules(netns) == ["default_net4", "feeds_ip6"]
+
+
+def test_a_write_that_adds_nothing_brings_no_rule(netns: NetNS, writer: KernelWriter) -> None:
+    t = now_ms()
+    res = writer.write_ops([SetOp("default_ip4", ip4("203.0.113.1"), False),
+                            SetOp("default_ip6", 1, True, t - 1)], now_ms=t)
+    assert not res.failed and res.expired == [("default_ip6", 1)]
+    assert drop_rules(netns) == [] and writer.filled == set()
+
+
+def test_a_chain_gone_between_look_and_commit_is_looked_up_again(netns: NetNS) -> None:
+    """On kernels before 6.16 an ingress chain goes with its device, maybe between the writer's look at the
+    chains and the commit of a first element with its rules: the kernel refuses the rule (ENOENT), the writer
+    looks again and commits without it; an error that stays fails the ops instead of hiding them."""
+    w = make_writer(netns, CONFIG + "chain: {ingress: [ghost0]}\n")
+    try:
+        w.setup([])
+        real = w.sock.list_chains
+        lies = [1]
+
+        def stale(table: str) -> dict[str, object]:
+            chains: dict[str, object] = dict(real(table))
+            if lies:
+                lies.pop()
+                chains["ingress_ghost0"] = None  # "still there"
+            return chains
+
+        w.sock.list_chains = stale  # type: ignore[assignment,method-assign]
+        res = w.write_ops([SetOp("default_ip4", ip4("203.0.113.4"), True, now_ms() + 60_000)])
+        assert not res.failed and not lies and drop_rules(netns) == ["default_ip4"]
+        lies[:] = [1] * 6  # never true: the ops fail, with the kernel's errno
+        res = w.write_ops([SetOp("default_net4", net_key(ipaddress.ip_network("198.18.0.0/15")), True)])
+        assert set(res.failed) == {("default_net4", net_key(ipaddress.ip_network("198.18.0.0/15")))}
+        assert next(iter(res.failed.values()))[0] == errno.ENOENT
+        assert drop_rules(netns) == ["default_ip4"] and "198.18.0.0/15" not in netns.set_elements(
+            "nftblock", "default_net4")
+    finally:
+        w.close()

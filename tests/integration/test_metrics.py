@@ -88,7 +88,7 @@ def test_a_scrape_after_each_kind_of_event_shows_the_new_value(netns: NetNS, dae
     assert value(first, "nftblock_feed_entries", feed="drop") == 2
     fetched = value(first, "nftblock_feed_last_success_timestamp_seconds", feed="drop")
     assert fetched is not None and abs(fetched - time.time()) < 300
-    assert value(first, "nftblock_set_elements", set="feeds_net4") == 1
+    assert value(first, "nftblock_set_elements", set="feeds_net4") == 2  # the range and the single address
     assert value(first, "nftblock_set_elements", set="allow_net4") is not None
 
     # a CLI ban of three addresses in one request: in the kernel set at once, three latency samples
@@ -136,7 +136,7 @@ def test_a_scrape_after_each_kind_of_event_shows_the_new_value(netns: NetNS, dae
     again = value(s, "nftblock_feed_last_success_timestamp_seconds", feed="drop")
     assert again is not None and again > fetched
     # the copy is taken (entries) a moment before its transaction reaches the kernel (set size)
-    scrape_until(netns, lambda x: value(x, "nftblock_set_elements", set="feeds_ip4") == 2, "the feed's new entry "
+    scrape_until(netns, lambda x: value(x, "nftblock_set_elements", set="feeds_net4") == 3, "the feed's new entry "
                  "in the kernel")
 
 

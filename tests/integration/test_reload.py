@@ -83,7 +83,8 @@ def test_reload_starts_and_stops_feeds(netns: NetNS, tmp_path: Path) -> None:
         d.config_path.write_text(feeds_config(local, with_feed=True))
         r = d.cli("reload")
         assert r.returncode == 0 and "feeds added: local" in r.stdout + r.stderr + d.log(), r.stderr
-        wait_for(lambda: set(netns.set_elements("nftblock", "feeds_ip4")) == {"45.0.0.1"}, what="the added feed")
+        wait_for(lambda: set(netns.set_elements("nftblock", "feeds_net4")) == {"45.0.0.1", "45.0.1.0/24"},
+                 what="the added feed")
         assert [f["name"] for f in d.cli_json("feeds")["feeds"]] == ["local"]
         d.config_path.write_text(feeds_config(local, with_feed=False))
         assert d.cli("reload").returncode == 0

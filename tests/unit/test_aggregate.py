@@ -288,3 +288,18 @@ def test_stats_helpers() -> None:
     assert s.v4_addresses == 256
     assert s.stats.as_dict() == {"entries": 3, "too_broad": 0, "special": 1, "special_trimmed": 0,
                                  "allowlisted": 1, "allowlist_trimmed": 0}
+
+
+def test_a_feed_owned_blocklist_keeps_everything_in_its_interval_sets_and_empties_its_hash_sets() -> None:
+    """One interval lookup per family for the feed instead of a hash and an interval lookup
+    (docs/datapath.md, `feedint`); the empty lists for the hash sets empty them on an upgrade."""
+    from nftblockd.feeds.manager import _desired
+
+    nets = [ipaddress.ip_network(n) for n in ("45.10.0.7/32", "91.200.0.0/24", "2a00:dead::1/128",
+                                              "2a00:1450::/32")]
+    agg = aggregate([sanitise([net_key(n) for n in nets if n.version == 4],
+                              [net_key(n) for n in nets if n.version == 6])])
+    want = _desired(agg, "fd")
+    assert want == {"fd_ip4": [], "fd_net4": agg.v4, "fd_ip6": [], "fd_net6": agg.v6}
+    assert sorted(want["fd_net4"]) == sorted(net_key(n) for n in nets[:2])
+    assert sorted(want["fd_net6"]) == sorted(net_key(n) for n in nets[2:])

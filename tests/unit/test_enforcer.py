@@ -268,6 +268,7 @@ async def test_feed_owned_sets_are_not_adopted_into() -> None:
     fake.sets["small_ip4"][key("192.0.2.1")] = Element(None, "")
     assert await enforcer.reconcile() == 1
     assert fake.elements("small_ip4") == set()  # a feed set holds exactly its feed's entries
+    assert fake.idle_checks == 1  # and after the repairs, the rules of sets left empty are dropped
     stop.set()
     await runner
     await enforcer.close()

@@ -112,3 +112,34 @@ def test_render_shows_ingress_chains_with_their_device() -> None:
     text = rs.render_nft(plan())
     assert '\tchain ingress_wg0 {\n\t\ttype filter hook ingress device "wg0" priority -500; policy accept;' in text
     assert "accept comment" not in text
+
+
+# -- no rule for an empty set ----------------------------------------------------------------------------
+
+def test_only_the_filled_sets_have_rules_and_the_skips_stay_first() -> None:
+    p = plan()
+    chains = rs.chains_for(p, {"wg0"}, {"feeds_net4", "default_ip6"})
+    base, wg0 = chains
+    assert base.rules == (rs.SkipSpec("wg0"), *(r for r in p.chains[0].rules
+                                                 if r.set_name in {"feeds_net4", "default_ip6"}))
+    assert [r.set_name for r in wg0.rules] == ["default_ip6", "feeds_net4"]  # the plan's order
+    # nothing banned yet: no lookups at all, the skip rule alone
+    assert [c.rules for c in rs.chains_for(p, {"wg0"}, set())] == [(rs.SkipSpec("wg0"),), ()]
+    every = {s.name for s in p.sets}
+    assert rs.chains_for(p, {"wg0"}, every) == rs.chains_for(p, {"wg0"})
+
+
+def test_a_sets_first_element_brings_its_rule_to_every_chain_and_nothing_else() -> None:
+    p = plan()
+    chains = rs.chains_for(p, {"eth1"}, set())
+    added = rs.rules_for_sets(p.chains, {"default_net4"})
+    assert [(chain, r.set_name) for chain, r in added] == [
+        ("prerouting", "default_net4"), ("ingress_eth1", "default_net4"), ("ingress_wg0", "default_net4")]
+    assert rs.rules_for_sets(chains, {"default_net4"}) == []  # chains as installed: no rules in them yet
+    msgs = rs.encode_added_rules(p, added[:2], 7)
+    assert [int.from_bytes(x[4:6], "little") & 0xFF for x in msgs] == [m.NFT_MSG_NEWRULE] * 2
+    assert [int.from_bytes(x[8:12], "little") for x in msgs] == [7, 8]
+    # the same bytes as the rule in a full installation (appended: after the skip rules)
+    set_ids = {s.name: i for i, s in enumerate(p.sets, start=1)}
+    r = added[0][1]
+    assert msgs[0] == rs.encode_rule(p.table, "prerouting", r, set_ids["default_net4"], 7, set_ids["allow_net4"])
