@@ -26,7 +26,7 @@ import sys
 import time
 
 from nftblockd.control.client import ClientError, ControlClient
-from nftblockd.durations import format_duration, parse_timeout
+from nftblockd.durations import Permanent, format_duration, parse_timeout
 
 # events.MAX_REASON, repeated so that `ban` does not import events (ipaddress); test_cli holds them equal
 MAX_REASON = 256
@@ -465,13 +465,15 @@ def _targets_from_lines(lines: Iterable[str]) -> list[str]:
 
 
 def _wire_timeout(text: str | None) -> float | str | None:
+    """--timeout as the protocol's `timeout`: seconds, "permanent", or None (`null`: the blocklist's default,
+    which every daemon understands; the explicit "default" is newer)."""
     if text is None:
         return None
     try:
         seconds = parse_timeout(text)
     except ValueError as exc:
         raise UsageError(f"--timeout: {exc}") from None
-    return "permanent" if seconds is None else seconds
+    return "permanent" if isinstance(seconds, Permanent) else seconds
 
 
 def _describe(targets: list[str], verb: str) -> str:
@@ -758,9 +760,10 @@ def _cmd_import_fail2ban(ctx: _Context, ns: Any) -> int:
         if why is not None:
             skipped.append(f"skipped fail2ban entry: {why}")
             continue
-        if ban.remaining is not None and ban.remaining <= 0:
+        left = ban.remaining
+        if not isinstance(left, Permanent) and left <= 0:
             continue  # expired between fail2ban's bookkeeping and now
-        timeout: float | str = "permanent" if ban.remaining is None else max(1, math.ceil(ban.remaining))
+        timeout: float | str = "permanent" if isinstance(left, Permanent) else max(1, math.ceil(left))
         prev = items.get(target)
         if prev is not None and (prev["timeout"] == "permanent" or
                                  (timeout != "permanent" and prev["timeout"] >= timeout)):

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from nftblockd.addr import AddressError, IPNet, parse_target
-from nftblockd.durations import MAX_TIMEOUT, PERMANENT_WORDS, format_duration, parse_duration, parse_timeout
+from nftblockd.durations import (
+    MAX_TIMEOUT,
+    PERMANENT,
+    PERMANENT_WORDS,
+    BanLength,
+    format_duration,
+    parse_duration,
+    parse_timeout,
+)
 from nftblockd.yamlsrc import Located, Path_, YamlError, load_yaml
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,23}$")
@@ -75,7 +83,7 @@ class ConfigError(Exception):
 @dataclass(frozen=True, slots=True)
 class BlocklistConfig:
     name: str
-    timeout: float | None = 3600.0  # default ban duration for bans that do not say
+    timeout: BanLength = 3600.0  # default ban length for bans that do not say
     size: int = 262144  # per kernel set; the kernel answers ENFILE beyond it
     # Where it was written: for messages only, never for equality (a reload compares meaning, and a comment
     # added above must not make the same blocklist look changed).
@@ -120,7 +128,7 @@ class JailConfig:
     journal_path: str | None = None  # a directory of journal files instead of the local journal
     maxretry: int = 5
     findtime: float = 600.0
-    bantime: float | None = 3600.0
+    bantime: BanLength = 3600.0
     escalation: Escalation = Escalation()
     blocklist: str = "default"
     ignoreip: tuple[IPNet, ...] = ()
@@ -144,7 +152,7 @@ class FeedConfig:
     jitter: float = 0.1
     timeout: float = 30.0
     max_size: int = 64 * 1024 * 1024
-    ban_timeout: float | None = None  # None: entries stay until the feed drops them
+    ban_timeout: BanLength = PERMANENT  # PERMANENT: entries stay until the feed drops them
     max_shrink: float = 0.5
     min_prefix_v4: int = 8
     min_prefix_v6: int = 16
@@ -317,7 +325,7 @@ class _Builder:
             return default
         return value
 
-    def timeout(self, m: dict[str, Any], key: str, path: Path_, default: float | None) -> float | None:
+    def timeout(self, m: dict[str, Any], key: str, path: Path_, default: BanLength) -> BanLength:
         if key not in m:
             return default
         try:
@@ -638,7 +646,7 @@ class _Builder:
                 jitter=float(jitter),
                 timeout=self.duration(f, "timeout", path, 30.0, positive=True),
                 max_size=self.positive_int(f, "max_size", path, 64 * 1024 * 1024, 1, 2**34),
-                ban_timeout=self.timeout(f, "ban_timeout", path, None),
+                ban_timeout=self.timeout(f, "ban_timeout", path, PERMANENT),
                 max_shrink=float(shrink),
                 min_prefix_v4=self.positive_int(f, "min_prefix_v4", path, 8, 1, 32),
                 min_prefix_v6=self.positive_int(f, "min_prefix_v6", path, 16, 1, 128),

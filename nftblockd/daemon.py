@@ -273,6 +273,7 @@ class Daemon:
 
         def problem(p: StoreProblem) -> None:
             log.error("state database: %s", p.message)
+            self.metrics.state_problem(p.kind, p.salvaged_rows, p.dropped_rows, p.truncated_bytes)
 
         # quick_check runs after READY (`verify`): damage in the bans table is met by the load itself
         self.store = await self.store_call(Store.open, path, on_problem=problem, verify=False)
@@ -458,7 +459,10 @@ class Daemon:
             saving = self.persister.status()
             store = {"path": str(Path(self.cfg.state_dir) / "state.db"), "persistent": self.store.persistent,
                      "degraded": saving.degraded, "unsaved_changes": saving.unsaved_changes,
-                     "last_error": saving.last_error, "degraded_since": saving.degraded_since}
+                     "last_error": saving.last_error, "degraded_since": saving.degraded_since,
+                     "salvaged_rows": sum(p.salvaged_rows for p in self.store.problems),
+                     "salvage_dropped_rows": sum(p.dropped_rows for p in self.store.problems),
+                     "truncated_bytes": sum(p.truncated_bytes for p in self.store.problems)}
         return {"jails": jails, "tracker": {"tracked": self.tracker.tracked, "evictions": self.tracker.evictions,
                                     "evicted_several": self.tracker.evicted_several}, "store": store}
 
@@ -560,7 +564,7 @@ class Daemon:
                     self.tracker.note_ban(Ban(host_net(k, version), blocklist, ends[k], _origin(origin), reason, jail),
                                           now)
         if others:
-            results = await self.enforcer.apply(others, now=now, persist=False)
+            results = await self.enforcer.restore_bans(others, now)
             n += sum(1 for r in results if r.code is None)
             for b in others:
                 if b.jail:
@@ -609,7 +613,11 @@ class Daemon:
         mx = self.metrics
         mx.before_scrape.append(self.refresh_gauges)
         mx.tracker_addresses.read = lambda: [((jail,), n) for jail, n in self.tracker.tracked_by_jail().items()]
-        mx.tracker_evictions.read = lambda: [((), self.tracker.evictions)]
+        mx.tracker_evictions.read = lambda: [(("one",), self.tracker.evictions - self.tracker.evicted_several),
+                                             (("several",), self.tracker.evicted_several)]
+        mx.failures_refused.read = lambda: [((j.jail.name, why), n) for j in self.jails
+                                            for why, n in (("allowlisted", j.stats.allowlisted),
+                                                           ("never_ban", j.stats.never_ban))]
 
         def invalid_lines() -> list[tuple[tuple[str, ...], float]]:
             by: dict[tuple[str, ...], float] = {}
@@ -689,10 +697,32 @@ class Daemon:
             log.info("chains now: %s", ", ".join(c.name for c in self.plan.chains))
             await self._warn_missing_devices()
         jails = await self._reload_jails(old_cfg, new, filters, policies)
-        log.info("configuration reloaded from %s%s", self.config_path, f" ({jails})" if jails else "")
+        feeds = await self._reload_feeds(old_cfg, new)
+        summary = "; ".join(x for x in (jails, feeds) if x)
+        log.info("configuration reloaded from %s%s", self.config_path, f" ({summary})" if summary else "")
         self.notifier.ready("configuration reloaded")
-        self.reload_changes = jails
+        self.reload_changes = summary
         return True
+
+    async def _reload_feeds(self, old: Config, new: Config) -> str:
+        """Apply feed changes (feeds/manager.py: `reconfigure`); the API learns which blocklists feeds own
+        now. Returns a summary."""
+        if self.feeds is None:
+            if not new.feeds:
+                return ""
+            from nftblockd.feeds.manager import FeedManager
+            self.feeds = FeedManager(old, self.enforcer, Path(new.state_dir) / "feeds", self.metrics)
+            if self._tg is not None:
+                self._tg.create_task(self.feeds.run(self.stop), name="feeds")
+        owned = self.feeds.blocklists()
+        added, removed, changed = await self.feeds.reconfigure(new)
+        self.api.set_feeds(self.feeds.status, self.feeds.refresh, self.feeds.blocklists())
+        now_owned = self.feeds.blocklists()
+        parts = [f"{what}: {', '.join(sorted(names))}" for what, names in
+                 (("feeds added", added), ("feeds removed", removed), ("feeds changed", changed),
+                  ("blocklists now fed", now_owned - owned), ("blocklists no longer fed", owned - now_owned))
+                 if names]
+        return "; ".join(parts)
 
     async def _reload_jails(self, old: Config, new: Config, filters: dict[str, Filter],
                             policies: list[JailPolicy]) -> str:

@@ -1,4 +1,10 @@
-"""Parse and print durations ("90s", "10m", "1h30m", "2d", "500ms", plain seconds). Pure.
+"""Parse and print durations ("90s", "10m", "1h30m", "2d", "500ms", plain seconds), and name ban lengths. Pure.
+
+A ban's length has one encoding in the pure layer, `BanLength`: a positive number of seconds, or the
+sentinel `PERMANENT` for a ban that never ends. `None` is never a length: "not said, use the configured
+default" is the control protocol's `BLOCKLIST_DEFAULT` (control/protocol.py), decided before a length exists.
+A length becomes an end (epoch seconds; `None` for an end that never comes, as in `events.Ban.until`) in one
+place, `ban_end`.
 
 No regular expressions: `nftblock ban --timeout 600s` runs once per ban from fail2ban's shell action, and
 importing `re` is a tenth of that process's start-up (bench/bench_cli.py). The grammar is small enough to
@@ -8,6 +14,38 @@ scan by hand; tests/unit/test_durations.py checks the scanner against the regex 
 from __future__ import annotations
 
 import math
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the CLI imports this module per ban)
+if TYPE_CHECKING:
+    from typing import Final, TypeAlias
+
+
+class Permanent:
+    """The length of a ban that never ends. There is one instance, `PERMANENT`; test with `isinstance` (mypy
+    narrows `float | Permanent` with it) or `is`. A plain class, not an enum: `nftblock ban` imports this
+    module and `enum` is not otherwise loaded there."""
+
+    __slots__ = ()
+    _the: Permanent | None = None
+
+    def __new__(cls) -> Permanent:
+        if cls._the is None:
+            cls._the = super().__new__(cls)
+        return cls._the
+
+    def __repr__(self) -> str:
+        return "PERMANENT"
+
+    def __str__(self) -> str:
+        return "permanent"
+
+    def __reduce__(self) -> str:
+        return "PERMANENT"  # copy and pickle give back the one instance
+
+
+PERMANENT: Final = Permanent()
+BanLength: TypeAlias = "float | Permanent"
+"""Seconds (> 0), or PERMANENT."""
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 PERMANENT_WORDS = frozenset({"permanent", "never", "forever"})
@@ -77,13 +115,13 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def parse_timeout(value: object) -> float | None:
-    """Like parse_duration, but "permanent"/"never" give None and zero is refused.
+def parse_timeout(value: object) -> BanLength:
+    """Like parse_duration, but "permanent"/"never"/"forever" give PERMANENT and zero is refused.
 
     A zero timeout would mean "never expires" to the kernel, so it must be asked for by name, never computed.
     """
     if isinstance(value, str) and value.strip().lower() in PERMANENT_WORDS:
-        return None
+        return PERMANENT
     seconds = parse_duration(value)
     if seconds <= 0:
         raise ValueError("a ban timeout must be positive (write 'permanent' for a ban that never expires)")
@@ -93,9 +131,22 @@ def parse_timeout(value: object) -> float | None:
     return seconds
 
 
-def format_duration(seconds: float | None) -> str:
-    """Compact human form: 3725 → '1h2m5s'; None → 'permanent'."""
-    if seconds is None:
+def ban_end(length: BanLength, now: float) -> float | None:
+    """When a ban of `length` that starts at `now` ends: epoch seconds, or None for PERMANENT (the encoding of
+    `events.Ban.until`). The one place a length becomes an end."""
+    return None if isinstance(length, Permanent) else now + float(length)
+
+
+def longest(lengths: list[BanLength]) -> BanLength:
+    """The longest of several lengths (PERMANENT outlasts any number); ValueError if there are none."""
+    if any(isinstance(t, Permanent) for t in lengths):
+        return PERMANENT
+    return max(float(t) for t in lengths)  # type: ignore[arg-type]  # (no Permanent left: checked above)
+
+
+def format_duration(seconds: BanLength) -> str:
+    """Compact human form: 3725 → '1h2m5s'; PERMANENT → 'permanent'."""
+    if isinstance(seconds, Permanent):
         return "permanent"
     if seconds < 1:
         return f"{int(seconds * 1000)}ms"

@@ -54,7 +54,8 @@ def clip_reason(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Ban:
-    """Block `target` in `blocklist` until the wall-clock time `until` (epoch seconds; None = no expiry).
+    """Block `target` in `blocklist` until the wall-clock time `until` (epoch seconds; None: never, the end of
+    a ban of length durations.PERMANENT — made by durations.ban_end, the only meaning None has for an end).
 
     `until` is absolute so that decisions can be coalesced ("the later end wins"), stored and replayed
     across restarts; the kernel timeout is computed from it at the moment of sending.

@@ -13,7 +13,6 @@ from typing import Any
 from nftblockd import __version__
 from nftblockd.addr import AddressError, IPNet, format_host, format_target, parse_target, split_hosts
 from nftblockd.control.protocol import (
-    BLOCKLIST_DEFAULT,
     BanArgs,
     CheckArgs,
     ControlError,
@@ -22,8 +21,10 @@ from nftblockd.control.protocol import (
     UnbanArgs,
     ban_entry,
     parse_args,
+    resolve_timeout,
 )
 from nftblockd.control.server import Peer
+from nftblockd.durations import ban_end
 from nftblockd.events import Ban, Decision, Origin, Unban
 from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import Enforcer
@@ -123,8 +124,7 @@ class ControlAPI:
             except AddressError as exc:
                 refused.append({"target": item.target, "code": "invalid_address", "message": str(exc)})
                 continue
-            timeout = default_timeout if item.timeout is BLOCKLIST_DEFAULT else item.timeout
-            until = None if timeout is None else now + float(timeout)
+            until = ban_end(resolve_timeout(item.timeout, default_timeout), now)
             origin = "fail2ban" if a.origin == "fail2ban" else "cli"
             decisions.append(Ban(target, blocklist, until, origin, item.reason, item.jail))  # type: ignore[arg-type]
             comment = comment or item.reason
@@ -147,9 +147,8 @@ class ControlAPI:
         """Many targets with the same timeout and reason: single addresses take the set-at-a-time path."""
         first = a.items[0]
         default_timeout = self.enforcer.cfg.blocklist(blocklist).timeout
-        timeout = default_timeout if first.timeout is BLOCKLIST_DEFAULT else first.timeout
         now = self._clock()
-        until = None if timeout is None else now + float(timeout)
+        until = ban_end(resolve_timeout(first.timeout, default_timeout), now)
         keys, texts, rest_at = split_hosts([item.target for item in a.items])
         rest = [a.items[i] for i in rest_at]
         origin = "fail2ban" if a.origin == "fail2ban" else "cli"
@@ -295,7 +294,8 @@ class ControlAPI:
             "errors": {"kernel": {str(k): v for k, v in e.counters.kernel_errors.items()},
                        "set_full": e.counters.set_full, "refused": e.counters.refused,
                        "allowlisted": e.counters.allowlisted, "rebuilds": e.counters.rebuilds,
-                       "drift_repaired": e.counters.drift_repaired, "adopted": e.counters.adopted},
+                       "drift_repaired": e.counters.drift_repaired, "adopted": e.counters.adopted,
+                       "unbannable_removed": e.counters.unbannable_removed},
             "jails": [],
             "feeds": self._feeds() if self._feeds else [],
         }

@@ -46,7 +46,7 @@ from nftblockd.control.wire import (
     loads,
     one_line,
 )
-from nftblockd.durations import parse_timeout
+from nftblockd.durations import BanLength, parse_timeout
 from nftblockd.events import MAX_REASON, BanInfo
 
 # The error codes as a type (wire.ERROR_CODES is the same set at run time; wire.py stays free of typing).
@@ -91,6 +91,7 @@ __all__ = [
     "one_line",
     "parse_args",
     "parse_wire_timeout",
+    "resolve_timeout",
 ]
 
 # --- values --------------------------------------------------------------------------------------------
@@ -197,10 +198,16 @@ class _BlocklistDefault(enum.Enum):
 
 
 BLOCKLIST_DEFAULT: Final = _BlocklistDefault.TOKEN
-"""`timeout: null` on the wire: use the blocklist's configured default."""
+"""A ban timeout not said (`null`, absent or `"default"` on the wire): use the blocklist's configured default."""
 
-Timeout: TypeAlias = float | Literal[_BlocklistDefault.TOKEN] | None
-"""Seconds; None = permanent (as in durations.parse_timeout and Ban.until); BLOCKLIST_DEFAULT = not said."""
+Timeout: TypeAlias = BanLength | Literal[_BlocklistDefault.TOKEN]
+"""A ban timeout as a client asked for it: seconds, durations.PERMANENT, or BLOCKLIST_DEFAULT. `None` is not
+one: on the wire `null` means the default, and `resolve_timeout` is where the default is filled in."""
+
+
+def resolve_timeout(timeout: Timeout, default: BanLength) -> BanLength:
+    """The length a ban gets: what was asked, or the blocklist's `default` when nothing was."""
+    return default if timeout is BLOCKLIST_DEFAULT else timeout
 
 ORIGINS: Final = ("cli", "fail2ban")  # what a control client may claim a ban comes from
 
@@ -256,8 +263,11 @@ CommandArgs: TypeAlias = BanArgs | UnbanArgs | ListArgs | CheckArgs | FeedsRefre
 
 
 def parse_wire_timeout(value: object, where: str = "timeout") -> Timeout:
-    """`null` → BLOCKLIST_DEFAULT; positive seconds; a duration string ("1h", "permanent")."""
-    if value is None:
+    """`null` or `"default"` → BLOCKLIST_DEFAULT; positive seconds; a duration string ("1h", "permanent").
+
+    `"default"` is the explicit spelling of `null` (docs/control-protocol.md); clients keep sending `null`
+    or nothing, which every daemon understands."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "default"):
         return BLOCKLIST_DEFAULT
     if isinstance(value, float) and not math.isfinite(value):
         raise ProtocolError(f"{where}: not a finite number")

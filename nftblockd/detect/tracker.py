@@ -62,9 +62,10 @@ Ban duration and escalation. duration = bantime * factor**n, capped at max(escal
 is the number of earlier bans of the same offender *in the same jail* that started within the jail's history
 horizon (default: 4 * that cap, and at least the findtime of any recidive jail watching it). Escalation is
 per jail on purpose: each jail's bantime suits its service, and one noisy jail must not lengthen another's
-bans. Counting across jails is what a recidive jail does, explicitly and with its own limits. bantime None is
-permanent, and stays so. A ban never ends before an earlier ban of the same offender in the same jail:
-`until` is raised to it if needed, which matters only after our clock stepped back. `until = now + duration`.
+bans. Counting across jails is what a recidive jail does, explicitly and with its own limits. bantime
+PERMANENT (durations.py) stays so. A ban never ends before an earlier ban of the same offender in the same
+jail: `until` is raised to it if needed, which matters only after our clock stepped back.
+`until = ban_end(duration, now)`: `now + duration`, or None (an end that never comes) for PERMANENT.
 
 Recidive. A jail whose policy says `recidive=True` counts *bans* instead of hits: the daemon passes each jail
 ban it applies to `observe_ban(ban, now)`, and each recidive jail watching that jail (every ordinary jail
@@ -121,7 +122,7 @@ from nftblockd.addr import (
 )
 from nftblockd.allowlist import EMPTY, Allowlist, build_allowlist
 from nftblockd.config import Config, Escalation, JailConfig
-from nftblockd.durations import format_duration
+from nftblockd.durations import PERMANENT, BanLength, Permanent, ban_end, format_duration
 from nftblockd.events import Ban, Hit
 from nftblockd.neverban import NEVER_BAN
 
@@ -199,7 +200,7 @@ class JailPolicy:
     name: str
     maxretry: int = 5
     findtime: float = 600.0
-    bantime: float | None = 3600.0
+    bantime: BanLength = 3600.0
     escalation: Escalation = field(default_factory=Escalation)
     blocklist: str = "default"
     ignoreip: tuple[IPNet, ...] = ()
@@ -214,8 +215,8 @@ class JailPolicy:
             raise ValueError(f"jail {self.name}: maxretry must be at least 1")
         if not self.findtime > 0:
             raise ValueError(f"jail {self.name}: findtime must be positive")
-        if self.bantime is not None and not self.bantime > 0:
-            raise ValueError(f"jail {self.name}: bantime must be positive or None (permanent)")
+        if not isinstance(self.bantime, Permanent) and not self.bantime > 0:
+            raise ValueError(f"jail {self.name}: bantime must be positive or PERMANENT")
         if not 16 <= self.ipv6_prefix <= 128:
             raise ValueError(f"jail {self.name}: ipv6_prefix must be between 16 and 128")
         if self.escalation.factor < 1:
@@ -238,12 +239,12 @@ class JailPolicy:
     @property
     def cap(self) -> float:
         """The longest finite ban escalation can reach (never below bantime itself)."""
-        return max(self.escalation.max, self.bantime or 0.0)
+        return max(self.escalation.max, 0.0 if isinstance(self.bantime, Permanent) else self.bantime)
 
-    def duration(self, previous: int) -> float | None:
-        """Ban length after `previous` earlier bans within the horizon; None is permanent."""
-        if self.bantime is None:
-            return None
+    def duration(self, previous: int) -> BanLength:
+        """Ban length after `previous` earlier bans within the horizon."""
+        if isinstance(self.bantime, Permanent):
+            return PERMANENT
         esc = self.escalation
         d = self.bantime
         if not esc.enabled or esc.factor == 1:
@@ -545,12 +546,11 @@ class Tracker:
         earlier = j.history.get(key)
         if earlier is None:  # a first offence, as nearly every ban of a burst is
             past: _Past = ()
-            until = None if p.bantime is None else now + p.bantime
+            until = ban_end(p.bantime, now)
         else:
             lo = now - j.horizon
             past = tuple(r for r in earlier if r[0] >= lo)
-            duration = p.duration(len(past))
-            until = None if duration is None else now + duration
+            until = ban_end(p.duration(len(past)), now)
             if until is not None:
                 # Never end before an earlier ban of the same offender (only possible after a clock step back).
                 until = max([until] + [u for _, u in past if u is not None])
@@ -561,7 +561,7 @@ class Tracker:
             reason = j.reasons[failures] = f"{failures} {what} in {format_duration(p.findtime)} ({p.name})"
         if past:
             duration = p.duration(len(past))
-            if duration is not None and duration != p.bantime:
+            if not isinstance(duration, Permanent) and duration != p.bantime:
                 reason += f"; ban #{len(past) + 1} escalated to {format_duration(duration)}"
         ban = Ban(target, p.blocklist, until, "jail", reason, p.name)
         j.history[key] = (*past, (now, until))

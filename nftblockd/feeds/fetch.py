@@ -59,7 +59,7 @@ import aiohttp
 from nftblockd import __version__
 from nftblockd.addr import IPNet
 from nftblockd.config import FeedConfig
-from nftblockd.durations import format_duration
+from nftblockd.durations import PERMANENT, BanLength, format_duration
 from nftblockd.feeds.aggregate import Policy, Sanitised, SanitiseStats, sanitise
 from nftblockd.feeds.parse import FeedFormatError, ParseResult, ParseStats, parse_feed
 
@@ -131,7 +131,7 @@ class FeedUpdate:
     sanitised: Sanitised
     origin: Origin
     fetched_at: float
-    ban_timeout: float | None = None  # FeedConfig.ban_timeout: None = entries stay until the feed drops them
+    ban_timeout: BanLength = PERMANENT  # FeedConfig.ban_timeout: PERMANENT = entries stay until the feed drops them
     # defer_removals: the copy this one replaced, kept in force one more refresh (its entries are unioned in)
     deferred: Sanitised | None = None
 

@@ -10,6 +10,14 @@ deletes what the kernel still holds there (feed-owned sets are never adopted fro
 applied as ONE netlink transaction of deletions and additions, so there is never a moment with old entries
 gone and new ones not yet in. At start, cached copies are applied before READY, so a reboot without network
 still protects the host.
+
+Each feed runs as its own task, supervised: a task that raises something unexpected (a bug, not a failed
+fetch, which the fetcher retries itself) is logged, counted (nftblock_feed_task_failures_total), shown as
+the feed's `error` in status, and started again after a backoff (1 s doubling to 5 min) while the other
+feeds and the daemon carry on. A reload applies added, removed and changed feeds (`reconfigure`): removed
+feeds stop and their entries leave their blocklist, added ones start from their cache, changed ones restart.
+A blocklist that loses its last feed is emptied of feed entries; one that gains its first belongs to feeds
+from then on, exactly as at a start with that configuration.
 """
 
 from __future__ import annotations
@@ -17,11 +25,14 @@ from __future__ import annotations
 import asyncio  # noqa: TID251 (an IO edge: a task per feed under a TaskGroup, refreshing on schedule)
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from nftblockd.config import Config
+from nftblockd.addr import IPNet
+from nftblockd.config import Config, FeedConfig
+from nftblockd.durations import PERMANENT, ban_end, longest
 from nftblockd.feeds.aggregate import Aggregate, Sanitised, aggregate
 from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate
 from nftblockd.kernel.enforcer import Enforcer
@@ -44,14 +55,28 @@ def _desired(agg: Aggregate, blocklist: str) -> dict[str, list[int]]:
 class FeedNotFound(LookupError):
     """`feeds refresh/accept` named a feed, or a held copy, that does not exist (the client's mistake)."""
 
+CRASH_RETRY_BASE = 1.0  # seconds before a crashed feed task starts again; doubles per crash in a row
+CRASH_RETRY_MAX = 300.0
+
+
 class FeedManager:
-    def __init__(self, cfg: Config, enforcer: Enforcer, cache_dir: Path, metrics: Metrics | None = None) -> None:
+    def __init__(self, cfg: Config, enforcer: Enforcer, cache_dir: Path, metrics: Metrics | None = None, *,
+                 fetcher: Callable[[FeedConfig, Path, Sequence[IPNet]], FeedFetcher] | None = None,
+                 crash_retry_base: float = CRASH_RETRY_BASE) -> None:
         self.cfg = cfg
         self.enforcer = enforcer
         self.metrics = metrics
+        self.cache_dir = cache_dir
         cache_dir.mkdir(parents=True, exist_ok=True)
+        self._new_fetcher = fetcher or (lambda f, d, allow: FeedFetcher(f, d, allow=allow))
+        self._crash_retry_base = crash_retry_base
         allow = enforcer.allow.networks
-        self.fetchers = {f.name: FeedFetcher(f, cache_dir, allow=allow) for f in cfg.feeds}
+        self.fetchers = {f.name: self._new_fetcher(f, cache_dir, allow) for f in cfg.feeds}
+        self.crashes: dict[str, int] = {}  # feed -> tasks that raised (status, metric)
+        self._crashed: dict[str, str] = {}  # feed -> the error of its last crash, until it runs again
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self._stop: asyncio.Event | None = None
         self.latest: dict[str, Sanitised] = {}
         self.deferred: dict[str, Sanitised] = {}  # defer_removals: the copy before the latest, still in force
         self._timeouts = {f.name: f.ban_timeout for f in cfg.feeds}
@@ -78,9 +103,84 @@ class FeedManager:
         return total
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with asyncio.TaskGroup() as tg:
-            for f in self.fetchers.values():
-                tg.create_task(f.run(self.on_update, stop), name=f"feed-{f.cfg.name}")
+        """Run every feed until `stop`; feeds added by a reload start here too."""
+        self._stop = stop
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                for name in self.fetchers:
+                    self._start(name)
+                await stop.wait()
+        finally:
+            self._tg = None
+            self._tasks.clear()
+
+    def _start(self, name: str) -> None:
+        running = self._tasks.get(name)
+        if running is not None and not running.done():
+            return  # run() and reconfigure() may both get here for a feed added just before run() began
+        if self._tg is not None and self._stop is not None:
+            self._tasks[name] = self._tg.create_task(self._supervise(name, self._stop), name=f"feed-{name}")
+
+    async def _supervise(self, name: str, stop: asyncio.Event) -> None:
+        """One feed's task: its fetcher's loop, started again after a backoff if it raises (a bug: failed
+        fetches are the fetcher's to retry). Never raises but CancelledError, so no feed takes others down."""
+        crashes_in_a_row = 0
+        while not stop.is_set():
+            f = self.fetchers.get(name)
+            if f is None:
+                return
+            try:
+                await f.run(self.on_update, stop)
+                return
+            except Exception as exc:
+                crashes_in_a_row += 1
+                self.crashes[name] = self.crashes.get(name, 0) + 1
+                delay = min(CRASH_RETRY_MAX, self._crash_retry_base * 2 ** min(crashes_in_a_row - 1, 20))
+                self._crashed[name] = (f"the feed's task failed ({type(exc).__name__}: {exc}); "
+                                       f"starting it again in {delay:g}s")
+                log.exception("feed %s: its task failed; the other feeds carry on, and it starts again in %gs",
+                              name, delay)
+                if self.metrics is not None:
+                    self.metrics.feed_task_failures.labels(name).inc()
+            try:
+                async with asyncio.timeout(delay):
+                    await stop.wait()
+            except TimeoutError:
+                pass
+            self._crashed.pop(name, None)
+
+    async def reconfigure(self, cfg: Config) -> tuple[list[str], list[str], list[str]]:
+        """Apply the feeds of a reloaded config: (added, removed, changed) feed names. Removed and changed
+        feeds stop; added and changed ones start from their cache; every blocklist concerned is synced."""
+        old = {f.name: f for f in self.cfg.feeds}
+        new = {f.name: f for f in cfg.feeds}
+        added = [n for n in new if n not in old]
+        removed = [n for n in old if n not in new]
+        changed = [n for n in new if n in old and new[n] != old[n]]
+        touched = {old[n].blocklist for n in removed + changed} | {new[n].blocklist for n in added + changed}
+        for name in removed + changed:
+            task = self._tasks.pop(name, None)
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            self.fetchers.pop(name, None)
+            self.latest.pop(name, None)
+            self.deferred.pop(name, None)
+            self._crashed.pop(name, None)
+        self.cfg = cfg
+        self._timeouts = {f.name: f.ban_timeout for f in cfg.feeds}
+        allow = self.enforcer.allow.networks
+        for name in added + changed:
+            f = self.fetchers[name] = self._new_fetcher(new[name], self.cache_dir, allow)
+            upd = await f.load_cache()
+            if upd is not None:
+                self.latest[name] = upd.sanitised
+        for bl in sorted(touched):
+            await self.sync(bl)
+        for name in added + changed:
+            self._start(name)
+        return added, removed, changed
 
     async def on_update(self, upd: FeedUpdate) -> None:
         self.latest[upd.name] = upd.sanitised
@@ -101,8 +201,8 @@ class FeedManager:
             t0 = time.perf_counter()
             agg = aggregate(parts)
             timeouts = [self._timeouts[n] for n in feeds]
-            ban_timeout = None if any(t is None for t in timeouts) else max(t for t in timeouts if t is not None)
-            until = None if ban_timeout is None else time.time() + ban_timeout
+            # a blocklist without feeds (its last one removed by a reload) is emptied: no end to choose
+            until = ban_end(longest(timeouts) if timeouts else PERMANENT, time.time())
             desired = _desired(agg, blocklist)
             res = await self.enforcer.sync_sets(desired, until, reason="feeds " + ", ".join(feeds))
             self.syncs += 1
@@ -120,7 +220,8 @@ class FeedManager:
             d = {
                 "name": name, "blocklist": st.blocklist, "source": st.source, "entries": st.entries,
                 "last_success": st.last_success, "last_attempt": st.last_attempt,
-                "next_refresh": st.next_refresh, "error": st.error,
+                "next_refresh": st.next_refresh, "error": self._crashed.get(name) or st.error,
+                "task_failures": self.crashes.get(name, 0),
                 "pending_shrink": asdict(st.pending_shrink) if st.pending_shrink else None,
                 "counters": asdict(st.counters),
             }

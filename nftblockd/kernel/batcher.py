@@ -9,7 +9,10 @@ So a batch never both adds and deletes one element. Bulk submissions (one op sha
 with dict/set operations, not a Python loop per element: per-element Python work bounds bulk throughput.
 
 `Batcher` is the small async driver: ops wait in a bounded window (back-pressure when full) and are flushed
-as one transaction when `max_ops` are pending or `delay` seconds after the window's first op. Each submitter
+as one transaction when `max_ops` are pending or `delay` seconds after the window's first op. The window is
+for ops that arrive together under load; a window opened while the batcher was idle (no flush in flight, and
+none ended in the last `delay` seconds) is flushed at once, so a lone `nftblock ban` does not wait for
+company that is not coming (bench/bench_cli.py: 18.2 ms with the 2 ms window, 11.4 ms without it). Each submitter
 gets a future that resolves once the transaction carrying its ops was acknowledged by the kernel, with the
 per-op failures, so `nftblock ban` can return only when the set really holds the address.
 """
@@ -17,7 +20,6 @@ per-op failures, so `nftblock ban` can return only when the set really holds the
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: the batch driver: flushes on size or delay, on the event loop)
-import contextlib
 import itertools
 import logging
 import time
@@ -177,6 +179,9 @@ class Batcher:
         self._space = asyncio.Event()
         self._space.set()
         self._first_at: float | None = None
+        self._flushing = False
+        self._last_flush_end = -float("inf")  # monotonic
+        self._idle_window = False  # the pending window was opened while idle: flush it without waiting
         self._on_flush = on_flush
         self.flushes = 0
         self.ops_flushed = 0
@@ -207,6 +212,7 @@ class Batcher:
         self._tickets.append(Ticket(groups, fut))
         if self._first_at is None:
             self._first_at = time.monotonic()
+            self._idle_window = not self._flushing and self._first_at - self._last_flush_end >= self.delay
         self._wake.set()
         return fut
 
@@ -244,13 +250,19 @@ class Batcher:
                 waiter.cancel()
                 stopper.cancel()
                 continue
-            if len(self._pending) < self.max_ops and not stop.is_set() and self._first_at is not None:
+            if len(self._pending) < self.max_ops and not stop.is_set() and self._first_at is not None \
+                    and not self._idle_window:
                 wait = self._first_at + self.delay - time.monotonic()
                 if wait > 0:
                     self._wake.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), wait)
-                    if len(self._pending) < self.max_ops and time.monotonic() < self._first_at + self.delay:
+                    # more ops, or `stop`, end the wait early: stopping flushes at once, not after the window
+                    waiter = asyncio.ensure_future(self._wake.wait())
+                    stopper = asyncio.ensure_future(stop.wait())
+                    await asyncio.wait({waiter, stopper}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    stopper.cancel()
+                    if len(self._pending) < self.max_ops and not stop.is_set() \
+                            and time.monotonic() < self._first_at + self.delay:
                         continue
             await self.flush_once()
 
@@ -266,6 +278,8 @@ class Batcher:
                 done.append(t)
         self._tickets = keep
         self._first_at = time.monotonic() if self._pending else None
+        self._idle_window = False  # what is left, or comes during this flush, is load: it waits its window
+        self._flushing = True
         if len(self._pending) < self.max_pending:
             self._space.set()
         t0 = time.perf_counter()
@@ -280,6 +294,8 @@ class Batcher:
                 log.exception("applying a batch of %d ops failed", n)
                 failures = [OpFailure(g.set_name, k, getattr(exc, "errno", 5) or 5, str(exc))
                             for g in groups for k in g.keys]
+        self._flushing = False
+        self._last_flush_end = time.monotonic()
         report = FlushReport(n, failures, len(outcome.expired), time.perf_counter() - t0, outcome.transactions,
                              outcome.missing_sets)
         self.flushes += 1

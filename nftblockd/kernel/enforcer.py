@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from nftblockd.addr import IPNet, format_host, format_target, pack_hosts
+from nftblockd.addr import IPNet, format_host, format_target, key_net, key_range, pack_hosts
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import Config
 from nftblockd.events import Ban, Decision, Unban, clip_reason
@@ -91,6 +91,8 @@ class Counters:
     rebuilds: int = 0
     drift_repaired: int = 0
     adopted: int = 0  # elements found in our sets that the state did not know, taken in (see reconcile)
+    # saved or kernel-held bans that no ban may cover (never-ban space, the allowlist): removed, not enforced
+    unbannable_removed: int = 0
     last_batch_seconds: float = 0.0
 
 
@@ -117,6 +119,13 @@ class BulkResult:
     failed: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)
     allowlisted: dict[int, list[int]] = field(default_factory=dict)
     never_ban: dict[int, list[int]] = field(default_factory=dict)  # never-ban space (neverban.py), refused
+
+
+def refusal_reason(r: DecisionResult) -> str:
+    """The `reason` label of nftblock_bans_refused for a refused ban's result."""
+    if r.code == "unavailable":  # the kernel refused the element (its set is named) or the state did (overlap)
+        return "kernel" if r.set_name else "overlap"
+    return r.code or "none"
 
 
 class Enforcer:
@@ -224,6 +233,51 @@ class Enforcer:
             self.metrics.netlink_errors.labels(E.errorcode.get(errno, str(errno))).inc()
             if full:
                 self.metrics.set_full.labels(set_name).inc()
+
+    def unbannable(self, version: int, interval: bool, keys: Sequence[int]) -> dict[int, tuple[str, str]]:
+        """Among `keys` (host keys, or net keys of an interval set), those no ban may cover: key -> (reason,
+        message), reason `never_ban` (neverban.py) or `allowlisted`. For what was banned before the rules
+        or the allowlist said otherwise: a saved ban, an element found in the kernel."""
+        out: dict[int, tuple[str, str]] = {}
+        if not interval:
+            for k in never_ban_keys(version, keys):
+                out[k] = ("never_ban", f"{format_host(k, version)} is never banned: "
+                                       f"{never_ban_range(version, k, k)}")
+            if len(self.allow):
+                for k in keys:
+                    hit = self.allow.contains_range(version, k, k)
+                    if hit is not None and k not in out:
+                        out[k] = ("allowlisted", f"{format_host(k, version)} is allowlisted ({hit})")
+            return out
+        for k in keys:
+            first, last = key_range(k, version)
+            why = never_ban_range(version, first, last)
+            if why is not None:
+                out[k] = ("never_ban", f"{format_target(key_net(k, version))} is never banned: {why}")
+                continue
+            hit = self.allow.contains_range(version, first, last)
+            if hit is not None:
+                out[k] = ("allowlisted", f"{format_target(key_net(k, version))} is allowlisted ({hit})")
+        return out
+
+    def _report_unbannable(self, where: str, found: dict[int, tuple[str, str]]) -> None:
+        """Log, count and meter bans removed because no ban may cover them (`where`: whence they came)."""
+        if not found:
+            return
+        self.counters.unbannable_removed += len(found)
+        by_reason: dict[str, int] = {}
+        for reason, _msg in found.values():
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        for reason, n in by_reason.items():
+            self._count_refused(reason, n)
+        shown = [msg for _reason, msg in list(found.values())[:5]]
+        more = f" (and {len(found) - len(shown)} more)" if len(found) > len(shown) else ""
+        log.warning("removed %d %s that no ban may cover, instead of enforcing them: %s%s", len(found), where,
+                    "; ".join(shown), more)
+
+    def _count_refused(self, reason: str, n: int) -> None:
+        if n and self.metrics is not None:
+            self.metrics.bans_refused.labels(reason).inc(n)
 
     # -- decisions ----------------------------------------------------------------------------------
 
@@ -340,6 +394,9 @@ class Enforcer:
         if self.metrics is not None:
             self.metrics.bans.labels(jail, origin).inc(applied)
             self.metrics.allowlist_hits.inc(sum(len(v) for v in out.allowlisted.values()))
+            self._count_refused("allowlisted", sum(len(v) for v in out.allowlisted.values()))
+            self._count_refused("never_ban", sum(len(v) for v in out.never_ban.values()))
+            self._count_refused("kernel", len(out.failed))
             if started is not None and applied:
                 self.metrics.ban_latency.observe((origin,), time.monotonic() - started, applied)
         self.counters.refused += len(out.failed) + sum(len(v) for v in out.allowlisted.values()) + sum(
@@ -384,11 +441,13 @@ class Enforcer:
         now = time.time()
         groups: list[Group] = []
         changes: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        removed_keys: dict[str, set[int]] = {}
         async with self._lock:
             for name, keys in desired.items():
                 added, removed, kept = self.state.replace_set(name, keys, until, origin=origin, reason=reason,
                                                               refresh=until is not None)
                 changes[name] = (added, removed, kept)
+                removed_keys[name] = set(removed)
                 until_ms = None if until is None else int(until * 1000)
                 if removed:
                     groups.append(Group(name, removed, [DELETE] * len(removed)))
@@ -405,6 +464,8 @@ class Enforcer:
                 self.state.forget(name, key)
                 failed += 1
                 self._count_refusal(errno, name)
+            # feed entries the kernel refused (a full set) are bans refused; a failed delete is not one
+            self._count_refused("kernel", sum(1 for name, key in res.failed if key not in removed_keys.get(name, ())))
             if self.metrics is not None and res.elements_sent:
                 self.metrics.batch_seconds.observe(res.seconds)
                 self.metrics.batch_elements.observe(res.elements_sent)
@@ -416,9 +477,18 @@ class Enforcer:
         """Saved single-address bans with their own ends back into state and kernel (no persistence).
 
         Straight to the kernel thread in large transactions: this runs before READY with nothing else
-        pending, and the batcher's small windows would cost a flush per 10k bans.
+        pending, and the batcher's small windows would cost a flush per 10k bans. A saved ban that no ban may
+        cover (never-ban space, or the allowlist as configured now) is not restored: it is deleted from the
+        state database, logged and counted (status' `unbannable_removed`, nftblock_bans_refused_total).
         """
         now = time.time()
+        refused = self.unbannable(version, False, keys)
+        if refused:
+            kept = [(k, u) for k, u in zip(keys, untils, strict=True) if k not in refused]
+            keys, untils = [k for k, _u in kept], [u for _k, u in kept]
+            self._report_unbannable(f"saved bans of blocklist {blocklist}", refused)
+            if self.persist is not None:
+                await self.persist(StateChange(packed_deletes=[(blocklist, pack_hosts(refused, version))]))
         failures: list[OpFailure] = []
         restored: list[int] = []
         name = ""
@@ -440,7 +510,23 @@ class Enforcer:
         for f in failures:
             self.state.forget(f.set_name, f.key)
             self._count_refusal(f.errno, f.set_name)
+        self._count_refused("kernel", len(failures))
         return name, restored, failures
+
+    async def restore_bans(self, bans: Sequence[Ban], now: float) -> list[DecisionResult]:
+        """Saved bans of ranges (and other one-by-one bans) back into state and kernel, without saving them
+        again; one that no ban may cover is refused as `apply` refuses it, and deleted from the database."""
+        results = await self.apply(bans, now=now, persist=False)
+        gone = [(b, r) for b, r in zip(bans, results, strict=True) if r.code in ("never_ban", "allowlisted")]
+        if gone:
+            self.counters.unbannable_removed += len(gone)
+            shown = "; ".join(r.message for _b, r in gone[:5])
+            more = f" (and {len(gone) - 5} more)" if len(gone) > 5 else ""
+            log.warning("removed %d saved bans that no ban may cover, instead of enforcing them: %s%s", len(gone),
+                        shown, more)
+            if self.persist is not None:
+                await self.persist(StateChange(deletes=[(b.blocklist, b.target) for b, _r in gone]))
+        return results
 
     async def unban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]], *, origin: str = "cli",
                           jail: str = "") -> list[tuple[str, list[int], list[int]]]:
@@ -496,6 +582,8 @@ class Enforcer:
                 banned[d.origin] = banned.get(d.origin, 0) + 1
             elif r.code is None and isinstance(d, Unban) and r.outcome is BanOutcome.REMOVED:
                 mx.unbans.labels(d.origin).inc()
+            if r.code is not None and isinstance(d, Ban):
+                mx.bans_refused.labels(refusal_reason(r)).inc()
         for origin, n in banned.items():
             mx.ban_latency.observe((origin,), latency, n)
 
@@ -607,8 +695,12 @@ class Enforcer:
                 missing = [k for k in entries.entries if k not in kernel_keys]
                 extra = [k for k in kernel_keys if k not in entries.entries]
                 adopted: list[int] = []
+                unbannable: dict[int, tuple[str, str]] = {}
                 if extra and spec.blocklist not in feed_owned:
-                    adopted = self.state.adopt(name, {k: kernel_keys[k] for k in extra}, now)
+                    # never adopt what no ban may cover: such elements are deleted like any other extra
+                    unbannable = self.unbannable(spec.version, spec.interval, extra)
+                    adopt = {k: kernel_keys[k] for k in extra if k not in unbannable}
+                    adopted = self.state.adopt(name, adopt, now)
                     taken = set(adopted)
                     extra = [k for k in extra if k not in taken]
                 batches: list[tuple[str, Sequence[int], OpSpec]] = list(
@@ -616,6 +708,7 @@ class Enforcer:
                 if extra:
                     batches.append((name, extra, DELETE))
                 fut = await self.batcher.submit_many(batches) if batches else None
+            self._report_unbannable(f"elements of set {name} found in the kernel", unbannable)
             if adopted:
                 log.warning("set %s holds %d bans that nftblockd's state did not know (state database lost or "
                             "damaged, or the clock jumped); adopted them with their remaining kernel timeouts",

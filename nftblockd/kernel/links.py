@@ -7,9 +7,9 @@ a rename arrives as a new link name only, an overrun receive buffer loses notifi
 both end in the same full comparison.
 
 Why not pyroute2: see ownaddr.py (importing it costs ~0.2 s and logs warnings under the unit's sandbox); a
-link dump is one 32-byte request and a small decoder. `request`, `parse` are pure and tested alone; `Links`
-and `LinkWatch` are the IO edges. This module reads links only: it never changes them, and never touches
-nf_tables.
+link dump is one 32-byte request and a small decoder (the framing is rtnl.py's, shared with ownaddr.py).
+`request`, `parse` are pure and tested alone; `Links` and `LinkWatch` are the IO edges. This module reads
+links only: it never changes them, and never touches nf_tables.
 """
 
 from __future__ import annotations
@@ -22,24 +22,25 @@ import socket
 import struct
 from dataclasses import dataclass
 
-__all__ = ["DumpError", "LinkEvent", "LinkWatch", "Links", "parse", "request"]
+from nftblockd.kernel.rtnl import (
+    NETLINK_ROUTE,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    RECV,
+    DumpError,
+    attributes,
+    dump_request,
+    messages,
+)
 
-NETLINK_ROUTE = 0
+__all__ = ["NLMSG_DONE", "NLMSG_ERROR", "DumpError", "LinkEvent", "LinkWatch", "Links", "parse", "request"]
+
 RTMGRP_LINK = 1
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 IFLA_IFNAME = 3
 
-_NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, portid
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
-_RTATTR = struct.Struct("=HH")
-_ERRNO = struct.Struct("=i")
-_RECV = 64 * 1024
-
-
-class DumpError(Exception):
-    """The kernel answered with an error, or a message was malformed."""
+_RECV = RECV
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +50,9 @@ class LinkEvent:
     present: bool  # RTM_NEWLINK (exists, possibly just changed state) or RTM_DELLINK (gone)
 
 
-def _align(n: int) -> int:
-    return (n + 3) & ~3
-
-
 def request(seq: int) -> bytes:
     """An RTM_GETLINK dump request."""
-    body = _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+    return dump_request(RTM_GETLINK, _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0), seq)
 
 
 def parse(data: bytes, seq: int | None = None) -> tuple[list[LinkEvent], bool]:
@@ -66,40 +62,17 @@ def parse(data: bytes, seq: int | None = None) -> tuple[list[LinkEvent], bool]:
     message counts (notifications carry sequence number 0). A malformed message raises DumpError.
     """
     out: list[LinkEvent] = []
-    pos = 0
-    while pos + _NLMSGHDR.size <= len(data):
-        length, kind, _flags, mseq, _portid = _NLMSGHDR.unpack_from(data, pos)
-        if length < _NLMSGHDR.size or pos + length > len(data):
-            raise DumpError(f"malformed netlink message (length {length} at offset {pos})")
-        body, end = pos + _NLMSGHDR.size, pos + length
-        pos += _align(length)
-        if seq is not None and mseq != seq:
-            continue
-        if kind == NLMSG_DONE:
-            return out, True
-        if kind == NLMSG_ERROR:
-            if end - body < _ERRNO.size:
-                raise DumpError("malformed netlink error message")
-            err = -_ERRNO.unpack_from(data, body)[0]
-            if err:
-                raise DumpError(f"the kernel refused the link dump: {os.strerror(err)}")
-            continue
+    walk = messages(data, seq, "the link dump")
+    for kind, body, end in walk:
         if kind not in (RTM_NEWLINK, RTM_DELLINK) or end - body < _IFINFOMSG.size:
             continue
         index = _IFINFOMSG.unpack_from(data, body)[2]
-        a = body + _IFINFOMSG.size
-        while a + _RTATTR.size <= end:
-            alen, atype = _RTATTR.unpack_from(data, a)
-            if alen < _RTATTR.size or a + alen > end:
-                raise DumpError(f"malformed link attribute (length {alen})")
+        for atype, a, b in attributes(data, body + _IFINFOMSG.size, end, "link attribute"):
             if atype == IFLA_IFNAME:
-                name = data[a + _RTATTR.size:a + alen].split(b"\0", 1)[0].decode(errors="replace")
+                name = data[a:b].split(b"\0", 1)[0].decode(errors="replace")
                 out.append(LinkEvent(name, index, kind == RTM_NEWLINK))
                 break
-            a += _align(alen)
-    if pos != len(data):
-        raise DumpError("netlink message cut short")
-    return out, False
+    return out, walk.done
 
 
 class Links:

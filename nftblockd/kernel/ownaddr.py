@@ -3,7 +3,7 @@
 Why not pyroute2: importing any part of it imports the whole package, tc layer included (163 modules,
 ~0.2 s here), and under the unit's `ProcSubset=pid` that layer logs two warnings at every start because
 /proc/net/psched is hidden. Neither /proc nor anything beyond the standard library is needed to ask the kernel
-for addresses: a request of 24 bytes and a small decoder.
+for addresses: a request of 24 bytes and a small decoder (the framing is rtnl.py's, shared with links.py).
 
 `parse_dump` is pure (bytes in, addresses out) and tested alone; `own_addresses` is the IO edge. This module
 reads addresses (and, with `AddressChanges`, hears that they changed): it never changes links, routes or
@@ -20,34 +20,31 @@ import struct
 from collections.abc import Iterable
 
 from nftblockd.addr import IPAddr
+from nftblockd.kernel.rtnl import (
+    NETLINK_ROUTE,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    NLMSGHDR,
+    RECV,
+    DumpError,
+    align,
+    attributes,
+    dump_request,
+    messages,
+)
 
-__all__ = ["AddressChanges", "DumpError", "own_addresses", "parse_dump", "request"]
+__all__ = ["NLMSG_DONE", "NLMSG_ERROR", "AddressChanges", "DumpError", "own_addresses", "parse_dump", "request"]
 
-NETLINK_ROUTE = 0
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_NEWADDR, RTM_DELADDR, RTM_GETADDR = 20, 21, 22
-NLM_F_REQUEST, NLM_F_MULTI, NLM_F_DUMP = 0x1, 0x2, 0x300
 IFA_ADDRESS, IFA_LOCAL = 1, 2
 
-_NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, portid
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, ifindex
-_RTATTR = struct.Struct("=HH")  # len, type
-_ERRNO = struct.Struct("=i")
-_RECV = 64 * 1024  # a dump part is at most a page or two; 64 KiB never truncates one
-
-
-class DumpError(Exception):
-    """The kernel answered with an error, or the answer was cut short or malformed."""
-
-
-def _align(n: int) -> int:
-    return (n + 3) & ~3
+_RECV = RECV
 
 
 def request(seq: int) -> bytes:
     """An RTM_GETADDR dump request for every family."""
-    body = _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
-    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+    return dump_request(RTM_GETADDR, _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0), seq)
 
 
 def parse_dump(data: bytes, seq: int) -> tuple[list[IPAddr], bool]:
@@ -57,23 +54,8 @@ def parse_dump(data: bytes, seq: int) -> tuple[list[IPAddr], bool]:
     IFA_ADDRESS. Messages of other sequence numbers are skipped; a malformed message raises DumpError.
     """
     out: list[IPAddr] = []
-    pos = 0
-    while pos + _NLMSGHDR.size <= len(data):
-        length, kind, _flags, mseq, _portid = _NLMSGHDR.unpack_from(data, pos)
-        if length < _NLMSGHDR.size or pos + length > len(data):
-            raise DumpError(f"malformed netlink message (length {length} at offset {pos})")
-        body = pos + _NLMSGHDR.size
-        end = pos + length
-        pos += _align(length)
-        if mseq != seq:
-            continue
-        if kind == NLMSG_DONE:
-            return out, True
-        if kind == NLMSG_ERROR:
-            if end - body < _ERRNO.size:
-                raise DumpError("malformed netlink error message")
-            err = -_ERRNO.unpack_from(data, body)[0]
-            raise DumpError(f"the kernel refused the address dump: {os.strerror(err)}")
+    walk = messages(data, seq, "the address dump")
+    for kind, body, end in walk:
         if kind != RTM_NEWADDR or end - body < _IFADDRMSG.size:
             continue
         family = _IFADDRMSG.unpack_from(data, body)[0]
@@ -81,20 +63,13 @@ def parse_dump(data: bytes, seq: int) -> tuple[list[IPAddr], bool]:
         if size is None:
             continue
         found: dict[int, bytes] = {}
-        a = body + _IFADDRMSG.size
-        while a + _RTATTR.size <= end:
-            alen, atype = _RTATTR.unpack_from(data, a)
-            if alen < _RTATTR.size or a + alen > end:
-                raise DumpError(f"malformed address attribute (length {alen})")
-            if atype in (IFA_ADDRESS, IFA_LOCAL) and alen - _RTATTR.size == size:
-                found[atype] = data[a + _RTATTR.size:a + alen]
-            a += _align(alen)
+        for atype, a, b in attributes(data, body + _IFADDRMSG.size, end, "address attribute"):
+            if atype in (IFA_ADDRESS, IFA_LOCAL) and b - a == size:
+                found[atype] = data[a:b]
         raw = found.get(IFA_LOCAL) or found.get(IFA_ADDRESS)
         if raw is not None:
             out.append(ipaddress.IPv4Address(raw) if size == 4 else ipaddress.IPv6Address(raw))
-    if pos != len(data):
-        raise DumpError("netlink message cut short")
-    return out, False
+    return out, walk.done
 
 
 def own_addresses(timeout: float = 5.0) -> list[IPAddr]:
@@ -148,12 +123,12 @@ class AddressChanges:
                     continue
                 raise
             pos = 0
-            while pos + _NLMSGHDR.size <= len(data):
-                length, kind = _NLMSGHDR.unpack_from(data, pos)[:2]
-                if length < _NLMSGHDR.size:
+            while pos + NLMSGHDR.size <= len(data):  # leniently: any readable header is news enough
+                length, kind = NLMSGHDR.unpack_from(data, pos)[:2]
+                if length < NLMSGHDR.size:
                     break
                 changed |= kind in (RTM_NEWADDR, RTM_DELADDR)
-                pos += _align(length)
+                pos += align(length)
 
     def close(self) -> None:
         self._sock.close()

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from nftblockd.addr import format_target
-from nftblockd.durations import format_duration
+from nftblockd.durations import PERMANENT, format_duration
 
 SYSLOG_IDENTIFIER = "nftblockd"
 AUDIT_MESSAGE_ID = uuid.UUID("5c0f4a1e-2b7d-4f57-9a51-3d1f0c6b8e42")
@@ -246,7 +246,7 @@ def audit(logger: logging.Logger, action: str, *, jail: str | None = None, addre
     for key, value in fields.items():
         if key == "duration":
             values[key] = value if isinstance(value, str) else format_duration(
-                None if value is None else float(value))  # type: ignore[arg-type]
+                PERMANENT if value is None else float(value))  # type: ignore[arg-type]
         elif value is not None:
             values[key] = format_value(value)
     text = action + "".join(f" {k}={quote(v)}" for k, v in values.items())

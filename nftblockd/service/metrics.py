@@ -154,6 +154,15 @@ class Metrics:
         self.unbans = Counter("nftblock_unbans", "Unbans applied", ["origin"], registry=r)
         self.allowlist_hits = Counter("nftblock_allowlist_hits", "Bans refused because of the allowlist",
                                       registry=r)
+        self.bans_refused = Counter(
+            "nftblock_bans_refused", "Bans not applied, by reason: never_ban (unspecified, multicast, link-local, "
+            "reserved... space), allowlisted, kernel (the kernel refused the element: a full set, an errno), "
+            "overlap (inside a range that ends sooner), unknown_set (the blocklist went away)", ["reason"],
+            registry=r)
+        self.failures_refused = Live(
+            "counter", "nftblock_failures_refused", "Failures a jail saw from an address it never counts: reason "
+            "allowlisted (the allowlist or the jail's ignoreip) or never_ban (never-ban space)", ["jail", "reason"],
+            registry=r)
         self.netlink_errors = Counter("nftblock_netlink_errors", "Element operations the kernel refused",
                                       ["errno"], registry=r)
         self.set_full = Counter("nftblock_set_full", "Adds refused because a set was full", ["set"], registry=r)
@@ -164,9 +173,21 @@ class Metrics:
                                    "not yet saved to the state database (retried every 5 s)", registry=r)
         self.state_degraded = Gauge("nftblock_state_degraded", "1 while saving to the state database fails",
                                     registry=r)
+        self.state_problems = Counter(
+            "nftblock_state_problems", "Problems the state database had and nftblockd worked around, by kind "
+            "(corrupt: salvaged and replaced; unwritable, locked...: kept in memory)", ["kind"], registry=r)
+        self.state_salvaged_rows = Counter(
+            "nftblock_state_salvaged_rows", "Rows read from a corrupt state database: result kept (written to "
+            "the new one) or dropped (unreadable as a row of the schema)", ["result"], registry=r)
+        self.state_truncated_bytes = Counter(
+            "nftblock_state_truncated_bytes", "Bytes a corrupt state database was shorter than its own header "
+            "said (a truncated file): what they held is lost from the file, and adopted from the kernel", registry=r)
         self.adopted = Counter("nftblock_adopted", "Elements found in nftblockd's sets that its state did not know "
                                "(lost state database, clock jump), adopted with their kernel timeouts", registry=r)
         self.feed_fetch = Counter("nftblock_feed_fetch", "Feed fetches by result", ["feed", "result"], registry=r)
+        self.feed_task_failures = Counter(
+            "nftblock_feed_task_failures", "Times a feed's task raised an unexpected error (a bug, not a failed "
+            "fetch) and was started again after a backoff", ["feed"], registry=r)
         self.feed_last_success = Live(
             "gauge", "nftblock_feed_last_success_timestamp_seconds",
             "Unix time the copy of a feed in force was fetched (or confirmed unchanged)", ["feed"], registry=r)
@@ -175,12 +196,22 @@ class Metrics:
         self.tracker_addresses = Live("gauge", "nftblock_tracker_addresses",
                                       "Addresses (IPv6: prefixes) with failures being counted, per jail", ["jail"],
                                       registry=r)
-        self.tracker_evictions = Live("counter", "nftblock_tracker_evictions",
-                                      "Counting records dropped because the tracker's cap was reached", registry=r)
+        self.tracker_evictions = Live(
+            "counter", "nftblock_tracker_evictions", "Counting records dropped because the tracker's cap was "
+            "reached: failures one (a record with one failure) or several (a record nearer a ban: the cap is "
+            "under attack)", ["failures"], registry=r)
         self.up = Gauge("nftblock_up", "1 while the daemon runs", registry=r)
         self.start_time = Gauge("nftblock_start_time_seconds", "Unix time the daemon started", registry=r)
         self.up.set(1)
         self.start_time.set(time.time())
+
+    def state_problem(self, kind: str, kept_rows: int = 0, dropped_rows: int = 0,
+                      truncated_bytes: int = 0) -> None:
+        """One state.db.StoreProblem (passed as numbers: this module imports nothing from state/)."""
+        self.state_problems.labels(kind).inc()
+        self.state_salvaged_rows.labels("kept").inc(kept_rows)
+        self.state_salvaged_rows.labels("dropped").inc(dropped_rows)
+        self.state_truncated_bytes.inc(truncated_bytes)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -40,6 +40,10 @@ class StoreProblem:
 
     `in_memory`: state is now kept in memory only (nothing survives a restart until the operator fixes it).
     `lost_state`: the database was replaced; the daemon should save again the bans it holds (`save_bans`).
+    A corrupt file's salvage: `salvaged_rows` rows were read from it and kept, `dropped_rows` were read but
+    did not fit the schema; `truncated_bytes` is how much shorter the file was than its own header says (a
+    truncated copy or a half-written file: whatever was in those bytes is lost, and the kernel's sets are what
+    the reconcile adopts it from).
     """
 
     kind: ProblemKind
@@ -49,6 +53,9 @@ class StoreProblem:
     in_memory: bool = False
     lost_state: bool = False
     recovered_bans: int = 0
+    salvaged_rows: int = 0
+    dropped_rows: int = 0
+    truncated_bytes: int = 0
 
 
 class Unusable(Exception):

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nftblockd.addr import IPNet, parse_target
+from nftblockd.durations import PERMANENT, BanLength, Permanent
 from nftblockd.events import Ban
 from nftblockd.neverban import never_ban_reason
 from nftblockd.state.foreign import open_readonly
@@ -51,10 +52,10 @@ class F2bBan:
     jail: str
     ip: str  # as fail2ban stored it
     time_of_ban: float
-    ban_time: float | None  # seconds; None = permanent
+    ban_time: BanLength  # seconds, or PERMANENT (fail2ban's -1)
     ban_count: int
-    until: float | None  # time_of_ban + ban_time; None = permanent
-    remaining: float | None  # seconds left at `now`; None = permanent
+    until: float | None  # time_of_ban + ban_time; None: never ends (as events.Ban.until)
+    remaining: BanLength  # seconds left at `now`, or PERMANENT
 
     def target(self) -> IPNet:
         """The address or CIDR banned; raises addr.AddressError when fail2ban's id is not one."""
@@ -112,15 +113,15 @@ def _active(row: tuple[object, ...], now: float, unknown_bantime: float) -> F2bB
     except (TypeError, ValueError):
         return None
     ip_text = (ip.decode("utf-8", "replace") if isinstance(ip, bytes) else ip).strip()
-    duration: float | None
+    duration: BanLength
     if bt == -2:
         duration = unknown_bantime
     elif bt < 0:
-        duration = None  # -1 (and anything else negative, as fail2ban's own query reads it): permanent
+        duration = PERMANENT  # -1 (and anything else negative, as fail2ban's own query reads it)
     else:
         duration = float(bt)
-    if duration is None:
-        return F2bBan(str(jail), ip_text, at, None, count, None, None)
+    if isinstance(duration, Permanent):
+        return F2bBan(str(jail), ip_text, at, PERMANENT, count, None, PERMANENT)
     until = at + duration
     if until <= now:
         return None

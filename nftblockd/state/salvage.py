@@ -30,6 +30,7 @@ class _Salvage:
     feeds: list[tuple[str, str]]
     bulk: list[tuple[int, float | None, float, int, bytes]] = field(default_factory=list)
     bulk_dead: list[tuple[str, bytes, float]] = field(default_factory=list)
+    truncated_bytes: int = 0  # how much shorter the file is than its header says
 
     def __len__(self) -> int:
         return len(self.bans) + len(self.history) + len(self.positions) + len(self.feeds) + len(self.bulk)
@@ -45,8 +46,29 @@ def _read_until_error(conn: sqlite3.Connection, sql: str, out: list[Any]) -> Non
         pass
 
 
+_HEADER_MAGIC = b"SQLite format 3\x00"
+
+
+def truncated_bytes(path: Path) -> int:
+    """Bytes missing from the end of a database file, from its header's page size (offset 16) and page count
+    (offset 28): 0 when the file is whole or its header cannot be read (an empty or overwritten file)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(100)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return 0
+    if len(head) < 100 or not head.startswith(_HEADER_MAGIC):
+        return 0
+    page_size = int.from_bytes(head[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(head[28:32], "big")
+    return max(0, page_size * pages - size)
+
+
 def _salvage(path: Path) -> _Salvage:
     s = _Salvage({}, [], [], [], [])
+    s.truncated_bytes = truncated_bytes(path)
     try:
         conn = connect(ro_uri(path), uri=True)
     except sqlite3.Error:
@@ -72,8 +94,9 @@ def _salvage(path: Path) -> _Salvage:
     return s
 
 
-def _restore_salvage(conn: sqlite3.Connection, s: _Salvage) -> int:
-    """Write salvaged rows into a fresh database; rows that do not fit the schema any more are dropped."""
+def _restore_salvage(conn: sqlite3.Connection, s: _Salvage) -> tuple[int, int]:
+    """Write salvaged rows into a fresh database; rows that do not fit the schema any more are dropped.
+    Returns (bans recovered, rows dropped)."""
     good = [b for b in s.bans
             if isinstance(b[0], str) and isinstance(b[1], bytes) and len(b[1]) in (4, 5, 16, 17)]
     with transaction(conn):
@@ -99,7 +122,8 @@ def _restore_salvage(conn: sqlite3.Connection, s: _Salvage) -> int:
             bulk.append((new, until, created, keylen, keys))
         conn.executemany("INSERT INTO bulk(label, until, created, keylen, keys) VALUES(?, ?, ?, ?, ?)", bulk)
         conn.executemany("INSERT OR REPLACE INTO bulk_dead(blocklist, target, at) VALUES(?, ?, ?)", s.bulk_dead)
-    return len(rows) + sum(len(b[4]) // b[3] for b in bulk)
+    dropped = len(s.bans) - len(good) + len(s.bulk) - len(bulk)
+    return len(rows) + sum(len(b[4]) // b[3] for b in bulk), dropped
 
 
 def _move_aside(path: Path) -> Path:
@@ -163,16 +187,18 @@ def replace_corrupt(path: Path, detail: str, synchronous: Synchronous
         raise Unusable("unwritable", f"it is corrupt ({detail}) and could not be moved aside: "
                                      f"{exc.strerror or exc}") from None
     conn = open_file(path, synchronous, verify=False)
+    read = len(salvage)
     try:
-        recovered = _restore_salvage(conn, salvage) if len(salvage) else 0
+        recovered, dropped = _restore_salvage(conn, salvage) if read else (0, 0)
     except sqlite3.Error:
-        recovered = 0
+        recovered, dropped = 0, read
     kept = (f"; recovered {recovered} ban{'' if recovered == 1 else 's'} from it" if recovered
             else "; no ban in it could be recovered")
     return conn, StoreProblem(
         "corrupt", str(path),
         f"state database {path} is corrupt ({detail}); moved it to {moved.name} and started a new one{kept}",
-        moved_to=str(moved), lost_state=True, recovered_bans=recovered)
+        moved_to=str(moved), lost_state=True, recovered_bans=recovered, salvaged_rows=read - dropped,
+        dropped_rows=dropped, truncated_bytes=salvage.truncated_bytes)
 
 
 def memory_fallback(path: Path, exc: Unusable) -> tuple[sqlite3.Connection, StoreProblem]:

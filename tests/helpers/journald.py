@@ -133,6 +133,11 @@ class Journald:
             raise RuntimeError(f"journald exited: {(self.root / 'journald.log').read_text()}")
         await wait_for_condition(lambda: list(self.journal_dir.glob("*/system.journal")), 10,
                                  "system.journal")
+        # The file exists from journald's open(O_CREAT) on, before its header is written: sd-journal refuses
+        # a file shorter than a header with ENODATA, which `Reader(files=...)` (unlike a directory, which
+        # skips such a file) passes on. journald creates system.journal before its event loop runs, and it
+        # handles the sync signal in that loop: once `synced` appears, the header is on disk.
+        await self.sync()
         return self
 
     def _spawn(self) -> subprocess.Popen[bytes]:

@@ -186,6 +186,27 @@ async def test_files_option_reads_given_journal_files(jd: Journald) -> None:
         assert await c.wait_lines(1) == ["via files="]
 
 
+async def test_a_started_journald_has_written_its_files_header(jd: Journald) -> None:
+    # The flaky ENODATA of the test above: journald's system.journal exists from its open(O_CREAT) on, and
+    # sd-journal refuses a file shorter than a header with ENODATA when it is named in files= (a directory
+    # skips it). Journald.start() now returns only after journald's event loop ran, i.e. after the header.
+    for p in jd.journal_dir.glob("*/system.journal"):
+        with p.open("rb") as f:
+            assert f.read(8) == b"LPKSHHRH"
+
+
+def test_a_journal_file_without_a_header_is_enodata_when_named_and_skipped_in_a_directory(tmp_path: Path) -> None:
+    import errno
+
+    from systemd import journal
+
+    (tmp_path / "system.journal").touch()  # what a reader can meet between journald's open and its header
+    with pytest.raises(OSError) as exc:
+        journal.Reader(files=[str(tmp_path / "system.journal")])
+    assert exc.value.errno == errno.ENODATA
+    journal.Reader(path=str(tmp_path)).close()
+
+
 async def test_a_journal_that_cannot_be_opened_is_a_source_error(tmp_path: Path) -> None:
     src = JournalSource("sshd", SSHD, MemoryPositionStore(), files=[str(tmp_path / "missing.journal")])
     with pytest.raises(SourceError, match="cannot open"):

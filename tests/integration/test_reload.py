@@ -62,3 +62,36 @@ def test_reload_rebuilds_jails_and_tracker_policies(netns: NetNS, tmp_path: Path
         wait_for(lambda: "198.51.100.52" in banned(netns), what="the re-added jail's ban")
     finally:
         d.close()
+
+
+def feeds_config(local: Path, *, with_feed: bool) -> str:
+    feed = f'feeds:\n  local: {{path: "{local}", blocklist: feeds}}\n' if with_feed else ""
+    return f"""
+reconcile: {{interval: 1h}}
+allowlist_self: false
+blocklists:
+  default: {{timeout: 1h}}
+  feeds: {{timeout: permanent}}
+{feed}"""
+
+
+def test_reload_starts_and_stops_feeds(netns: NetNS, tmp_path: Path) -> None:
+    local = tmp_path / "local.txt"
+    local.write_text("45.0.0.1\n45.0.1.0/24\n")
+    d = DaemonProc(netns, tmp_path / "d", feeds_config(local, with_feed=False)).start()
+    try:
+        d.config_path.write_text(feeds_config(local, with_feed=True))
+        r = d.cli("reload")
+        assert r.returncode == 0 and "feeds added: local" in r.stdout + r.stderr + d.log(), r.stderr
+        wait_for(lambda: set(netns.set_elements("nftblock", "feeds_net4")) == {"45.0.0.1", "45.0.1.0/24"},
+                 what="the added feed")
+        assert [f["name"] for f in d.cli_json("feeds")["feeds"]] == ["local"]
+        d.config_path.write_text(feeds_config(local, with_feed=False))
+        assert d.cli("reload").returncode == 0
+        assert "feeds removed: local" in d.log() and "blocklists no longer fed: feeds" in d.log()
+        assert netns.set_elements("nftblock", "feeds_ip4") == {} == netns.set_elements("nftblock", "feeds_net4")
+        assert d.cli_json("feeds")["feeds"] == []
+        # the blocklist is an ordinary one again: the CLI may ban into it
+        assert d.cli("ban", "--set", "feeds", "45.0.0.9").returncode == 0
+    finally:
+        d.close()

@@ -98,3 +98,27 @@ def test_disk_full_is_a_visible_degraded_state_that_catches_up(netns: NetNS, tmp
     finally:
         d.close()
         subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+def test_saved_and_kernel_bans_the_allowlist_now_covers_are_removed_not_restored(netns: NetNS,
+                                                                                tmp_path: Path) -> None:
+    # Bans made before an address was allowlisted: at the next start the state database would restore them
+    # and the reconcile adopt what the kernel still holds. Both now refuse them, delete them, and say so.
+    d = DaemonProc(netns, tmp_path / "d", CONFIG).start()
+    try:
+        assert d.cli("ban", "203.0.113.5", "203.0.113.6", "198.51.100.0/24").returncode == 0
+        assert d.stop() == 0
+        d.config_path.write_text(CONFIG.replace("allowlist_self: false",
+                                                "allowlist_self: false\nallowlist: [203.0.113.5, 198.51.100.0/23]"))
+        d.start()
+        assert set(netns.set_elements("nftblock", "default_ip4")) == {"203.0.113.6"}
+        assert netns.set_elements("nftblock", "default_net4") == {}
+        assert [b["target"] for b in d.cli_json("list")["bans"]] == ["203.0.113.6"]
+        assert d.cli_json("status")["errors"]["unbannable_removed"] >= 2
+        assert "that no ban may cover, instead of enforcing them" in d.log()
+        assert d.stop() == 0
+        d.start()  # deleted from the database too: nothing left to refuse
+        assert d.cli_json("status")["errors"]["unbannable_removed"] == 0
+        assert [b["target"] for b in d.cli_json("list")["bans"]] == ["203.0.113.6"]
+    finally:
+        d.close()

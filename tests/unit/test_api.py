@@ -81,6 +81,25 @@ async def test_ban_with_a_timeout_a_set_and_permanently(rig: ApiRig) -> None:
     assert len(rig.fake.sets["default_net4"]) == 1
 
 
+async def test_timeout_default_and_permanent_reach_the_kernel_as_asked(rig: ApiRig) -> None:
+    # issue 12: "default" (or null) takes the blocklist's length; "permanent" is an element without a timeout
+    await call(rig, "ban", targets=["203.0.113.1"], timeout="default", set="web")
+    await call(rig, "ban", targets=["203.0.113.2"], timeout=None, set="web")
+    await call(rig, "ban", targets=["203.0.113.3"], timeout="forever", set="web")
+    web = rig.fake.sets["web_ip4"]
+    assert web[k("203.0.113.1")].until_ms == web[k("203.0.113.2")].until_ms == int((NOW + 600) * 1000)
+    assert web[k("203.0.113.3")].until_ms is None and rig.bans()["203.0.113.3", "web"].until is None
+
+
+async def test_a_permanent_blocklist_default_is_permanent_on_both_paths() -> None:
+    config = CONFIG.replace("web: {timeout: 10m}", "web: {timeout: permanent}")
+    async with api_rig(config) as r:
+        await r.api("ban", {"targets": ["203.0.113.1"], "set": "web"}, PEER)
+        await r.api("ban", {"targets": [v4(i) for i in range(BULK_THRESHOLD)], "set": "web"}, PEER)
+        assert all(e.until_ms is None for e in r.fake.sets["web_ip4"].values())
+        assert len(r.fake.sets["web_ip4"]) == BULK_THRESHOLD + 1
+
+
 async def test_ban_widens_a_cidr_with_host_bits_to_its_network(rig: ApiRig) -> None:
     r = await call(rig, "ban", targets=["198.51.100.77/24"])
     assert r["applied"] == ["198.51.100.0/24"]
@@ -352,7 +371,8 @@ async def test_status_counts_batches_and_errors(rig: ApiRig) -> None:
     assert (b["flushes"], b["ops"], b["pending"], b["failures"]) == (2, 4, 0, 2)
     assert (b["max_ops"], b["delay"]) == (10000, 0.002)
     assert st["errors"] == {"kernel": {str(E.ENFILE): 1, str(E.ENOMEM): 1}, "set_full": 1, "refused": 3,
-                            "allowlisted": 1, "rebuilds": 0, "drift_repaired": 0, "adopted": 0}
+                            "allowlisted": 1, "rebuilds": 0, "drift_repaired": 0, "adopted": 0,
+                            "unbannable_removed": 0}
 
 
 async def test_status_merges_the_daemons_extra_part() -> None:

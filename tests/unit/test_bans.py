@@ -132,3 +132,16 @@ def test_interval_entries_never_overlap_and_every_accepted_ban_is_enforced(
     for net, until in accepted:
         cover = s.covering(net, "default")
         assert any(c.until is None or c.until >= until - 0.001 for c in cover), (net, cover)
+
+
+def test_the_packed_end_codec_keeps_never_and_real_ends_apart() -> None:
+    # issue 12: 0 means "never ends" only inside the packed value; everywhere else that end is None
+    from nftblockd.kernel.bans import META_MASK, pack_end, unpack_end
+
+    for until_ms in (None, 0, 1, 1_767_225_600_000):
+        packed = pack_end(until_ms, 7)
+        assert packed & META_MASK == 7
+        expected = None if until_ms is None else max(1, until_ms)  # an end at the epoch is still an end
+        assert unpack_end(packed) == expected
+    state_ends = {u for u in (unpack_end(pack_end(None, 0)), unpack_end(pack_end(0, 0)))}
+    assert state_ends == {None, 1}

@@ -101,3 +101,56 @@ async def test_pending_ops_are_flushed_before_run_returns() -> None:
     stop.set()
     await asyncio.wait_for(runner, 5)
     assert fut.done() and seen == [5]
+
+
+async def turns(n: int = 20) -> None:
+    """Let the event loop run `n` rounds (no clock: what is ready runs, nothing waits on a timer)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def test_a_lone_op_after_idle_is_flushed_at_once_and_load_still_waits_its_window() -> None:
+    # A lone `nftblock ban` waited the whole batch window (2 ms by default) for ops that were not coming.
+    flushed: list[list[int]] = []
+    gate = asyncio.Event()
+
+    async def apply(groups: list[Group]) -> ApplyOutcome:
+        flushed.append([k for g in groups for k in g.keys])
+        await gate.wait()  # the kernel is slow: the next ops arrive while this batch is in flight
+        return ApplyOutcome({}, [], 1, set())
+
+    b = Batcher(apply, max_ops=100, delay=3600)  # a window nobody would wait for in a test
+    stop = asyncio.Event()
+    runner = asyncio.create_task(b.run(stop))
+    first = await b.submit([SetOp("s", 1, True, 10**12)])
+    await turns()
+    assert flushed == [[1]]  # the batcher was idle: no window
+    second = await b.submit([SetOp("s", 2, True, 10**12)])  # during the flight: load, so it waits its window
+    third = await b.submit([SetOp("s", 3, True, 10**12)])
+    gate.set()
+    await turns()
+    assert first.done() and not second.done() and flushed == [[1]]
+    stop.set()  # stopping flushes what waits, in one batch
+    await runner
+    assert flushed == [[1], [2, 3]] and second.done() and third.done()
+
+
+async def test_ops_right_after_a_flush_wait_their_window() -> None:
+    flushed: list[list[int]] = []
+
+    async def apply(groups: list[Group]) -> ApplyOutcome:
+        flushed.append([k for g in groups for k in g.keys])
+        return ApplyOutcome({}, [], 1, set())
+
+    b = Batcher(apply, max_ops=100, delay=3600)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(b.run(stop))
+    first = await b.submit([SetOp("s", 1, True, 10**12)])
+    await turns()
+    assert first.done()
+    late = await b.submit([SetOp("s", 2, True, 10**12)])  # within `delay` of the last flush: not idle
+    await turns()
+    assert flushed == [[1]] and not late.done()
+    stop.set()
+    await runner
+    assert flushed == [[1], [2]]

@@ -29,6 +29,7 @@ from nftblockd.addr import AddressError, format_target, parse_target
 from nftblockd.cli import canonical_target, main
 from nftblockd.control.protocol import encode_error
 from nftblockd.control.server import ControlServer, Peer
+from nftblockd.durations import PERMANENT, Permanent
 from nftblockd.state.f2bimport import refusal
 from tests.helpers.apirig import ApiRig, FakeFeeds, api_rig, serve
 
@@ -275,7 +276,7 @@ async def test_status(sock: Path, rig: ApiRig) -> None:
     assert re.search(r"^batches: flushes=2 ops=2 pending=0 failures=1 last_seconds=\S+ max_ops=10000 "
                      r"delay=0.002$", out, re.M), out
     assert ("errors: kernel.12=1 set_full=0 refused=1 allowlisted=0 rebuilds=0 drift_repaired=0 "
-            "adopted=0\n") in out
+            "adopted=0 unbannable_removed=0\n") in out
     assert "  sshd: bans=2 failures=10\n" in out
     assert "spamhaus" in out and "1234" in out
     r = await nftblock("status", "--json", sock=sock)
@@ -401,7 +402,7 @@ async def test_test_filter_reports_a_missing_module(monkeypatch: pytest.MonkeyPa
 class F2bBan:
     jail: str
     ip: str
-    remaining: float | None
+    remaining: float | Permanent
     time_of_ban: float = 0.0
 
 
@@ -413,7 +414,7 @@ async def test_import_fail2ban(sock: Path, rig: ApiRig, monkeypatch: pytest.Monk
         return [
             F2bBan("sshd", "192.0.2.1", 120.4),
             F2bBan("recidive", "192.0.2.1", 86000.0),  # the same address: the longer ban wins
-            F2bBan("sshd", "192.0.2.2", None),
+            F2bBan("sshd", "192.0.2.2", PERMANENT),
             F2bBan("sshd", "192.0.2.3", 0.0),  # expired meanwhile
             F2bBan("nginx", "10.1.2.3", 50.0),  # allowlisted here
             F2bBan("sshd", "0.0.0.0", 300.0),  # never-ban space (issue 13): skipped with the reason

@@ -37,7 +37,9 @@ from nftblockd.control.protocol import (
     encode_request,
     encode_result,
     parse_args,
+    resolve_timeout,
 )
+from nftblockd.durations import PERMANENT
 from nftblockd.events import BanInfo
 
 STREAM = (
@@ -284,9 +286,24 @@ def test_ban_args_with_defaults_and_shared_timeout() -> None:
         (BanItem("192.0.2.1", BLOCKLIST_DEFAULT, ""),), None, "cli")
     a = parse_args("ban", {"targets": ["192.0.2.1", "10.0.0.0/8"], "timeout": "permanent", "set": "web",
                            "comment": "scan"})
-    assert a == BanArgs((BanItem("192.0.2.1", None, "scan"), BanItem("10.0.0.0/8", None, "scan")), "web")
+    assert a == BanArgs((BanItem("192.0.2.1", PERMANENT, "scan"), BanItem("10.0.0.0/8", PERMANENT, "scan")), "web")
     assert parse_args("ban", {"targets": ["x"], "timeout": 90}) == BanArgs((BanItem("x", 90.0),), None)
     assert parse_args("ban", {"targets": ["x"], "timeout": "1h"}) == BanArgs((BanItem("x", 3600.0),), None)
+
+
+def test_timeout_wire_forms_default_and_permanent_are_distinct() -> None:
+    # issue 12: `null`, absent and "default" are the blocklist's default; "permanent" is PERMANENT; never None
+    for args in ({}, {"timeout": None}, {"timeout": "default"}, {"timeout": " Default "}):
+        [item] = parse_args("ban", {"targets": ["x"], **args}).items  # type: ignore[union-attr]
+        assert item.timeout is BLOCKLIST_DEFAULT
+    [item] = parse_args("ban", {"targets": ["x"], "timeout": "never"}).items  # type: ignore[union-attr]
+    assert item.timeout is PERMANENT
+    [item] = parse_args("ban", {"targets": [{"target": "x", "timeout": "default"}],  # type: ignore[union-attr]
+                                "timeout": 60}).items
+    assert item.timeout is BLOCKLIST_DEFAULT  # an object may ask for the default explicitly
+    assert resolve_timeout(BLOCKLIST_DEFAULT, PERMANENT) is PERMANENT
+    assert resolve_timeout(BLOCKLIST_DEFAULT, 60.0) == 60.0 and resolve_timeout(PERMANENT, 60.0) is PERMANENT
+    assert resolve_timeout(30.0, PERMANENT) == 30.0
 
 
 def test_ban_args_with_per_target_timeouts() -> None:
@@ -298,7 +315,7 @@ def test_ban_args_with_per_target_timeouts() -> None:
     ]})
     assert a == BanArgs((
         BanItem("192.0.2.1", 120.5, "imported", "sshd"),
-        BanItem("192.0.2.2", None, "", ""),
+        BanItem("192.0.2.2", PERMANENT, "", ""),
         BanItem("192.0.2.3", 60.0, "", ""),
         BanItem("192.0.2.4", 60.0, "", ""),
     ), None, "fail2ban")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftblockd.durations import format_duration, parse_duration, parse_timeout
+from nftblockd.durations import PERMANENT, Permanent, ban_end, format_duration, longest, parse_duration, parse_timeout
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
@@ -58,7 +58,27 @@ def test_bad_durations(text: str) -> None:
 
 
 def test_timeouts_and_formatting() -> None:
-    assert parse_timeout("Permanent") is None and parse_timeout(30) == 30.0
+    assert parse_timeout("Permanent") is PERMANENT and parse_timeout(30) == 30.0
     with pytest.raises(ValueError, match="positive"):
         parse_timeout("0s")
-    assert format_duration(3725) == "1h2m5s" and format_duration(None) == "permanent"
+    assert format_duration(3725) == "1h2m5s" and format_duration(PERMANENT) == "permanent"
+
+
+def test_permanent_is_one_value_and_never_none() -> None:
+    # issue 12: None meant "default" on the wire and "permanent" after decoding; a length is now never None
+    import copy
+    import pickle
+
+    assert Permanent() is PERMANENT and copy.deepcopy(PERMANENT) is PERMANENT
+    assert pickle.loads(pickle.dumps(PERMANENT)) is PERMANENT
+    for word in ("permanent", "never", " Forever "):
+        assert parse_timeout(word) is PERMANENT
+    assert PERMANENT is not None and repr(PERMANENT) == "PERMANENT" and str(PERMANENT) == "permanent"
+
+
+def test_ban_end_is_where_a_length_becomes_an_end() -> None:
+    assert ban_end(90.0, 1000.0) == 1090.0
+    assert ban_end(PERMANENT, 1000.0) is None  # events.Ban.until's "never ends"
+    assert longest([60.0, 3600.0]) == 3600.0 and longest([60.0, PERMANENT]) is PERMANENT
+    with pytest.raises(ValueError):
+        longest([])

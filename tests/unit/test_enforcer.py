@@ -210,6 +210,41 @@ async def test_reconcile_adopts_kernel_bans_the_state_lost_with_their_kernel_tim
     assert rig.enforcer.counters.adopted == 2
 
 
+async def test_saved_bans_no_ban_may_cover_are_removed_not_restored(rig: Rig) -> None:
+    # loose end of issue 13: a state database written before never-ban space or the allowlist said otherwise
+    now = rig.fake.clock()
+    keys = [key("0.0.0.0"), key("10.1.2.3"), key("203.0.113.1"), key("224.0.0.1")]
+    r = await rig.enforcer.restore_hosts("default", 4, keys, [now + 60, None, now + 60, now + 60], origin="jail",
+                                         reason="r", jail="sshd")
+    assert r is not None and r[1] == [key("203.0.113.1")]
+    assert rig.fake.elements("default_ip4") == {key("203.0.113.1")}
+    [(blocklist, gone)] = rig.saved.packed_deletes
+    assert blocklist == "default" and sorted(gone) == sorted(k.to_bytes(4, "big") for k in keys if k != keys[2])
+    # ranges take the one-by-one path: refused as any ban is, and deleted from the database too
+    results = await rig.enforcer.restore_bans([ban("224.0.0.0/8", None), ban("10.9.0.0/16", now + 60),
+                                               ban("198.51.100.0/24", now + 60)], now)
+    assert [r.code for r in results] == ["never_ban", "allowlisted", None]
+    assert sorted(str(t) for _b, t in rig.saved.deletes) == ["10.9.0.0/16", "224.0.0.0/8"]
+    assert rig.saved.saves == []  # restoring saves nothing again
+    assert rig.enforcer.counters.unbannable_removed == 5
+
+
+async def test_reconcile_never_adopts_what_no_ban_may_cover(rig: Rig) -> None:
+    from tests.helpers.fakekernel import Element
+
+    now = rig.fake.clock()
+    await rig.enforcer.apply([ban("203.0.113.7", now + 3600)], now=now)
+    until = int((now + 600) * 1000)
+    for addr in ("0.0.0.0", "10.2.3.4", "198.51.100.9"):  # put there by an older version, or before an allowlist
+        rig.fake.sets["default_ip4"][key(addr)] = Element(until, "")
+    rig.fake.sets["default_net4"][(key("224.0.0.0") << 8) | 4] = Element(None, "")
+    await rig.enforcer.reconcile(now=now)
+    assert rig.fake.elements("default_ip4") == {key("203.0.113.7"), key("198.51.100.9")}
+    assert rig.fake.elements("default_net4") == set()
+    assert sorted(str(b.target) for b in rig.saved.saves if b.origin == "kernel") == ["198.51.100.9/32"]
+    assert rig.enforcer.counters.adopted == 1 and rig.enforcer.counters.unbannable_removed == 3
+
+
 async def test_a_forward_clock_jump_does_not_unban_what_the_kernel_still_enforces(rig: Rig) -> None:
     now = rig.fake.clock()
     await rig.enforcer.apply([ban("203.0.113.8", now + 3600)], now=now)

@@ -161,6 +161,7 @@ async def test_feed_syncs_count_their_batch_and_their_kernel_refusals(rig: ApiRi
     assert sample(rig, "nftblock_netlink_errors_total", errno="ENFILE") == 2
     assert sample(rig, "nftblock_netlink_errors_total", errno="ENOMEM") == 1
     assert rig.enforcer.counters.set_full == 2
+    assert sample(rig, "nftblock_bans_refused_total", reason="kernel") == 3  # feed entries are bans too
 
 
 async def test_restored_bans_the_kernel_refuses_are_counted(rig: ApiRig) -> None:
@@ -168,6 +169,7 @@ async def test_restored_bans_the_kernel_refuses_are_counted(rig: ApiRig) -> None
     out = await rig.enforcer.restore_hosts("default", 4, [k("192.0.2.1"), k("192.0.2.2")], [None, None],
                                            origin="store", reason="", jail="")
     assert out is not None and len(out[2]) == 1
+    assert sample(rig, "nftblock_bans_refused_total", reason="kernel") == 1
     assert sample(rig, "nftblock_netlink_errors_total", errno="ENOMEM") == 1
     assert rig.enforcer.counters.kernel_errors == {E.ENOMEM: 1}
 
@@ -197,3 +199,25 @@ async def test_rebuilds_drift_and_adoptions_are_counted(rig: ApiRig) -> None:
     assert await e.reconcile(now=NOW) == 1
     assert sample(rig, "nftblock_adopted_total") == 1
     assert sample(rig, "nftblock_drift_repaired_total") == 1
+
+
+async def test_bans_refused_are_counted_by_reason_on_both_paths(rig: ApiRig) -> None:
+    e = rig.enforcer
+    rig.fake.fail[("default_ip4", k("192.0.2.9"))] = E.ENOMEM
+    await e.apply([ban("0.0.0.0"), ban("224.0.0.1/32"), ban("10.1.2.3"), ban("192.0.2.9"), ban("192.0.2.10")],
+                  now=NOW)
+    assert sample(rig, "nftblock_bans_refused_total", reason="never_ban") == 2
+    assert sample(rig, "nftblock_bans_refused_total", reason="allowlisted") == 1
+    assert sample(rig, "nftblock_bans_refused_total", reason="kernel") == 1
+    # a range inside a longer one that ends sooner is refused by the ban state, not the kernel
+    await e.apply([ban("198.51.100.0/24", until=NOW + 60)], now=NOW)
+    await e.apply([ban("198.51.100.0/25", until=NOW + 7200)], now=NOW)
+    assert sample(rig, "nftblock_bans_refused_total", reason="overlap") == 1
+    # the bulk path (a jail's burst, `ban -`) counts the same reasons
+    rig.fake.fail[("default_ip4", k("192.0.2.20"))] = E.ENFILE
+    await e.ban_hosts("default", {4: [k("0.0.0.0"), k("10.9.9.9"), k("192.0.2.20"), k("192.0.2.21")]}, NOW + 60,
+                      now=NOW)
+    assert sample(rig, "nftblock_bans_refused_total", reason="never_ban") == 3
+    assert sample(rig, "nftblock_bans_refused_total", reason="allowlisted") == 2
+    assert sample(rig, "nftblock_bans_refused_total", reason="kernel") == 2
+    assert sample(rig, "nftblock_bans_total", jail="", origin="cli") == 3  # .10, the /24 and .21

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from nftblockd.addr import AddressError, parse_target
+from nftblockd.durations import PERMANENT
 from nftblockd.events import Ban
 from nftblockd.state.f2bimport import UNKNOWN_BANTIME, F2bBan, F2bImportError, read_fail2ban_bans
 
@@ -114,7 +115,7 @@ def test_reads_active_bans_with_remaining_time(tmp_path: Path) -> None:
     assert bans == [
         F2bBan("old", "203.0.113.5", NOW - 100, UNKNOWN_BANTIME, 1, NOW + 500, 500.0),
         F2bBan("recidive", "192.0.2.1", NOW - 50, 604800.0, 1, NOW + 604750, 604750.0),
-        F2bBan("sshd", "192.0.2.2", NOW - 10_000, None, 3, None, None),
+        F2bBan("sshd", "192.0.2.2", NOW - 10_000, PERMANENT, 3, None, PERMANENT),
         F2bBan("sshd", "192.0.2.1", NOW - 100, 600.0, 1, NOW + 500, 500.0),
         F2bBan("sshd", "198.51.100.0/24", NOW - 10, 3600.0, 1, NOW + 3590, 3590.0),
         F2bBan("sshd", "2001:db8::7", NOW - 10, 3600.0, 2, NOW + 3590, 3590.0),
@@ -251,7 +252,7 @@ def test_a_database_written_by_fail2ban_itself(tmp_path: Path) -> None:
     subprocess.run([python3, "-c", MAKE_WITH_FAIL2BAN, str(db), str(NOW)], check=True, capture_output=True)
     assert read_fail2ban_bans(db, NOW) == [
         F2bBan("sshd", "192.0.2.1", float(T - 100), 3600.0, 1, float(T + 3500), T + 3500 - NOW),
-        F2bBan("sshd", "192.0.2.2", float(T - 100), None, 3, None, None),
+        F2bBan("sshd", "192.0.2.2", float(T - 100), PERMANENT, 3, None, PERMANENT),
     ]
 
 

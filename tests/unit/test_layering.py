@@ -28,7 +28,7 @@ PURE = {
     "nftblockd.detect.matcher", "nftblockd.detect.native", "nftblockd.detect.timestamps", "nftblockd.detect.rxlint",
     "nftblockd.detect.rxopt", "nftblockd.detect.tracker",
     "nftblockd.feeds.parse", "nftblockd.feeds.aggregate",
-    "nftblockd.kernel.bans", "nftblockd.kernel.nfmsg",
+    "nftblockd.kernel.bans", "nftblockd.kernel.nfmsg", "nftblockd.kernel.rtnl",
     "nftblockd.control.protocol", "nftblockd.control.wire", "nftblockd.sources.linesplit",
 }
 IMPURE_IMPORTS = {"asyncio", "sqlite3", "pyroute2", "subprocess", "aiohttp", "redis", "systemd",

@@ -118,7 +118,10 @@ def filled() -> Metrics:
     m.feed_last_success.read = lambda: [(("drop",), 1_700_000_000.5)]
     m.feed_entries.read = lambda: [(("drop",), 1200)]
     m.tracker_addresses.read = lambda: [(("sshd",), 2)]
-    m.tracker_evictions.read = lambda: [((), 0)]
+    m.tracker_evictions.read = lambda: [(("one",), 0), (("several",), 0)]
+    m.bans_refused.labels("never_ban").inc()
+    m.failures_refused.read = lambda: [(("sshd", "never_ban"), 1)]
+    m.state_problem("corrupt", 10, 1, 4096)
     return m
 
 

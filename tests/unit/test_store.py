@@ -449,6 +449,45 @@ def test_truncated_database_is_found_at_open(tmp_path: Path, problems: list[Stor
     assert moved.stat().st_size == size // 2
 
 
+def test_salvage_figures_count_kept_dropped_and_truncated(tmp_path: Path, problems: list[StoreProblem]) -> None:
+    # issue 13's state-salvage metrics: rows kept, rows dropped, bytes lost to a truncation
+    path = tmp_path / "state.db"
+    fill(path, 20_000)
+    damage_middle(path)
+    with Store.open(path, on_problem=problems.append) as s:
+        kept = count_bans(s)
+    p = problems[-1]
+    assert 10_000 < kept < 20_000 and p.recovered_bans == kept and p.truncated_bytes == 0
+    assert p.salvaged_rows >= kept + 500 and p.dropped_rows == 0  # the bans, the history, a position, a feed
+    # a truncated file: the header still counts the pages that are gone (SQLite then reads nothing from it)
+    path = tmp_path / "truncated.db"
+    fill(path, 20_000)
+    os.truncate(path, path.stat().st_size - 8192)
+    with Store.open(path, on_problem=problems.append):
+        pass
+    assert problems[-1].truncated_bytes == 8192
+    # a file that is not a database has no header to measure, and nothing to salvage
+    other = tmp_path / "junk.db"
+    other.write_bytes(random.Random(2).randbytes(50_000))
+    with Store.open(other, on_problem=problems.append):
+        pass
+    assert (problems[-1].truncated_bytes, problems[-1].salvaged_rows, problems[-1].dropped_rows) == (0, 0, 0)
+
+
+def test_salvage_figures_reach_the_metrics_as_a_scrape_shows_them() -> None:
+    from nftblockd.service.metrics import Metrics
+
+    m = Metrics()
+    m.state_problem("corrupt", kept_rows=120, dropped_rows=3, truncated_bytes=8192)
+    m.state_problem("corrupt", kept_rows=1)
+    get = m.registry.get_sample_value
+    assert get("nftblock_state_problems_total", {"kind": "corrupt"}) == 2
+    assert get("nftblock_state_salvaged_rows_total", {"result": "kept"}) == 121
+    assert get("nftblock_state_salvaged_rows_total", {"result": "dropped"}) == 3
+    assert get("nftblock_state_truncated_bytes_total") == 8192
+    assert b"nftblock_state_truncated_bytes_total 8192.0" in m.render()
+
+
 def damage_middle(path: Path, pages: int = 2) -> None:
     size = path.stat().st_size
     with path.open("r+b") as f:

@@ -25,6 +25,7 @@ from nftblockd.detect.tracker import (
     TrackOutcome,
     UnknownJailError,
 )
+from nftblockd.durations import PERMANENT, Permanent
 from nftblockd.events import Ban, Hit
 
 T0 = 1_700_000_000.0
@@ -104,7 +105,7 @@ def test_maxretry_one_bans_on_the_first_failure() -> None:
 
 
 def test_permanent_bantime() -> None:
-    tr = Tracker([sshd(bantime=None)])
+    tr = Tracker([sshd(bantime=PERMANENT)])
     out = fail(tr, "192.0.2.1", 5, T0)
     assert out.ban is not None and out.ban.until is None
     assert fail(tr, "192.0.2.1", 1, T0 + 10 * 365 * 86400).kind is Kind.ALREADY_BANNED
@@ -693,10 +694,10 @@ def test_recidive_findtime_stretches_the_watched_jails_horizon() -> None:
 
 def test_policy_from_config_and_validation() -> None:
     jc = JailConfig(name="sshd", filter="sshd", files=("/var/log/auth.log",), maxretry=3, findtime=300.0,
-                    bantime=None, blocklist="bad", ignoreip=(N("10.0.0.0/8"),), ipv6_prefix=56)
+                    bantime=PERMANENT, blocklist="bad", ignoreip=(N("10.0.0.0/8"),), ipv6_prefix=56)
     p = JailPolicy.from_config(jc)
     assert (p.name, p.maxretry, p.findtime, p.bantime, p.blocklist, p.ipv6_prefix, p.recidive) == \
-        ("sshd", 3, 300.0, None, "bad", 56, False)
+        ("sshd", 3, 300.0, PERMANENT, "bad", 56, False)
     assert p.ignoreip == (N("10.0.0.0/8"),)
     assert JailPolicy.from_config(jc, recidive=True, watch=["web"]).watch == frozenset({"web"})
     for bad in ({"maxretry": 0}, {"findtime": 0.0}, {"bantime": 0.0}, {"ipv6_prefix": 8},
@@ -731,7 +732,7 @@ def test_policy_durations() -> None:
     p = sshd(escalation=Escalation(factor=3.0, max=20 * H))
     assert [p.duration(n) for n in range(5)] == [H, 3 * H, 9 * H, 20 * H, 20 * H]
     assert p.duration(10_000) == 20 * H  # no overflow
-    assert sshd(bantime=None).duration(3) is None
+    assert sshd(bantime=PERMANENT).duration(3) is PERMANENT
 
 
 # -- properties ------------------------------------------------------------------------------------------
@@ -786,7 +787,7 @@ class _Model:
         horizon = 4 * self.policy.cap
         past = [r for r in self.history.get(target, []) if r[0] >= now - horizon]
         d = self.policy.duration(len(past))
-        until = None if d is None else max([now + d] + [u for _, u in past if u is not None])
+        until = None if isinstance(d, Permanent) else max([now + d] + [u for _, u in past if u is not None])
         self.history[target] = [*past, (now, until)]
         self.until[target] = math.inf if until is None else until
         return Kind.BANNED, until
@@ -804,10 +805,10 @@ def _target(host: str, prefix: int) -> IPNet:
 @settings(max_examples=200, deadline=None)
 @given(
     maxretry=st.integers(1, 4),
-    bantime=st.sampled_from([50.0, 400.0, None]),
+    bantime=st.sampled_from([50.0, 400.0, PERMANENT]),
     steps=st.lists(st.tuples(st.sampled_from(_POOL), st.floats(0, 250), st.floats(0, 700)), max_size=80),
 )
-def test_property_tracker_matches_the_naive_model(maxretry: int, bantime: float | None,
+def test_property_tracker_matches_the_naive_model(maxretry: int, bantime: float | Permanent,
                                                   steps: list[tuple[str, float, float]]) -> None:
     """Bans exactly when maxretry failures lie within findtime, never below; same ends, same escalation."""
     policy = sshd(maxretry=maxretry, findtime=600.0, bantime=bantime, ipv6_prefix=64,
