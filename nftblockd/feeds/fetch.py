@@ -291,6 +291,9 @@ class FeedFetcher:
         self._next_refresh: float | None = None
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()  # one fetch at a time: run() and a CLI-triggered fetch() may meet
+        # Held from a fetch until its copy is handed over (on_update done). A CLI refresh that found the copy
+        # "unchanged" because run()'s fetch had just taken it must not answer before that copy is enforced.
+        self.handover = asyncio.Lock()
 
     @property
     def name(self) -> str:
@@ -701,42 +704,43 @@ class FeedFetcher:
             await self._pause(delay, stop)
             if stop.is_set():
                 break
-            fetching = asyncio.ensure_future(self.fetch())
-            stopping = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait({fetching, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-            if not fetching.done():
-                # Stopping: a fetch that hangs must not hold the daemon's shutdown for its whole timeout
-                # (issue 13 measured 28.8 s). The copy in force stays; the next start fetches again.
-                fetching.cancel()
+            async with self.handover:
+                fetching = asyncio.ensure_future(self.fetch())
+                stopping = asyncio.ensure_future(stop.wait())
                 try:
-                    await fetching
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if task is not None and task.cancelling():
-                        raise  # we are being cancelled ourselves, not only the fetch
-                break
-            try:
-                update = fetching.result()
-            except FeedError as exc:
-                if exc.transient:
-                    failures += 1
-                    delay = jittered(backoff_delay(failures, self._retry_base, self.cfg.refresh),
-                                     self.cfg.jitter, self._rand)
-                else:
-                    failures = 0
-                    delay = self._interval()
-                delay = max(delay, self._honoured(exc.retry_after))
-                withdrawn = self._withdraw_if_stale()
-                if withdrawn is not None:
-                    await on_update(withdrawn)
-                continue
-            failures = 0
-            delay = self._interval()
-            if update is not None:
-                await on_update(update)
+                    await asyncio.wait({fetching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stopping.cancel()
+                if not fetching.done():
+                    # Stopping: a fetch that hangs must not hold the daemon's shutdown for its whole timeout
+                    # (issue 13 measured 28.8 s). The copy in force stays; the next start fetches again.
+                    fetching.cancel()
+                    try:
+                        await fetching
+                    except asyncio.CancelledError:
+                        task = asyncio.current_task()
+                        if task is not None and task.cancelling():
+                            raise  # we are being cancelled ourselves, not only the fetch
+                    break
+                try:
+                    update = fetching.result()
+                except FeedError as exc:
+                    if exc.transient:
+                        failures += 1
+                        delay = jittered(backoff_delay(failures, self._retry_base, self.cfg.refresh),
+                                         self.cfg.jitter, self._rand)
+                    else:
+                        failures = 0
+                        delay = self._interval()
+                    delay = max(delay, self._honoured(exc.retry_after))
+                    withdrawn = self._withdraw_if_stale()
+                    if withdrawn is not None:
+                        await on_update(withdrawn)
+                    continue
+                failures = 0
+                delay = self._interval()
+                if update is not None:
+                    await on_update(update)
         self._next_refresh = None
 
     def _honoured(self, asked: float | None) -> float:
