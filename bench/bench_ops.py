@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import record
+from nftblockd.neverban import never_ban_range
 from tests.helpers.daemon import DaemonProc
 from tests.helpers.netns import NetNS, inside
 
@@ -36,7 +37,9 @@ def addresses(n: int) -> list[str]:
     rnd = random.Random(5)
     out: set[int] = set()
     while len(out) < n:
-        out.add(rnd.randrange(0x0B000000, 0xDF000000))
+        a = rnd.randrange(0x0B000000, 0xDF000000)
+        if never_ban_range(4, a, a) is None:  # loopback and link-local are refused, as from any source
+            out.add(a)
     return [str(ipaddress.IPv4Address(a)) for a in out]
 
 

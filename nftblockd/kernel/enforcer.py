@@ -314,7 +314,7 @@ class Enforcer:
                     drop = set(never)
                     keys = [k for k in keys if k not in drop]
                 if len(self.allow):
-                    allowed = [k for k in keys if self.allow.contains_range(version, k, k) is not None]
+                    allowed = self.allow.hosts_among(version, keys)
                     if allowed:
                         out.allowlisted[version] = allowed
                         self.counters.allowlisted += len(allowed)
@@ -347,9 +347,11 @@ class Enforcer:
         if persist and self.persist is not None and (applied or history):
             packed: list[PackedBans] = []
             for c in changes:
-                packed.append((blocklist, pack_hosts((k for part in (c.new, c.extended) for k in part
-                                                      if (c.set_name, k) not in out.failed),
-                                                     self.plan.set(c.set_name).version), until, origin, reason, jail))
+                keys = c.new + c.extended
+                if out.failed:
+                    keys = [k for k in keys if (c.set_name, k) not in out.failed]
+                packed.append((blocklist, pack_hosts(keys, self.plan.set(c.set_name).version), until, origin, reason,
+                               jail))
             await self.persist(StateChange(history=list(history), packed_saves=packed))
         if jail:
             # a jail's bans read like one-by-one ones in the audit log, within the same budget

@@ -24,6 +24,7 @@ from nftblockd.addr import (
     net_key,
     normalise_network,
     pack_hosts,
+    pack_hosts_blob,
     pack_target,
     parse_host_int,
     parse_key,
@@ -152,9 +153,12 @@ def test_parse_host_int_agrees_with_parse_target(text: str) -> None:
     assert parse_host_int(text) == _plain_host(text)
 
 
-@given(st.lists(st.one_of(dotted(), v6_text(), target_text_like()), max_size=30))
+@given(st.lists(st.one_of(dotted(), v6_text(), target_text_like()), max_size=30)
+       | st.lists(dotted(), max_size=30))  # nothing but dotted quads: split_hosts's C-level path (_all_v4)
 def test_split_hosts_agrees_with_parse_host_int(targets: list[str]) -> None:
+    unspelled = split_hosts(targets, spelled=False)
     keys, texts, rest = split_hosts(targets)
+    assert (unspelled.keys, unspelled.texts, unspelled.rest) == (keys, {4: {}, 6: {}}, rest)
     want_keys: dict[int, list[int]] = {4: [], 6: []}
     want_texts: dict[int, dict[int, str]] = {4: {}, 6: {}}
     want_rest = []
@@ -234,6 +238,12 @@ def test_format_host_agrees_with_ipaddress(case: tuple[int, int]) -> None:
     version, x = case
     plain = str(ipaddress.IPv4Address(x) if version == 4 else ipaddress.IPv6Address(x))
     assert format_host(x, version) == plain == format_target(host_net(x, version))
+
+
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=50), st.lists(st.integers(0, 2**128 - 1), max_size=20))
+def test_packed_host_blobs_are_the_joined_packed_hosts(keys4: list[int], keys6: list[int]) -> None:
+    assert pack_hosts_blob(keys4, 4) == b"".join(pack_hosts(keys4, 4))
+    assert pack_hosts_blob(keys6, 6) == b"".join(pack_hosts(keys6, 6))
 
 
 @given(st.lists(st.integers(0, 2**32 - 1), max_size=50), st.lists(st.integers(0, 2**128 - 1), max_size=20))
