@@ -413,6 +413,40 @@ class Enforcer:
         return SyncResult(sum(len(c[0]) for c in changes.values()), sum(len(c[1]) for c in changes.values()),
                           failed)
 
+    async def apply_set_deltas(self, deltas: dict[str, tuple[list[int], list[int], list[int]]], until: float | None,
+                               *, reason: str = "", origin: str = "feed") -> tuple[SyncResult, list[tuple[str, int]]]:
+        """`sync_sets` for a caller that diffed itself (a feed refresh against its previous aggregate,
+        feeds/delta.py): per set (added, removed, renewed) keys, ONE transaction of deletions, additions and
+        timeout renewals; nothing at all when every delta is empty. Returns the result and the (set, key)
+        pairs the kernel refused (forgotten by the state, as in `sync_sets`)."""
+        now = time.time()
+        groups: list[Group] = []
+        until_ms = None if until is None else int(until * 1000)
+        spec_new = OpSpec(True, until_ms, "")
+        spec_kept = OpSpec(True, until_ms, "", True)
+        async with self._lock:
+            for name, (added, removed, renewed) in deltas.items():
+                if not (added or removed or renewed):
+                    continue
+                gone = self.state.apply_delta(name, added, removed, renewed, until, origin=origin, reason=reason)
+                if gone:
+                    groups.append(Group(name, gone, [DELETE] * len(gone)))
+                if added or renewed:
+                    groups.append(Group(name, added + renewed, [spec_new] * len(added) + [spec_kept] * len(renewed)))
+            res = await self.kernel(self._writer().write, groups, int(now * 1000)) if groups else None
+        refused: list[tuple[str, int]] = []
+        if res is not None:
+            self.generation = self._writer().last_generation
+            for (name, key), (errno, _text) in res.failed.items():
+                self.state.forget(name, key)
+                refused.append((name, key))
+                self._count_refusal(errno, name)
+            if self.metrics is not None and res.elements_sent:
+                self.metrics.batch_seconds.observe(res.seconds)
+                self.metrics.batch_elements.observe(res.elements_sent)
+        return SyncResult(sum(len(d[0]) for d in deltas.values()), sum(len(d[1]) for d in deltas.values()),
+                          len(refused)), refused
+
     async def restore_hosts(self, blocklist: str, version: int, keys: list[int], untils: list[float | None], *,
                             origin: str, reason: str, jail: str) -> tuple[str, list[int], list[OpFailure]] | None:
         """Saved single-address bans with their own ends back into state and kernel (no persistence).
