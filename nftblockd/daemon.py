@@ -554,11 +554,8 @@ class Daemon:
             _name, new, failures = r
             n += len(new) - len(failures)
             if jail:
-                version = 4 if size == 4 else 6
-                ends = dict(zip(keys, untils, strict=True))
-                for k in new:
-                    self.tracker.note_ban(Ban(host_net(k, version), blocklist, ends[k], _origin(origin), reason, jail),
-                                          now)
+                self._note_restored(saved.labels[label], 4 if size == 4 else 6, new,
+                                    untils if len(new) == len(keys) else dict(zip(keys, untils, strict=True)), now)
         if others:
             results = await self.enforcer.apply(others, now=now, persist=False)
             n += sum(1 for r in results if r.code is None)
@@ -566,6 +563,18 @@ class Daemon:
                 if b.jail:
                     self.tracker.note_ban(b, now)
         return n
+
+    def _note_restored(self, label: tuple[str, str, str, str], version: int, new: list[int],
+                       ends: list[float | None] | dict[int, float | None], now: float) -> None:
+        """The tracker learns which restored jail bans are in force (their offenders answer ALREADY_BANNED).
+        `ends`: the end of each of `new` (a list in the same order), or by key."""
+        blocklist, origin, reason, jail = label
+        untils = list(map(ends.__getitem__, new)) if isinstance(ends, dict) else ends
+        if version == 4:  # the bulk form: no Ban object per restored ban (~2.8 s for a million)
+            self.tracker.note_hosts(jail, new, untils, now, blocklist=blocklist, origin=_origin(origin), reason=reason)
+            return
+        for k, u in zip(new, untils, strict=True):
+            self.tracker.note_ban(Ban(host_net(k, version), blocklist, u, _origin(origin), reason, jail), now)
 
     async def _housekeeping_round(self) -> None:
         """Once a minute: forget ended bans; every 15 minutes prune the database (a scan of every saved ban:

@@ -33,8 +33,10 @@ import bisect
 import enum
 import gc
 import itertools
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 from nftblockd.addr import IPNet, format_target, host_net, key_net, key_range, net_key
 from nftblockd.events import Ban, BanInfo, Unban
@@ -312,36 +314,46 @@ class BanState:
         return BulkChange(name, new, extended, unchanged, spec_new, spec_ext)
 
     def restore_hosts(self, blocklist: str, version: int, keys: list[int], untils: list[float | None], now: float,
-                      *, origin: str, reason: str, jail: str) -> tuple[str, list[int], list[OpSpec]] | None:
-        """Saved single-address bans back into the state, each with its own end: (set, keys to add, ops).
+                      *, origin: str, reason: str, jail: str) -> tuple[str, list[int], list[int | None]] | None:
+        """Saved single-address bans back into the state, each with its own end: (set, keys to add, their ends
+        in ms, None = permanent).
 
-        Ends are kept to the millisecond; ops are shared between keys with the same end, so the kernel
-        writer encodes each distinct end once. Ended bans and keys already held are skipped.
+        Ends are kept to the millisecond. Ended bans and keys already held are skipped (of one key given twice,
+        the later wins). This runs once per saved ban: a few list passes in C-level comprehensions, no object
+        per ban (a million restored jail bans have nearly a million different ends).
         """
         entries = self.sets.get(set_name(blocklist, version, False))
         if entries is None:
             return None
         meta = self._intern((origin, reason, jail, ""))
         d = entries.entries
-        # one (packed value, op) per distinct end, looked up by the float end as stored: this loop runs once
-        # per saved ban, so it does as little as possible per key
-        per_end: dict[float | None, tuple[int, OpSpec]] = {}
-        for u in set(untils):
-            u_ms = None if u is None else int(u * 1000)
-            if u is not None and u <= now:
-                continue
-            self._due(u_ms)
-            per_end[u] = (_pack(u_ms, meta), OpSpec(True, u_ms, ""))
         gc_was = gc.isenabled()
         gc.disable()  # a million small allocations would trigger the collector hundreds of times
         try:
-            hits = list(map(per_end.get, untils))
-            if None in hits or d:
-                keep = [h is not None and k not in d for k, h in zip(keys, hits, strict=True)]
-                keys = list(itertools.compress(keys, keep))
-                hits = list(itertools.compress(hits, keep))
-            d.update(zip(keys, [h[0] for h in hits], strict=True))  # type: ignore[index]
-            return entries.spec.name, list(keys), [h[1] for h in hits]  # type: ignore[index]
+            permanent = None in untils
+            # the usual restore: every end ahead (the store filtered them) and nothing held yet: C-level checks
+            if permanent or min(cast("list[float]", untils), default=math.inf) <= now \
+                    or not d.keys().isdisjoint(keys):
+                keep = [u is None or u > now for u in untils]
+                if d:
+                    keep = [ok and k not in d for k, ok in zip(keys, keep, strict=True)]
+                if not all(keep):
+                    keys = list(itertools.compress(keys, keep))
+                    untils = list(itertools.compress(untils, keep))
+            ms: list[int | None]
+            if permanent:
+                ms = [None if u is None else int(u * 1000) for u in untils]
+                low = PERMANENT << META_BITS | meta
+                packed = [low if x is None else max(1, x) << META_BITS | meta for x in ms]
+                timed = [x for x in ms if x is not None]
+            else:  # every end is ahead of now, so positive: no max(1, ...) needed
+                timed = list(map(int, map((1000.0).__mul__, cast("list[float]", untils))))
+                packed = list(map(meta.__or__, map(META_BITS.__rlshift__, timed)))
+                ms = cast("list[int | None]", timed)
+            if timed:
+                self._due(min(timed))
+            d.update(zip(keys, packed, strict=True))
+            return entries.spec.name, list(keys), ms
         finally:
             if gc_was:
                 gc.enable()

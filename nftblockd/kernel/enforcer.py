@@ -467,9 +467,9 @@ class Enforcer:
                                              jail=jail)
                 if r is None:
                     return None
-                name, new, specs = r
+                name, new, ends = r
                 restored += new
-                res = await self.kernel(self._writer().write, [Group(name, new, specs)])
+                res = await self.kernel(self._writer().write_timed_hosts, name, new, ends, int(time.time() * 1000))
                 failures += [OpFailure(s, k, e, t) for (s, k), (e, t) in res.failed.items()]
             if self.writer is not None:
                 self.generation = self.writer.last_generation
