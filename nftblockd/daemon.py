@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: the composition root: one TaskGroup, signals)
 import dataclasses
+import functools
 import gc
 import logging
 import operator
@@ -550,15 +551,14 @@ class Daemon:
             if not keys:
                 continue
             blocklist, origin, reason, jail = saved.labels[label]
+            note = functools.partial(self._note_restored, saved.labels[label], 4 if size == 4 else 6, keys=keys,
+                                     untils=untils, now=now) if jail else None
             r = await self.enforcer.restore_hosts(blocklist, 4 if size == 4 else 6, keys, untils, origin=origin,
-                                                  reason=reason, jail=jail)
+                                                  reason=reason, jail=jail, meanwhile=note)
             if r is None:
                 continue
             _name, new, failures = r
             n += len(new) - len(failures)
-            if jail:
-                self._note_restored(saved.labels[label], 4 if size == 4 else 6, new,
-                                    untils if len(new) == len(keys) else dict(zip(keys, untils, strict=True)), now)
         if others:
             results = await self.enforcer.apply(others, now=now, persist=False)
             n += sum(1 for r in results if r.code is None)
@@ -567,12 +567,14 @@ class Daemon:
                     self.tracker.note_ban(b, now)
         return n
 
-    def _note_restored(self, label: tuple[str, str, str, str], version: int, new: list[int],
-                       ends: list[float | None] | dict[int, float | None], now: float) -> None:
-        """The tracker learns which restored jail bans are in force (their offenders answer ALREADY_BANNED).
-        `ends`: the end of each of `new` (a list in the same order), or by key."""
+    def _note_restored(self, label: tuple[str, str, str, str], version: int, new: list[int], *, keys: list[int],
+                       untils: list[float | None], now: float) -> None:
+        """The tracker learns which restored jail bans are in force (their offenders answer ALREADY_BANNED):
+        `new` of `keys`, whose ends are `untils`."""
         blocklist, origin, reason, jail = label
-        untils = list(map(ends.__getitem__, new)) if isinstance(ends, dict) else ends
+        if len(new) != len(keys):  # some were skipped (ended, or held already): look their ends up
+            ends = dict(zip(keys, untils, strict=True))
+            untils = list(map(ends.__getitem__, new))
         if version == 4:  # the bulk form: no Ban object per restored ban (~2.8 s for a million)
             self.tracker.note_hosts(jail, new, untils, now, blocklist=blocklist, origin=_origin(origin), reason=reason)
             return

@@ -333,7 +333,7 @@ class BanState:
             permanent = None in untils
             # the usual restore: every end ahead (the store filtered them) and nothing held yet: C-level checks
             if permanent or min(cast("list[float]", untils), default=math.inf) <= now \
-                    or not d.keys().isdisjoint(keys):
+                    or (d and not d.keys().isdisjoint(keys)):
                 keep = [u is None or u > now for u in untils]
                 if d:
                     keep = [ok and k not in d for k, ok in zip(keys, keep, strict=True)]
