@@ -44,7 +44,16 @@ from nftblockd.service.sdnotify import Notifier, watchdog_loop
 from nftblockd.sources.base import MemoryPositionStore, PositionStore
 from nftblockd.state.change import StateChange
 from nftblockd.state.persister import Persister, PersistStatus
-from nftblockd.state.store import CompactBans, Store, StoreError, StoreProblem, group_rows, unpack_ends
+from nftblockd.state.store import (
+    CompactBans,
+    HostGroups,
+    Store,
+    StoreError,
+    StoreProblem,
+    drop_shadowed,
+    group_rows,
+    unpack_ends,
+)
 
 log = logging.getLogger("nftblockd")
 T = TypeVar("T")
@@ -522,11 +531,10 @@ class Daemon:
         family; every ban keeps its own end."""
         blocklists = {b.name for b in self.cfg.blocklists} - (self.feeds.blocklists() if self.feeds else set())
         # One (keys, ends) list per label and family: its bulk saves oldest first, then its rows, so that of an
-        # address given twice the later save wins (restore_hosts keeps the later). The labels of rows come first:
-        # across labels the first restored wins, and a row is newer than any bulk save it overlaps.
+        # address given twice the later save wins (restore_hosts keeps the later; a row is newer than any bulk
+        # save it overlaps). Across labels, the save that ends last (drop_shadowed).
         by_group = group_rows(saved.rows)
-        hosts: dict[tuple[int, int], tuple[list[int], list[float | None]]] = {
-            g: ([], []) for g in by_group if g[1] in (4, 16)}
+        hosts: HostGroups = {g: ([], []) for g in by_group if g[1] in (4, 16)}
         others: list[Ban] = []
         for label, until, size, blob, ends in saved.bulk:
             blocklist, origin, reason, jail = saved.labels[label]
@@ -546,6 +554,7 @@ class Daemon:
                 untils += map(_UNTIL, rows)
             else:
                 others += [Ban(unpack_target(r[1]), blocklist, r[2], _origin(origin), reason, jail) for r in rows]
+        drop_shadowed(hosts, {g[0]: saved.labels[g[0]][0] for g in hosts})
         n = 0
         for (label, size), (keys, untils) in hosts.items():
             if not keys:

@@ -15,6 +15,14 @@ What is stored (schema.py: version `SCHEMA_VERSION` in `PRAGMA user_version`, up
   prefix-length byte for ranges): packing is ~10x cheaper than printing an address and is what netlink needs.
   (origin, reason, jail) and the blocklist are interned in `labels`; reasons should therefore be templated
   ("5 failures in 10m"), not per address. The table is WITHOUT ROWID: the primary key *is* the row.
+- `bulk`: many single addresses of one label in one row: `keys` (packed addresses end to end), `until`, and
+  `ends` (one float64 per address, +inf = permanent; NULL = all end at `until`). A bulk save (`BULK_ROWS`
+  addresses or more) writes one; `compact_rows` moves single-address rows into them (in chunks, each one
+  transaction), so that a restart reads a few blobs instead of a million rows. `bulk_dead`: tombstones of
+  addresses unbanned after a bulk row was written (a tombstone newer than the row hides the address).
+  Of one address saved several times, the save that ends last wins (a re-ban never shortens a ban): within
+  a label the later save (a row over a bulk row, a later bulk row over an earlier one), across labels
+  `drop_shadowed`.
 - `history`: (at, jail, target text, until) per ban a jail made, for escalation; pruned by age.
 - `positions`: key -> text (file offsets as JSON, journal cursors). `feeds`: feed name -> JSON text.
 - `fleet_outbox`: this host's bans and unbans for the fleet, numbered (`oseq`, never reused), with a state:
@@ -195,6 +203,42 @@ def unpack_ends(blob: bytes) -> list[float | None]:
     if math.inf in arr:
         ends = [None if u == math.inf else u for u in ends]
     return ends
+
+
+HostGroups: TypeAlias = dict[tuple[int, int], tuple[list[int], list[float | None]]]
+"""(label id, address length) -> (host keys, their ends): saved single-address bans ready to restore."""
+
+
+def drop_shadowed(groups: HostGroups, blocklist_of: Mapping[int, str]) -> int:
+    """An address saved under several labels (a jail's ban, then a longer `nftblock ban` of it) keeps the save
+    that ends last (a re-ban never shortens a ban; None = permanent is last of all); it is dropped from the
+    other labels' groups, in place. Returns how many entries went. Free when no address is in two groups of
+    one blocklist and family (one set of keys per family with several groups); a Python pass otherwise."""
+    families: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for g in groups:
+        families.setdefault((blocklist_of[g[0]], g[1]), []).append(g)
+    dropped = 0
+    for members in families.values():
+        if len(members) < 2:
+            continue
+        total = sum(len(groups[g][0]) for g in members)
+        if len(set(itertools.chain.from_iterable(groups[g][0] for g in members))) == total:
+            continue
+        best: dict[int, tuple[float, tuple[int, int]]] = {}
+        for g in members:
+            keys, untils = groups[g]
+            for k, u in zip(keys, untils, strict=True):
+                end = math.inf if u is None else u
+                cur = best.get(k)
+                if cur is None or end > cur[0]:
+                    best[k] = (end, g)
+        for g in members:
+            keys, untils = groups[g]
+            keep = [best[k][1] == g for k in keys]
+            if not all(keep):
+                dropped += len(keep) - sum(keep)
+                groups[g] = (list(itertools.compress(keys, keep)), list(itertools.compress(untils, keep)))
+    return dropped
 
 
 def group_rows(rows: list[Row]) -> dict[tuple[int, int], list[Row]]:
