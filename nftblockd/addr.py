@@ -67,7 +67,6 @@ __all__ = [
     "normalise_address",
     "normalise_network",
     "pack_hosts",
-    "pack_hosts_blob",
     "pack_target",
     "parse_host_int",
     "parse_key",
@@ -342,16 +341,6 @@ def pack_hosts(keys: Iterable[int], version: int) -> list[bytes]:
     """Host keys as packed bytes (4 or 16 each)."""
     size = 4 if version == 4 else 16
     return [k.to_bytes(size, "big") for k in keys]
-
-
-def pack_hosts_blob(keys: Sequence[int], version: int) -> bytes:
-    """`b"".join(pack_hosts(keys, version))`; IPv4 with one C-level byte swap (the bulk rows of the store)."""
-    if version == 4:
-        arr = array.array("I", keys)
-        if sys.byteorder == "little":
-            arr.byteswap()
-        return arr.tobytes()
-    return b"".join([k.to_bytes(16, "big") for k in keys])
 
 
 def unpack_hosts(blob: bytes, version: int) -> list[int]:

@@ -24,7 +24,6 @@ from nftblockd.addr import (
     net_key,
     normalise_network,
     pack_hosts,
-    pack_hosts_blob,
     pack_target,
     parse_host_int,
     parse_key,
@@ -238,12 +237,6 @@ def test_format_host_agrees_with_ipaddress(case: tuple[int, int]) -> None:
     version, x = case
     plain = str(ipaddress.IPv4Address(x) if version == 4 else ipaddress.IPv6Address(x))
     assert format_host(x, version) == plain == format_target(host_net(x, version))
-
-
-@given(st.lists(st.integers(0, 2**32 - 1), max_size=50), st.lists(st.integers(0, 2**128 - 1), max_size=20))
-def test_packed_host_blobs_are_the_joined_packed_hosts(keys4: list[int], keys6: list[int]) -> None:
-    assert pack_hosts_blob(keys4, 4) == b"".join(pack_hosts(keys4, 4))
-    assert pack_hosts_blob(keys6, 6) == b"".join(pack_hosts(keys6, 6))
 
 
 @given(st.lists(st.integers(0, 2**32 - 1), max_size=50), st.lists(st.integers(0, 2**128 - 1), max_size=20))
