@@ -38,7 +38,7 @@ def addresses(n: int) -> list[str]:
     out: set[int] = set()
     while len(out) < n:
         a = rnd.randrange(0x0B000000, 0xDF000000)
-        if never_ban_range(4, a, a) is None:  # loopback, private, ... are refused as they should be
+        if never_ban_range(4, a, a) is None:  # loopback and link-local are refused, as from any source
             out.add(a)
     return [str(ipaddress.IPv4Address(a)) for a in out]
 
@@ -74,8 +74,109 @@ def cpu_and_wakeups(pid: int, seconds: float) -> tuple[float, float]:
     return (c1 - c0) / seconds, (s1 - s0) / seconds
 
 
+def row_saved_db(path: Path, n: int) -> None:
+    """A state database holding `n` jail bans saved one row each, every one with its own end: what jail bans
+    (saved one decision at a time) leave behind, and what every database written before bulk rows holds."""
+    from nftblockd.state.store import Store
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rnd = random.Random(6)
+    now = time.time()
+    with Store.open(path) as st:
+        keys = [int(ipaddress.IPv4Address(a)) for a in addresses(n)]
+        for i in range(0, n, 100_000):  # one row per ban: each its own end (~ a week of sshd bans)
+            st.commit(save_packed=[("default", [k.to_bytes(4, "big")], now + 3600 + rnd.random() * 7 * 86400, "jail",
+                                    "5 failures in 10m", "sshd") for k in keys[i:i + 100_000]], created=now)
+
+
+def nft_load_reference(n: int) -> float:
+    """Seconds for `nft -f` to load the same kind of elements (n IPv4 addresses, each with its own timeout of
+    1 h to a week) into an identical set in a fresh namespace: what the restore's kernel part is up against."""
+    rnd = random.Random(6)
+    ns = NetNS("nbb")
+    try:
+        ns.run("nft", "-f", "-", input="table inet ref {\n set s { type ipv4_addr; size 2000000; flags timeout; }\n}\n")
+        with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
+            f.write("add element inet ref s { " + ", ".join(
+                f"{a} timeout {3600 + int(rnd.random() * 7 * 86400)}s" for a in addresses(n)) + " }\n")
+            path = f.name
+        t0 = time.perf_counter()
+        ns.run("nft", "-f", path)
+        secs = time.perf_counter() - t0
+        os.unlink(path)
+        return secs
+    finally:
+        ns.delete()
+
+
+def restart_from_rows(tmp: Path, rounds: int = 3) -> None:
+    """READY after a reboot (table gone) with N jail bans saved one row each: `rounds` restarts each from a
+    fresh copy of that database, then, once the daemon compacted the rows into bulk rows (after READY),
+    `rounds` restarts from the compacted database. Medians of each."""
+    import shutil
+
+    template = tmp / "rows-template.db"
+    row_saved_db(template, N)
+    ns = NetNS("nbb")
+    d = DaemonProc(ns, tmp / "rows", CONFIG.replace("9789", "9790"))
+    db = Path(d.state_dir) / "state.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    legacy: list[float] = []
+    compacted: list[float] = []
+    cpu: dict[str, list[float]] = {"legacy": [], "compacted": []}
+
+    def restart(kind: str) -> float:
+        t0 = time.monotonic()
+        d.start(timeout=120)
+        ready = time.monotonic() - t0
+        assert d.proc is not None  # `ip netns exec` execs the daemon: this pid is the daemon's
+        stat = Path(f"/proc/{d.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu[kind].append((int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"))  # CPU s until READY
+        count = int(d.cli_json("status")["sets"][2]["elements"])
+        assert count == N, count
+        return ready
+
+    try:
+        for r in range(rounds):
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+            shutil.copyfile(template, db)
+            legacy.append(restart("legacy"))
+            if r == rounds - 1:  # let this one compact the rows (it logs when done) before stopping it
+                deadline = time.monotonic() + 120
+                while "compacted into bulk rows" not in d.log() and time.monotonic() < deadline:
+                    time.sleep(0.2)  # polling the daemon's log for a line, bounded
+            assert d.stop() == 0
+            ns.nft("delete", "table", "inet", "nftblock")
+        for _ in range(rounds):
+            compacted.append(restart("compacted"))
+            assert d.stop() == 0
+            ns.nft("delete", "table", "inet", "nftblock")
+    finally:
+        d.close()
+        ns.delete()
+    lines = [line.split("nftblockd: ")[-1] for line in d.log().splitlines()
+             if "restored" in line or "compacted" in line]
+    ref = nft_load_reference(N)
+    legacy_note = (f"median of {rounds} restarts, each from a fresh copy ({min(legacy):.2f}-{max(legacy):.2f} s; "
+                   f"daemon CPU to READY {statistics.median(cpu['legacy']):.2f} s); jail bans with their own "
+                   f"ends; {lines[0] if lines else ''}")
+    record(f"restart with {N:,} bans saved one row each to READY=1", statistics.median(legacy), "s",
+           reference=f"nft -f of {N:,} elements with timeouts", reference_value=ref, target="<= 3 s",
+           note=legacy_note)
+    compacted_note = (f"median of {rounds} restarts ({min(compacted):.2f}-{max(compacted):.2f} s; daemon CPU to "
+                      f"READY {statistics.median(cpu['compacted']):.2f} s); "
+                      + "; ".join(x for x in lines if "compacted" in x) + f"; last: {lines[-1]}")
+    record(f"restart with {N:,} row-saved bans, compacted after READY", statistics.median(compacted), "s",
+           reference=f"nft -f of {N:,} elements with timeouts", reference_value=ref, target="<= 3 s",
+           note=compacted_note)
+
+
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="nbb-ops-"))
+    if os.environ.get("NFTBLOCK_BENCH_ROWS_ONLY"):  # only the row-saved restart
+        restart_from_rows(tmp)
+        return
     ns = NetNS("nbb")
     d = DaemonProc(ns, tmp / "d", CONFIG)
     try:
@@ -110,6 +211,7 @@ def main() -> None:
     finally:
         d.close()
         ns.delete()
+    restart_from_rows(tmp)
 
 
 if __name__ == "__main__":

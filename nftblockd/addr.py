@@ -40,6 +40,7 @@ against it by bench/bench_addr.py (ratio to the plain version on this 2-core VM,
 from __future__ import annotations
 
 import array
+import functools
 import ipaddress
 import socket
 import sys
@@ -91,6 +92,7 @@ _V4_MAPPED_HI = 0xFFFF  # a host key of ::ffff:0:0/96, shifted right by 32
 _V4_MAPPED_BYTES = b"\x00" * 10 + b"\xff\xff"
 _PTON, _AF4, _AF6, _NTOA, _NTOP = socket.inet_pton, socket.AF_INET, socket.AF_INET6, socket.inet_ntoa, socket.inet_ntop
 _FROM_BYTES = int.from_bytes
+_PTON4: Callable[[str], bytes] = functools.partial(_PTON, _AF4)
 
 
 class AddressError(ValueError):
@@ -182,12 +184,17 @@ class HostSplit(NamedTuple):
     rest: list[int]  # indexes of the targets that are not plain addresses (CIDRs, garbage)
 
 
-def split_hosts(targets: Sequence[str]) -> HostSplit:
+def split_hosts(targets: Sequence[str], *, spelled: bool = True) -> HostSplit:
     """`parse_host_int` over a bulk request: its plain addresses as host keys per family, with the caller's
     spelling of each (answers echo it), and the indexes of everything else for the one-by-one path.
 
     IPv4 is parsed inline (no function call per address): this runs once per address of `nftblock ban -`.
+    A list of nothing but dotted quads (what `nftblock ban -` sends) takes `_all_v4`, a few C-level passes.
+    Without `spelled`, `texts` stays empty (a caller that echoes nothing back).
     """
+    whole = _all_v4(targets)
+    if whole is not None:
+        return HostSplit({4: whole, 6: []}, {4: dict(zip(whole, targets, strict=True)) if spelled else {}, 6: {}}, [])
     keys: dict[int, list[int]] = {4: [], 6: []}
     texts: dict[int, dict[int, str]] = {4: {}, 6: {}}
     rest: list[int] = []
@@ -201,15 +208,29 @@ def split_hosts(targets: Sequence[str]) -> HostSplit:
                 rest.append(i)
                 continue
             keys4.append(k)
-            texts4[k] = target
+            if spelled:
+                texts4[k] = target
             continue
         parsed = parse_host_int(target)
         if parsed is None:
             rest.append(i)
         else:
             keys[parsed[0]].append(parsed[1])
-            texts[parsed[0]][parsed[1]] = target
+            if spelled:
+                texts[parsed[0]][parsed[1]] = target
     return HostSplit(keys, texts, rest)
+
+
+def _all_v4(targets: Sequence[str]) -> list[int] | None:
+    """The host keys of `targets` when every one is a dotted quad, else None: inet_pton mapped over the list
+    and one byte swap of the joined result, no Python bytecode per address (~4x cheaper than the loop in
+    `split_hosts`; bench/bench_addr.py). The first target that is anything else stops it (OSError, or
+    ValueError for a NUL), and `split_hosts` takes its loop instead."""
+    try:
+        blob = b"".join(map(_PTON4, targets))
+    except (OSError, ValueError, TypeError):
+        return None
+    return unpack_hosts(blob, 4)
 
 
 _PLEN4 = {str(i): i for i in range(33)}  # canonical prefix lengths only; `/024` goes the plain way

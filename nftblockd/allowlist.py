@@ -31,13 +31,19 @@ from nftblockd.addr import IPAddr, IPNet, normalise_address, normalise_network
 LOOPBACK: tuple[IPNet, ...] = (ipaddress.IPv4Network("127.0.0.0/8"), ipaddress.IPv6Network("::1/128"))
 
 
+PREFIX_BITS = 16  # the bulk test's table has one byte per /16 (IPv4) or per /16 of IPv6 space: 64 KiB
+
+
 @dataclass(frozen=True, slots=True)
 class _Ranges:
-    """Disjoint inclusive integer ranges of one family, sorted by start; `nets[i]` is the entry of range i."""
+    """Disjoint inclusive integer ranges of one family, sorted by start; `nets[i]` is the entry of range i.
+    `touched[p]` is 1 when some range covers part of the prefix p (the top PREFIX_BITS bits of an address)."""
 
     starts: tuple[int, ...] = ()
     ends: tuple[int, ...] = ()
     nets: tuple[IPNet, ...] = ()
+    touched: bytes = b""
+    shift: int = 0  # address bits below the prefix: 16 for IPv4, 112 for IPv6
 
     def find(self, first: int, last: int) -> IPNet | None:
         i = bisect_right(self.starts, last) - 1
@@ -45,8 +51,17 @@ class _Ranges:
             return self.nets[i]
         return None
 
+    def hosts_among(self, keys: Iterable[int]) -> list[int]:
+        """The addresses among `keys` that some range covers, in order: one table look-up per key in a C-level
+        loop, the bisect only for keys whose prefix a range touches (`find` per key cost ~0.4 us, 40 ms of a
+        100,000-address bulk ban)."""
+        if not self.starts:
+            return []
+        touched, shift, find = self.touched, self.shift, self.find
+        return [k for k in keys if touched[k >> shift] and find(k, k) is not None]
 
-def _ranges(nets: list[IPNet]) -> _Ranges:
+
+def _ranges(nets: list[IPNet], bits: int) -> _Ranges:
     """`nets` sorted by (first address, prefix length): an enclosing network precedes what it encloses."""
     starts: list[int] = []
     ends: list[int] = []
@@ -59,7 +74,14 @@ def _ranges(nets: list[IPNet]) -> _Ranges:
         starts.append(first)
         ends.append(last)
         kept.append(net)
-    return _Ranges(tuple(starts), tuple(ends), tuple(kept))
+    shift = bits - PREFIX_BITS
+    if not starts:
+        return _Ranges(shift=shift)
+    touched = bytearray(1 << PREFIX_BITS)
+    for first, last in zip(starts, ends, strict=True):
+        lo, hi = first >> shift, last >> shift
+        touched[lo:hi + 1] = b"\x01" * (hi - lo + 1)
+    return _Ranges(tuple(starts), tuple(ends), tuple(kept), bytes(touched), shift)
 
 
 def _sort_key(net: IPNet) -> tuple[int, int, int]:
@@ -86,8 +108,8 @@ class Allowlist:
         ordered = sorted(nets, key=_sort_key)
         return cls(
             networks=tuple(ordered),
-            v4=_ranges([n for n in ordered if n.version == 4]),
-            v6=_ranges([n for n in ordered if n.version == 6]),
+            v4=_ranges([n for n in ordered if n.version == 4], 32),
+            v6=_ranges([n for n in ordered if n.version == 6], 128),
         )
 
     def union(self, *others: Allowlist | Iterable[IPNet | IPAddr]) -> Allowlist:
@@ -112,6 +134,11 @@ class Allowlist:
     def contains_range(self, version: int, first: int, last: int) -> IPNet | None:
         """The integer form of `contains` for hot paths: `first`..`last` inclusive, already normalised."""
         return (self.v4 if version == 4 else self.v6).find(first, last)
+
+    def hosts_among(self, version: int, keys: Iterable[int]) -> list[int]:
+        """The single addresses (host keys of IP `version`, normalised) among `keys` that an entry covers, in
+        order: `contains_range(version, k, k) is not None` for many keys at once (bulk bans)."""
+        return (self.v4 if version == 4 else self.v6).hosts_among(keys)
 
     def __contains__(self, target: object) -> bool:
         if not isinstance(target, ipaddress.IPv4Address | ipaddress.IPv6Address | ipaddress.IPv4Network

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, NamedTuple, TypeAlias
+from typing import Any, Final, Literal, NamedTuple, TypeAlias, overload
 
 from nftblockd.addr import format_target
 from nftblockd.control.wire import (
@@ -63,6 +64,7 @@ __all__ = [
     "ERROR_CODES",
     "ORIGINS",
     "OVERSIZE",
+    "REPLIES",
     "VERSION",
     "BanArgs",
     "BanItem",
@@ -82,6 +84,7 @@ __all__ = [
     "ResponseDecoder",
     "Timeout",
     "UnbanArgs",
+    "UniformItems",
     "ban_entry",
     "decode_request",
     "decode_response",
@@ -222,13 +225,56 @@ class BanItem(NamedTuple):
     jail: str = ""
 
 
+class UniformItems(Sequence[BanItem]):
+    """The items of a `ban` whose targets were all plain strings: the targets and the one (timeout, reason,
+    jail) they share, without a BanItem per target (building 100,000 of them was a fifth of the daemon's
+    share of `nftblock ban -`). Reads, compares and hashes as the tuple of BanItems it stands for."""
+
+    __slots__ = ("jail", "reason", "targets", "timeout")
+
+    def __init__(self, targets: Sequence[str], timeout: Timeout, reason: str, jail: str) -> None:
+        self.targets = targets
+        self.timeout = timeout
+        self.reason = reason
+        self.jail = jail
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    @overload
+    def __getitem__(self, i: int) -> BanItem: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[BanItem, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> BanItem | tuple[BanItem, ...]:
+        if isinstance(i, slice):
+            return tuple(BanItem(t, self.timeout, self.reason, self.jail) for t in self.targets[i])
+        return BanItem(self.targets[i], self.timeout, self.reason, self.jail)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, UniformItems | tuple):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"UniformItems({len(self)} targets, {self.timeout!r}, {self.reason!r}, {self.jail!r})"
+
+
+REPLIES: Final = ("full", "counts")
+"""`reply` of `ban`/`unban`: every target echoed (the default, what v1 always did), or counts and the failures."""
+
+
 @dataclass(frozen=True, slots=True)
 class BanArgs:
-    items: tuple[BanItem, ...]
+    items: Sequence[BanItem]  # a tuple, or UniformItems when every target was a plain string
     blocklist: str | None  # None: the default blocklist
     origin: str = "cli"
     # every target was a plain string, so one timeout and reason for all (the bulk path); a hint, not content
     uniform: bool = field(default=False, compare=False)
+    reply: str = "full"  # "counts": answer with counts and the refused targets only (docs/control-protocol.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +283,7 @@ class UnbanArgs:
     blocklist: str | None  # None: every blocklist
     origin: str = "cli"  # who asked, for the audit line (fail2ban's actions say "fail2ban")
     jail: str = ""  # the jail that asked, for the audit line
+    reply: str = "full"  # "counts": answer with the count removed and what was not found (no echo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,8 +358,15 @@ def _bounded(where: str, text: str) -> str:
     return text
 
 
+def _reply(cmd: str, args: dict[str, Any]) -> str:
+    reply = args.get("reply") or "full"
+    if reply not in REPLIES:
+        raise ProtocolError(f"{cmd}: 'reply' must be one of {', '.join(REPLIES)}")
+    return str(reply)
+
+
 def _parse_ban(args: dict[str, Any]) -> BanArgs:
-    _check_keys("ban", args, ("targets", "timeout", "set", "comment", "origin", "jail"))
+    _check_keys("ban", args, ("targets", "timeout", "set", "comment", "origin", "jail", "reply"))
     timeout = parse_wire_timeout(args.get("timeout"))
     comment = args.get("comment") or ""
     if not isinstance(comment, str):
@@ -321,9 +375,10 @@ def _parse_ban(args: dict[str, Any]) -> BanArgs:
     origin = _origin("ban", args)
     jail = _bounded("ban: 'jail'", _opt_str("ban", args, "jail") or "")
     targets = _targets("ban", args)
+    reply = _reply("ban", args)
     if all(type(t) is str for t in targets):  # the bulk case: no per-target objects to check
-        shared = (timeout, comment, jail)
-        return BanArgs(tuple(BanItem(t, *shared) for t in targets), _opt_str("ban", args, "set"), origin, True)
+        return BanArgs(UniformItems(targets, timeout, comment, jail), _opt_str("ban", args, "set"), origin, True,
+                       reply)
     items: list[BanItem] = []
     for i, t in enumerate(targets):
         if isinstance(t, str):
@@ -342,16 +397,16 @@ def _parse_ban(args: dict[str, Any]) -> BanArgs:
             items.append(BanItem(target, item_timeout, reason, item_jail))
         else:
             raise ProtocolError(f"ban: targets[{i}] must be a string or an object")
-    return BanArgs(tuple(items), _opt_str("ban", args, "set"), origin)
+    return BanArgs(tuple(items), _opt_str("ban", args, "set"), origin, reply=reply)
 
 
 def _parse_unban(args: dict[str, Any]) -> UnbanArgs:
-    _check_keys("unban", args, ("targets", "set", "origin", "jail"))
+    _check_keys("unban", args, ("targets", "set", "origin", "jail", "reply"))
     targets = _targets("unban", args)
     if not all(isinstance(t, str) for t in targets):
         raise ProtocolError("unban: 'targets' must be a list of strings")
     return UnbanArgs(tuple(targets), _opt_str("unban", args, "set"), _origin("unban", args),
-                     _opt_str("unban", args, "jail") or "")
+                     _opt_str("unban", args, "jail") or "", _reply("unban", args))
 
 
 def _origin(cmd: str, args: dict[str, Any]) -> str:

@@ -115,6 +115,7 @@ from nftblockd.addr import (
     IPAddr,
     IPNet,
     format_target,
+    host_net4,
     normalise_network,
     parse_target,
     tagged_key,
@@ -269,6 +270,29 @@ class _Banned:
         self.outcome: TrackOutcome = _new(TrackOutcome, (_ALREADY, ban, None, None))
         self.since = since
         self.until = math.inf if ban.until is None else ban.until
+
+
+class _RestoredBanned(_Banned):
+    """A BANNED IPv4 offender restored in bulk after a restart (`Tracker.note_hosts`): its ALREADY_BANNED
+    answer, and the Ban in it, are built at its first hit instead of for each of a million restored bans."""
+
+    __slots__ = ("_key", "_label", "_made")
+
+    def __init__(self, key: int, until: float | None, label: tuple[str, str, str, str], since: float) -> None:
+        self._key = key
+        self._label = label  # (blocklist, origin, reason, jail), shared by the whole restore
+        self._made: TrackOutcome | None = None
+        self.since = since
+        self.until = math.inf if until is None else until
+
+    @property
+    def outcome(self) -> TrackOutcome:  # type: ignore[override]  # read-only over the base's slot: never written
+        if self._made is None:
+            blocklist, origin, reason, jail = self._label
+            until = None if self.until == math.inf else self.until
+            ban = Ban(host_net4(self._key), blocklist, until, origin, reason, jail)  # type: ignore[arg-type]
+            self._made = _new(TrackOutcome, (_ALREADY, ban, None, None))
+        return self._made
 
 
 _Times: TypeAlias = float | tuple[float, ...]  # one failure as a bare float: most scanners fail once
@@ -615,6 +639,25 @@ class Tracker:
             return False
         j.banned[key] = _Banned(ban, now)
         return True
+
+    def note_hosts(self, jail: str, keys: Sequence[int], untils: Sequence[float | None], now: float, *,
+                   blocklist: str, origin: str, reason: str) -> int:
+        """`note_ban` for many IPv4 addresses (host keys) of one jail and label, each with its own end: what a
+        restart restores. The same rules (ended or allowlisted: not noted), with the allowlist tested for all
+        keys at once and each offender's Ban built only when it is hit again. Returns how many were noted."""
+        j = self._jails.get(jail)
+        if j is None:
+            return 0
+        allowed = set(j.allow.hosts_among(4, keys)) if len(j.allow) else set()
+        label = (blocklist, origin, reason, jail)
+        banned = j.banned
+        noted = 0
+        for k, u in zip(keys, untils, strict=True):
+            if (u is not None and u <= now) or k in allowed:
+                continue
+            banned[k] = _RestoredBanned(k, u, label, now)
+            noted += 1
+        return noted
 
     def forget_ban(self, target: IPNet, *, jail: str | None = None,
                    forgive: bool = False) -> list[tuple[str, IPNet]]:

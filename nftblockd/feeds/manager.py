@@ -34,8 +34,9 @@ from nftblockd.addr import IPNet
 from nftblockd.config import Config, FeedConfig
 from nftblockd.durations import PERMANENT, ban_end, longest
 from nftblockd.feeds.aggregate import Aggregate, Sanitised, aggregate
+from nftblockd.feeds.delta import AppliedSets
 from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate
-from nftblockd.kernel.enforcer import Enforcer
+from nftblockd.kernel.enforcer import Enforcer, SyncResult
 from nftblockd.kernel.ruleset import set_name
 from nftblockd.service.metrics import Metrics
 
@@ -50,6 +51,27 @@ def _desired(agg: Aggregate, blocklist: str) -> dict[str, list[int]]:
         out[set_name(blocklist, version, False)] = []
         out[set_name(blocklist, version, True)] = list(keys)
     return out
+
+
+async def apply_desired(enforcer: Enforcer, applied: AppliedSets, desired: dict[str, list[int]],
+                        until: float | None, *, reason: str, now: float | None = None) -> SyncResult:
+    """Make a feed blocklist's sets hold `desired` (`_desired`'s sorted keys), one kernel transaction: the
+    delta against what was applied before (feeds/delta.py: only the difference, and timeouts past half-life
+    renewed), or in full the first time (`Enforcer.sync_sets`, diffing against the ban state)."""
+    now = time.time() if now is None else now
+    until_ms = None if until is None else int(until * 1000)
+    deltas = applied.plan(desired, until_ms, int(now * 1000))
+    if deltas is None:
+        res = await enforcer.sync_sets(desired, until, reason=reason)
+        applied.record(desired, until_ms, int(now * 1000), None)
+        if res.failed:  # sync_sets forgot them in the state: take them out of what is applied too
+            held = {name: enforcer.state.sets[name].entries for name in desired}
+            applied.forget((name, k) for name, keys in desired.items() for k in keys if k not in held[name])
+        return res
+    res, refused = await enforcer.apply_set_deltas(dict(deltas), until, reason=reason)
+    applied.record(desired, until_ms, int(now * 1000), deltas)
+    applied.forget(refused)
+    return res
 
 
 class FeedNotFound(LookupError):
@@ -81,6 +103,7 @@ class FeedManager:
         self.deferred: dict[str, Sanitised] = {}  # defer_removals: the copy before the latest, still in force
         self._timeouts = {f.name: f.ban_timeout for f in cfg.feeds}
         self._sync_lock = asyncio.Lock()
+        self._applied: dict[str, AppliedSets] = {}  # blocklist -> what its sets hold for the feeds
         self.syncs = 0
         self.last_sync: dict[str, dict[str, Any]] = {}
         if metrics is not None:  # the fetchers' own figures, read at scrape time: no status call needed
@@ -204,7 +227,8 @@ class FeedManager:
             # a blocklist without feeds (its last one removed by a reload) is emptied: no end to choose
             until = ban_end(longest(timeouts) if timeouts else PERMANENT, time.time())
             desired = _desired(agg, blocklist)
-            res = await self.enforcer.sync_sets(desired, until, reason="feeds " + ", ".join(feeds))
+            applied = self._applied.setdefault(blocklist, AppliedSets())
+            res = await apply_desired(self.enforcer, applied, desired, until, reason="feeds " + ", ".join(feeds))
             self.syncs += 1
             self.last_sync[blocklist] = {"at": time.time(), "seconds": round(time.perf_counter() - t0, 4),
                                          "added": res.added, "removed": res.removed, "failed": res.failed,

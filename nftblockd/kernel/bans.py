@@ -35,8 +35,10 @@ import bisect
 import enum
 import gc
 import itertools
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 from nftblockd.addr import IPNet, format_target, host_net, key_net, key_range, net_key
 from nftblockd.events import Ban, BanInfo, Unban
@@ -45,6 +47,9 @@ from nftblockd.kernel.ruleset import Ruleset, SetSpec, set_name
 META_BITS = 22
 META_MASK = (1 << META_BITS) - 1
 _NEVER = 0  # the packed end of a ban that never ends; see pack_end
+# interval index: edited in place below this many changes; above, marked stale and rebuilt by one sort at the
+# next look-up (each in-place edit moves the list's tail: ~3 us per edit in a set of 15,000 ranges)
+INDEX_EDITS = 64
 
 
 class BanOutcome(enum.Enum):
@@ -135,22 +140,37 @@ class SetEntries:
     # interval sets only: sorted starts and the keys at those starts (ranges never overlap)
     starts: list[int] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)
+    # the index no longer follows `entries` (a bulk change): rebuilt from them at the next look-up. A feed
+    # refresh then costs dict operations per change instead of list insertions into 15,000 ranges per change.
+    stale: bool = False
 
     def index_add(self, key: int) -> None:
+        if self.stale:
+            return
         start = key >> 8
         i = bisect.bisect_left(self.starts, start)
         self.starts.insert(i, start)
         self.keys.insert(i, key)
 
     def index_remove(self, key: int) -> None:
+        if self.stale:
+            return
         start = key >> 8
         i = bisect.bisect_left(self.starts, start)
         if i < len(self.starts) and self.keys[i] == key:
             del self.starts[i]
             del self.keys[i]
 
+    def reindex(self) -> None:
+        """Rebuild the index from `entries` now (it is marked stale, or a bulk change just happened)."""
+        self.keys = sorted(self.entries, key=lambda k: k >> 8)
+        self.starts = [k >> 8 for k in self.keys]
+        self.stale = False
+
     def containing(self, first: int, last: int) -> int | None:
         """The key of an active range that contains [first, last], if any."""
+        if self.stale:
+            self.reindex()
         i = bisect.bisect_right(self.starts, first) - 1
         if i >= 0:
             k = self.keys[i]
@@ -161,6 +181,8 @@ class SetEntries:
 
     def inside(self, first: int, last: int) -> list[int]:
         """Keys of active ranges lying within [first, last]."""
+        if self.stale:
+            self.reindex()
         i = bisect.bisect_left(self.starts, first)
         out = []
         while i < len(self.starts) and self.starts[i] <= last:
@@ -296,36 +318,46 @@ class BanState:
         return BulkChange(name, new, extended, unchanged, spec_new, spec_ext)
 
     def restore_hosts(self, blocklist: str, version: int, keys: list[int], untils: list[float | None], now: float,
-                      *, origin: str, reason: str, jail: str) -> tuple[str, list[int], list[OpSpec]] | None:
-        """Saved single-address bans back into the state, each with its own end: (set, keys to add, ops).
+                      *, origin: str, reason: str, jail: str) -> tuple[str, list[int], list[int | None]] | None:
+        """Saved single-address bans back into the state, each with its own end: (set, keys to add, their ends
+        in ms, None = permanent).
 
-        Ends are kept to the millisecond; ops are shared between keys with the same end, so the kernel
-        writer encodes each distinct end once. Ended bans and keys already held are skipped.
+        Ends are kept to the millisecond. Ended bans and keys already held are skipped (of one key given twice,
+        the later wins). This runs once per saved ban: a few list passes in C-level comprehensions, no object
+        per ban (a million restored jail bans have nearly a million different ends).
         """
         entries = self.sets.get(set_name(blocklist, version, False))
         if entries is None:
             return None
         meta = self._intern((origin, reason, jail, ""))
         d = entries.entries
-        # one (packed value, op) per distinct end, looked up by the float end as stored: this loop runs once
-        # per saved ban, so it does as little as possible per key
-        per_end: dict[float | None, tuple[int, OpSpec]] = {}
-        for u in set(untils):
-            u_ms = None if u is None else int(u * 1000)
-            if u is not None and u <= now:
-                continue
-            self._due(u_ms)
-            per_end[u] = (pack_end(u_ms, meta), OpSpec(True, u_ms, ""))
         gc_was = gc.isenabled()
         gc.disable()  # a million small allocations would trigger the collector hundreds of times
         try:
-            hits = list(map(per_end.get, untils))
-            if None in hits or d:
-                keep = [h is not None and k not in d for k, h in zip(keys, hits, strict=True)]
-                keys = list(itertools.compress(keys, keep))
-                hits = list(itertools.compress(hits, keep))
-            d.update(zip(keys, [h[0] for h in hits], strict=True))  # type: ignore[index]
-            return entries.spec.name, list(keys), [h[1] for h in hits]  # type: ignore[index]
+            permanent = None in untils
+            # the usual restore: every end ahead (the store filtered them) and nothing held yet: C-level checks
+            if permanent or min(cast("list[float]", untils), default=math.inf) <= now \
+                    or (d and not d.keys().isdisjoint(keys)):
+                keep = [u is None or u > now for u in untils]
+                if d:
+                    keep = [ok and k not in d for k, ok in zip(keys, keep, strict=True)]
+                if not all(keep):
+                    keys = list(itertools.compress(keys, keep))
+                    untils = list(itertools.compress(untils, keep))
+            ms: list[int | None]
+            if permanent:
+                ms = [None if u is None else int(u * 1000) for u in untils]
+                low = _NEVER << META_BITS | meta  # pack_end, inlined: once per restored ban
+                packed = [low if x is None else max(1, x) << META_BITS | meta for x in ms]
+                timed = [x for x in ms if x is not None]
+            else:  # every end is ahead of now, so positive: no max(1, ...) needed
+                timed = list(map(int, map((1000.0).__mul__, cast("list[float]", untils))))
+                packed = list(map(meta.__or__, map(META_BITS.__rlshift__, timed)))
+                ms = cast("list[int | None]", timed)
+            if timed:
+                self._due(min(timed))
+            d.update(zip(keys, packed, strict=True))
+            return entries.spec.name, list(keys), ms
         finally:
             if gc_was:
                 gc.enable()
@@ -353,15 +385,39 @@ class BanState:
         if refresh:
             d.update(dict.fromkeys(kept, packed))
         if entries.spec.interval and (added or removed):
-            if len(added) + len(removed) < 2000:  # small change: keep the sorted index, edit it in place
+            if len(added) + len(removed) < INDEX_EDITS:  # small change: keep the sorted index, edit it in place
                 for k in removed:
                     entries.index_remove(k)
                 for k in added:
                     entries.index_add(k)
             else:
-                entries.keys = sorted(d, key=lambda k: k >> 8)
-                entries.starts = [k >> 8 for k in entries.keys]
+                entries.stale = True
         return added, removed, kept
+
+    def apply_delta(self, set_name_: str, added: list[int], removed: list[int], renewed: list[int],
+                    until: float | None, *, origin: str = "feed", reason: str = "") -> list[int]:
+        """A feed-owned set's change as its caller diffed it (`feeds.delta`): `replace_set` without the
+        diff, so work is proportional to the change, not to the set. Removing a key not held and adding one
+        already held are harmless. `added` and `renewed` take the new end. Returns the removed keys that were
+        held (one that ended meanwhile is gone from the kernel too: nothing to delete)."""
+        entries = self.sets[set_name_]
+        d = entries.entries
+        packed = pack_end(to_ms(until), self._intern((origin, reason, "", "")))
+        if added or renewed:
+            self._due(to_ms(until))
+        gone = [k for k in removed if d.pop(k, None) is not None]
+        new = [k for k in added if k not in d]
+        d.update(dict.fromkeys(added, packed))
+        d.update(dict.fromkeys(renewed, packed))
+        if entries.spec.interval and (new or gone):
+            if len(new) + len(gone) < INDEX_EDITS:
+                for k in gone:
+                    entries.index_remove(k)
+                for k in new:
+                    entries.index_add(k)
+            else:
+                entries.stale = True
+        return gone
 
     def unban_hosts(self, blocklist: str, version: int, keys: list[int]) -> tuple[str, list[int], list[int]] | None:
         """Bulk unban of single addresses: (set name, removed keys, keys that were not banned)."""

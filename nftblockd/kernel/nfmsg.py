@@ -316,6 +316,36 @@ def uniform_hash_messages(msg_type: int, family: int, table: str, set_name: str,
     return out
 
 
+def timed_hash_messages(msg_type: int, family: int, table: str, set_name: str, keys: Sequence[int],
+                        key_len: int, remaining_ms: Sequence[int], seq_start: int, flags: int) -> list[bytes]:
+    """`uniform_hash_messages` with a remaining time per element, in the refresh form (TIMEOUT rounded up to
+    whole seconds and EXPIRATION, as `_timeout_attrs(t, True)`): saved bans going back after a restart, each
+    with its own end. Every element has the same length, so each is one struct pack (the per-end templates of
+    `encode_hash_elements` cost a dict entry and an encoding per element when every end differs)."""
+    key_nest_len = 8 + key_len
+    elem_len = 4 + key_nest_len + 24
+    head = _NLA.pack(elem_len, NFTA_LIST_ELEM | NLA_F_NESTED) + _NLA.pack(
+        key_nest_len, NFTA_SET_ELEM_KEY | NLA_F_NESTED) + _NLA.pack(4 + key_len, NFTA_DATA_VALUE)
+    # head, key, TIMEOUT header, timeout, EXPIRATION header, remaining: one C call per element (an IPv4 key
+    # packed as an integer, IPv6 as bytes)
+    v4 = key_len == 4
+    pack = struct.Struct(f">{len(head)}s{'I' if v4 else f'{key_len}s'}4sQ4sQ").pack
+    per_msg = (MAX_NEST - 4) // elem_len
+    head_attrs = strz(NFTA_SET_ELEM_LIST_TABLE, table) + strz(NFTA_SET_ELEM_LIST_SET, set_name)
+    out = []
+    seq = seq_start
+    th, eh = _BE_TIMEOUT_HDR, _BE_EXPIRATION_HDR
+    for i in range(0, len(keys), per_msg):
+        part = keys[i: i + per_msg]
+        elems = b"".join([pack(head, k, th, -(-t // 1000) * 1000, eh, t)
+                          for k, t in zip(part if v4 else [k.to_bytes(key_len, "big") for k in part],
+                                          remaining_ms[i: i + per_msg], strict=True)])
+        body = head_attrs + _NLA.pack(4 + len(elems), NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED) + elems
+        out.append(message(msg_type, flags, seq, family, body))
+        seq += 1
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class SetMessage:
     """One element message plus, for each element nest it carries, the index of the op it came from and the

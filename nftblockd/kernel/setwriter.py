@@ -85,6 +85,12 @@ class SetWriter(Protocol):
         A set's next first element brings its rule back in the transaction that adds it."""
         ...
 
+    def write_timed_hosts(self, set_name: str, keys: Sequence[int], until_ms: Sequence[int | None],
+                          now_ms: int) -> WriteResult:
+        """Add single addresses to a hash set, each with its own end (None: permanent): saved bans going back
+        after a restart. Same guarantees as `write`; ends already past are reported in `expired`."""
+        ...
+
     def generation(self) -> int:
         """Read the ruleset generation now."""
         ...

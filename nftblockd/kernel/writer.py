@@ -346,6 +346,39 @@ class KernelWriter:
         self.filled = filled
         return sorted(idle)
 
+    def write_timed_hosts(self, set_name: str, keys: Sequence[int], until_ms: Sequence[int | None],
+                          now_ms: int) -> WriteResult:
+        """Restored bans, each with its own end, in one transaction of `timed_hash_messages` (one struct pack
+        per element; a million restored jail bans have nearly a million different ends, and `write`'s
+        per-end templates cost ~3 s for them). Anything unusual (no timeout updates, an interval set, a
+        refusal) goes through `write`, which finds and reports the offenders."""
+        t0 = time.perf_counter()
+        spec = self._specs.get(set_name)
+        timed = [i for i, u in enumerate(until_ms) if u is not None]
+        if spec is None or spec.interval or not self.features.timeout_update or len(timed) != len(until_ms):
+            return self._write_timed_general(set_name, keys, until_ms, now_ms)
+        remaining = [u - now_ms for u in until_ms]  # type: ignore[operator]  # none is None: checked above
+        if min(remaining, default=1) <= 0:
+            return self._write_timed_general(set_name, keys, until_ms, now_ms)
+        msgs = m.timed_hash_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, self.plan.table, set_name, keys,
+                                     spec.key_len, remaining, self.sock.next_seq(len(keys) + 1), ADD_FLAGS)
+        if not msgs:
+            return WriteResult()
+        # the set's first elements bring its drop rule in the same transaction, as in `write`
+        unruled = self._unruled([Group(set_name, list(keys[:1]), [OpSpec(True, until_ms[0])])])
+        out = self.sock.transact(msgs + self._rule_msgs(unruled))
+        if not out.committed:
+            return self._write_timed_general(set_name, keys, until_ms, now_ms)
+        self._ruled(unruled)
+        return WriteResult(committed_ops=len(keys), transactions=1, elements_sent=len(keys),
+                           seconds=time.perf_counter() - t0)
+
+    def _write_timed_general(self, set_name: str, keys: Sequence[int], until_ms: Sequence[int | None],
+                             now_ms: int) -> WriteResult:
+        shared: dict[int | None, OpSpec] = {}
+        specs = [shared.get(u) or shared.setdefault(u, OpSpec(True, u)) for u in until_ms]
+        return self.write([Group(set_name, list(keys), specs)], now_ms)
+
     def _write_uniform(self, groups: Sequence[Group], now_ms: int, rules: list[bytes]) -> WriteResult | None:
         """Bulk fast path: every group targets a hash set and shares one op (bulk bans, feed hosts, restores).
 

@@ -28,7 +28,7 @@ class _Salvage:
     history: list[tuple[float, str, str, float | None]]
     positions: list[tuple[str, str]]
     feeds: list[tuple[str, str]]
-    bulk: list[tuple[int, float | None, float, int, bytes]] = field(default_factory=list)
+    bulk: list[tuple[int, float | None, float, int, bytes, bytes | None]] = field(default_factory=list)
     bulk_dead: list[tuple[str, bytes, float]] = field(default_factory=list)
     truncated_bytes: int = 0  # how much shorter the file is than its header says
 
@@ -87,7 +87,9 @@ def _salvage(path: Path) -> _Salvage:
         _read_until_error(conn, "SELECT at, jail, target, until FROM history", s.history)
         _read_until_error(conn, "SELECT key, value FROM positions", s.positions)
         _read_until_error(conn, "SELECT name, meta FROM feeds", s.feeds)
-        _read_until_error(conn, "SELECT label, until, created, keylen, keys FROM bulk", s.bulk)  # v2 tables
+        _read_until_error(conn, "SELECT label, until, created, keylen, keys, ends FROM bulk", s.bulk)  # v4
+        if not s.bulk:  # a v2 or v3 database: no per-address ends
+            _read_until_error(conn, "SELECT label, until, created, keylen, keys, NULL FROM bulk", s.bulk)
         _read_until_error(conn, "SELECT blocklist, target, at FROM bulk_dead", s.bulk_dead)
     finally:
         conn.close()
@@ -113,14 +115,17 @@ def _restore_salvage(conn: sqlite3.Connection, s: _Salvage) -> tuple[int, int]:
         conn.executemany("INSERT OR REPLACE INTO positions(key, value) VALUES(?, ?)", s.positions)
         conn.executemany("INSERT OR REPLACE INTO feeds(name, meta) VALUES(?, ?)", s.feeds)
         bulk = []
-        for label, until, created, keylen, keys in s.bulk:
+        for label, until, created, keylen, keys, ends in s.bulk:
             if keylen not in (4, 16) or not isinstance(keys, bytes) or len(keys) % keylen:
                 continue
+            if not isinstance(ends, bytes) or len(ends) != len(keys) // keylen * 8:
+                ends = None  # every address then ends at `until`, the latest of them: kept, never shortened
             new = ids.get(label)
             if new is None:
                 new = label_id(conn, ("default", "store", "recovered from a corrupt state database", ""))
-            bulk.append((new, until, created, keylen, keys))
-        conn.executemany("INSERT INTO bulk(label, until, created, keylen, keys) VALUES(?, ?, ?, ?, ?)", bulk)
+            bulk.append((new, until, created, keylen, keys, ends))
+        conn.executemany("INSERT INTO bulk(label, until, created, keylen, keys, ends) VALUES(?, ?, ?, ?, ?, ?)",
+                         bulk)
         conn.executemany("INSERT OR REPLACE INTO bulk_dead(blocklist, target, at) VALUES(?, ?, ?)", s.bulk_dead)
     dropped = len(s.bans) - len(good) + len(s.bulk) - len(bulk)
     return len(rows) + sum(len(b[4]) // b[3] for b in bulk), dropped

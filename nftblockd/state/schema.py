@@ -19,7 +19,7 @@ from nftblockd.state.db import StoreError, Unusable, classify, connect, transact
 __all__ = ["CACHE_KIB", "HISTORY_INSERT", "MIGRATIONS", "SCHEMA_VERSION", "WAL_SIZE_LIMIT", "Synchronous",
            "label_id", "migrate", "open_file", "open_memory", "schema_version", "verify_quick"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CACHE_KIB = 16384  # page cache; random-key upserts into a million rows crawl with the 2 MiB default
 WAL_SIZE_LIMIT = 32 * 1024 * 1024  # the WAL file is truncated to this after a checkpoint
 
@@ -66,9 +66,17 @@ def _migrate_2_to_3(conn: sqlite3.Connection) -> None:
                  " WITHOUT ROWID")
 
 
+def _migrate_3_to_4(conn: sqlite3.Connection) -> None:
+    # Bulk rows with an end per address: the store compacts single-address rows (jail bans, saved one decision
+    # at a time) into bulk rows so that a restart reads a few blobs instead of a million rows. NULL: every
+    # address of the row ends at `until` (what every bulk row written before holds).
+    conn.execute("ALTER TABLE bulk ADD COLUMN ends BLOB")
+
+
 # MIGRATIONS[n] upgrades a database at version n to n + 1, inside one transaction with the version bump.
 # Append, never edit: a released step is what existing databases went through.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1, _migrate_1_to_2, _migrate_2_to_3]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1, _migrate_1_to_2, _migrate_2_to_3,
+                                                          _migrate_3_to_4]
 
 
 def _too_new(version: int) -> Unusable:

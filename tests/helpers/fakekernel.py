@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from nftblockd.addr import IPNet
+from nftblockd.kernel.bans import OpSpec
 from nftblockd.kernel.batcher import Group
 from nftblockd.kernel.ruleset import Ruleset, chains_for
 from nftblockd.kernel.setwriter import Features, IngressChange, WriteResult
@@ -36,6 +37,7 @@ class FakeSetWriter:
     transactions: list[list[Group]] = field(default_factory=list)
     fail: dict[tuple[str, int], int] = field(default_factory=dict)  # (set, key) -> errno, every time
     setups: int = 0
+    timed_writes: int = 0  # write_timed_hosts calls (restores)
     devices: set[str] = field(default_factory=set)  # the network devices that exist (for ingress chains)
     chains: set[str] = field(default_factory=set)  # the chains installed
     closed: bool = False
@@ -105,6 +107,11 @@ class FakeSetWriter:
                 res.committed_ops += 1
         self._commit()
         return res
+
+    def write_timed_hosts(self, set_name: str, keys: Sequence[int], until_ms: Sequence[int | None],
+                          now_ms: int) -> WriteResult:
+        self.timed_writes += 1
+        return self.write([Group(set_name, list(keys), [OpSpec(True, u) for u in until_ms])], now_ms)
 
     def table_intact(self) -> list[str]:
         return [f"set {s.name}" for s in self.plan.sets if s.name not in self.sets]

@@ -152,9 +152,12 @@ def test_parse_host_int_agrees_with_parse_target(text: str) -> None:
     assert parse_host_int(text) == _plain_host(text)
 
 
-@given(st.lists(st.one_of(dotted(), v6_text(), target_text_like()), max_size=30))
+@given(st.lists(st.one_of(dotted(), v6_text(), target_text_like()), max_size=30)
+       | st.lists(dotted(), max_size=30))  # nothing but dotted quads: split_hosts's C-level path (_all_v4)
 def test_split_hosts_agrees_with_parse_host_int(targets: list[str]) -> None:
+    unspelled = split_hosts(targets, spelled=False)
     keys, texts, rest = split_hosts(targets)
+    assert (unspelled.keys, unspelled.texts, unspelled.rest) == (keys, {4: {}, 6: {}}, rest)
     want_keys: dict[int, list[int]] = {4: [], 6: []}
     want_texts: dict[int, dict[int, str]] = {4: {}, 6: {}}
     want_rest = []

@@ -145,3 +145,32 @@ def test_an_address_is_allowed_iff_some_entry_contains_it(entries: list[IPNet], 
     allow = Allowlist.from_networks(entries)
     addr = ipaddress.IPv4Address(0x0A000000 | a)
     assert (allow.contains(addr) is not None) == any(addr in e for e in entries)
+
+
+def _wide_nets() -> st.SearchStrategy[IPNet]:
+    # Entries of any width anywhere (a /3 spans many of the bulk test's /16 prefixes, a /32 one), and near the
+    # prefix boundaries the bulk test's table is cut at.
+    return st.one_of(
+        st.builds(lambda a, p: ipaddress.IPv4Network((a, p), strict=False), st.integers(0, 2**32 - 1),
+                  st.integers(0, 32)),
+        st.builds(lambda a, p: ipaddress.IPv6Network((a, p), strict=False), st.integers(0, 2**128 - 1),
+                  st.integers(0, 128)),
+        _nets)
+
+
+def _keys(version: int, entries: list[IPNet]) -> st.SearchStrategy[list[int]]:
+    top = 2**32 - 1 if version == 4 else 2**128 - 1
+    edges = [int(x) + d for e in entries if e.version == version
+             for x in (e.network_address, e.broadcast_address) for d in (-1, 0, 1)]
+    near = [k for k in edges if 0 <= k <= top]
+    return st.lists(st.integers(0, top) | (st.sampled_from(near) if near else st.integers(0, top)), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), st.lists(_wide_nets(), max_size=12), st.sampled_from([4, 6]))
+def test_hosts_among_is_contains_range_per_key(data: st.DataObject, entries: list[IPNet], version: int) -> None:
+    # the bulk test (a /16 prefix table, then the bisect) against the plain per-key lookup it replaces
+    allow = Allowlist.from_networks(entries)
+    keys = data.draw(_keys(version, entries))
+    assert allow.hosts_among(version, keys) == [k for k in keys if allow.contains_range(version, k, k) is not None]
+    assert EMPTY.hosts_among(version, keys) == []

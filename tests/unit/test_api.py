@@ -307,6 +307,38 @@ async def test_bulk_unban(rig: ApiRig) -> None:
     assert rig.in_kernel("default_ip4") == set(hosts[50:]) and rig.fake.elements("default_net4") == set()
 
 
+async def test_reply_counts_answers_with_counts_and_the_failures_only(rig: ApiRig) -> None:
+    # what `nftblock ban -` asks for: the same bans as a full reply, without every target echoed back
+    hosts = [v4(i) for i in range(BULK_THRESHOLD + 6)]
+    others = ["198.51.100.0/24", "bogus", "10.9.9.9", "127.0.0.1"]
+    rig.fake.fail[("default_ip4", k(hosts[3]))] = E.ENOMEM
+    r = await rig.api("ban", {**stdin_request(hosts + others), "reply": "counts"}, PEER)
+    assert r["applied_count"] == len(hosts) - 1 + 1 and "applied" not in r
+    assert sorted((x["target"], x["code"]) for x in r["refused"]) == [
+        ("10.9.9.9", "allowlisted"), ("127.0.0.1", "never_ban"), (hosts[3], "unavailable"),
+        ("bogus", "invalid_address")]
+    assert rig.in_kernel("default_ip4") == set(hosts) - {hosts[3]}
+    # a re-ban counts as applied, as in a full reply; a few targets (one by one) are counted too
+    r = await rig.api("ban", {**stdin_request(hosts[:BULK_THRESHOLD]), "reply": "counts"}, PEER)
+    assert r == {"applied_count": BULK_THRESHOLD - 1, "refused": [r["refused"][0]]}
+    r = await rig.api("ban", {"targets": ["203.0.113.1", "bogus"], "reply": "counts"}, PEER)
+    assert (r["applied_count"], [(x["target"], x["code"]) for x in r["refused"]]) == (
+        1, [("bogus", "invalid_address")])
+    r = await rig.api("unban", {"targets": [*hosts, "203.0.113.1", "203.0.113.2"], "reply": "counts"}, PEER)
+    assert r == {"removed_count": len(hosts), "not_found": [hosts[3], "203.0.113.2"]}
+    r = await rig.api("unban", {"targets": ["198.51.100.0/24"], "reply": "counts"}, PEER)
+    assert r == {"removed_count": 1, "not_found": []}
+
+
+async def test_reply_full_is_the_default_and_anything_else_is_refused(rig: ApiRig) -> None:
+    hosts = [v4(i) for i in range(BULK_THRESHOLD)]
+    full = await rig.api("ban", {**stdin_request(hosts), "reply": "full"}, PEER)
+    assert sorted(full["applied"]) == sorted(hosts)
+    assert await rig.api("ban", stdin_request(hosts), PEER) == full  # a v1 client that never says `reply`
+    assert await refused_with(rig, "ban", targets=hosts, reply="some") == (
+        "bad_request", "ban: 'reply' must be one of full, counts")
+
+
 # --- list, check ----------------------------------------------------------------------------------------
 
 

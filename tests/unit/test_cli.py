@@ -525,9 +525,10 @@ def test_quick_parse_takes_the_shapes_scripts_use() -> None:
     for argv in (["ban", "192.0.2.1", "--timeout", "600s", "--set", "default", "--comment", "f2b sshd",
                   "--jail", "sshd", "--origin", "fail2ban"],
                  ["--socket", "/run/x.sock", "unban", "2001:db8::1", "--set=default", "--jail=sshd"],
-                 ["--json", "ban", "192.0.2.1", "192.0.2.2", "--json"]):
+                 ["--json", "ban", "192.0.2.1", "192.0.2.2", "--json"], ["ban", "--timeout", "1h", "-"],
+                 ["--socket", "/run/x.sock", "unban", "-"]):
         assert _quick_parse(argv) is not None, argv
-    for argv in (["ban", "-"], ["ban", "198.51.100.0/24"], ["ban", "--help"], ["list"],
+    for argv in (["ban", "198.51.100.0/24"], ["ban", "--help"], ["list"],
                  ["ban", "1.2.3.4", "--time", "1h"], ["unban", "--all", "--jail", "sshd"]):
         assert _quick_parse(argv) is None, argv
 
@@ -638,3 +639,73 @@ def test_the_cli_comment_limit_is_the_protocols() -> None:
     from nftblockd import cli, events
 
     assert cli.MAX_REASON == events.MAX_REASON
+
+
+# --- `ban -`: stdin read by blocks, counts instead of an echo --------------------------------------------
+
+_LINE = st.one_of(st.ip_addresses(v=4).map(str), st.ip_addresses(v=6).map(str), st.just(""), st.just("# note"),
+                  st.ip_addresses(v=4).map(lambda a: f" {a}  # why"), st.just("bogus"), st.just("10.0.0.0/8"),
+                  st.just("01.2.3.4"), st.text(alphabet="0123456789.:abf /#\t", max_size=12))
+
+
+@given(st.lists(st.tuples(_LINE, st.sampled_from(["\n", "\r\n", "\r"])), max_size=40), st.integers(1, 64))
+def test_stdin_read_by_blocks_gives_what_the_line_reader_gives(lines: list[tuple[str, str]], block: int) -> None:
+    # _targets_from_stream (blocks of whole lines, a C-level check of plain IPv4 blocks) against the plain
+    # per-line reader over the text layer, for the bytes under sys.stdin and for a text-only stream
+    from nftblockd.cli import UsageError, _targets_from_lines, _targets_from_stream
+
+    text = "".join(line + end for line, end in lines)
+
+    def outcome(read: Any) -> Any:
+        try:
+            return read()
+        except UsageError as exc:
+            return str(exc)
+
+    want = outcome(lambda: _targets_from_lines(io.TextIOWrapper(io.BytesIO(text.encode()))))
+    assert outcome(lambda: _targets_from_stream(io.TextIOWrapper(io.BytesIO(text.encode())), block)) == want
+    assert outcome(lambda: _targets_from_stream(io.StringIO(text), block)) == want
+
+
+def test_stdin_that_is_not_text_is_refused_with_its_line_number() -> None:
+    from nftblockd.cli import UsageError, _targets_from_stream
+
+    data = b"192.0.2.1\r\n192.0.2.2\n\n198.51.100.\xff\n192.0.2.3\n"
+    for block in (3, 1 << 20):
+        with pytest.raises(UsageError) as exc:
+            _targets_from_stream(io.TextIOWrapper(io.BytesIO(data)), block)
+        assert str(exc.value) == "stdin line 4: not text (invalid start byte); nothing was sent"
+
+
+async def test_a_bulk_ban_asks_for_counts_and_an_older_daemon_is_asked_again(sock: Path, rig: ApiRig,
+                                                                           sock_dir: Path) -> None:
+    hosts = [f"198.18.0.{i}" for i in range(20)]
+    r = await nftblock("ban", "-", sock=sock, stdin="\n".join(hosts) + "\n")
+    assert (r.code, r.out, r.err) == (0, "banned 20 targets\n", "")
+    assert rig.calls[-1][1]["reply"] == "counts"
+    r = await nftblock("unban", "-", sock=sock, stdin="\n".join(hosts[:15]) + "\n198.18.9.9\n")
+    assert (r.code, r.out, one_line(r.err)) == (1, "unbanned 15 targets\n", "nftblock: 198.18.9.9 is not banned")
+    r = await nftblock("--json", "ban", "-", sock=sock, stdin="\n".join(hosts) + "\n")
+    assert r.code == 0 and sorted(json.loads(r.out)["applied"]) == sorted(hosts)  # --json: the full reply
+    assert "reply" not in rig.calls[-1][1]
+
+    seen: list[dict[str, Any]] = []
+
+    async def older(cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:  # before `reply` existed
+        seen.append(args)
+        if "reply" in args:
+            from nftblockd.control.protocol import ControlError
+            raise ControlError("bad_request", f"{cmd}: unknown argument 'reply' (allowed: targets, timeout)")
+        return {"applied": args["targets"], "refused": []} if cmd == "ban" else \
+            {"removed": args["targets"], "not_found": []}
+
+    srv = ControlServer(sock_dir / "old.sock", older)
+    await srv.start()
+    try:
+        r = await nftblock("ban", "-", sock=sock_dir / "old.sock", stdin="\n".join(hosts) + "\n")
+        assert (r.code, r.out, r.err) == (0, "banned 20 targets\n", "")
+        assert ["reply" in a for a in seen] == [True, False]
+        r = await nftblock("unban", "-", sock=sock_dir / "old.sock", stdin="\n".join(hosts) + "\n")
+        assert (r.code, r.out, r.err) == (0, "unbanned 20 targets\n", "")
+    finally:
+        await srv.close()

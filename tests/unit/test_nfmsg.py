@@ -35,6 +35,21 @@ def test_uniform_hash_messages_match_the_general_splitter(keys: list[int], timeo
     assert fast == general
 
 
+@given(st.sampled_from([4, 16]).flatmap(lambda n: st.tuples(st.just(n), st.lists(
+    st.tuples(st.integers(0, 2 ** (8 * n) - 1), st.integers(1, 10**10)), min_size=1, max_size=2500,
+    unique_by=lambda kt: kt[0]))))
+def test_timed_hash_messages_match_the_general_encoder(case: tuple[int, list[tuple[int, int]]]) -> None:
+    # restored bans, every one with its own end: one struct pack per element against the per-end templates
+    klen, pairs = case
+    keys, remaining = [k for k, _t in pairs], [t for _k, t in pairs]
+    fast = m.timed_hash_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, "t", "s", keys, klen, remaining, 100,
+                                 m.NLM_F_REQUEST)
+    blobs = m.encode_hash_elements([k.to_bytes(klen, "big") for k in keys], remaining, True)
+    general = [sm.data for sm in m.split_set_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, "t", "s", blobs, 100,
+                                                      m.NLM_F_REQUEST)]
+    assert fast == general
+
+
 def test_timeout_is_whole_seconds_and_expiration_exact() -> None:
     blob = m.encode_hash_elements([bytes(4)], [59_980], True)[0]
     attrs = dict(m.iter_attrs(next(v for _k, v in m.iter_attrs(blob))))

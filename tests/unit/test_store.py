@@ -29,6 +29,7 @@ from nftblockd.state import schema as schema_mod
 from nftblockd.state.schema import SCHEMA_VERSION
 from nftblockd.state.store import (
     PruneStats,
+    Row,
     Store,
     StoreError,
     StoreProblem,
@@ -728,3 +729,81 @@ def test_damaged_database_keeps_its_bulk_bans(tmp_path: Path, problems: list[Sto
         active = {r[1] for r in s.load_active_rows(0)}
     assert set(keys) <= active
     assert problems[0].kind == "corrupt"
+
+
+def _v3_database(path: Path, rows: list[tuple[str, bytes, float | None, str]]) -> None:
+    """A state database as nftblockd wrote it before per-address ends (schema 3): jail bans one row each."""
+    conn = sqlite3.connect(path)
+    for step in schema_mod.MIGRATIONS[:3]:
+        step(conn)
+    conn.execute("PRAGMA user_version = 3")
+    for jail in sorted({r[3] for r in rows}):
+        conn.execute("INSERT INTO labels(blocklist, origin, reason, jail) VALUES('default', 'jail', '5 failures', ?)",
+                     (jail,))
+    ids = dict(conn.execute("SELECT jail, id FROM labels").fetchall())
+    conn.executemany("INSERT INTO bans(blocklist, target, until, label, created) VALUES(?, ?, ?, ?, ?)",
+                     [(bl, t, u, ids[j], NOW - 60) for bl, t, u, j in rows])
+    conn.commit()
+    conn.close()
+
+
+def test_row_saved_bans_are_compacted_into_bulk_rows_keeping_every_end(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    rnd = random.Random(3)
+    hosts = [(0x0B000000 + i).to_bytes(4, "big") for i in range(300)]
+    v6 = [(0x20010DB8 << 96 | i).to_bytes(16, "big") for i in range(20)]
+    rows = [("default", t, None if i % 7 == 0 else NOW + 60 + rnd.random() * 86400, "sshd" if i % 3 else "web")
+            for i, t in enumerate(hosts + v6)]
+    rows += [("default", pack_target(parse_target("198.51.100.0/24")), NOW + 600, "sshd"),  # a range: stays a row
+             ("default", (0x0C000000).to_bytes(4, "big"), NOW - 1, "sshd")]  # ended: dropped
+    _v3_database(path, rows)
+    with Store.open(path, on_problem=no_problem) as s:  # migrated to the current schema, rows untouched
+        before = sorted(s.load_active_rows(NOW))
+        assert len(before) == len(hosts) + len(v6) + 1
+        assert s.compact_rows(NOW, min_rows=10_000) == 0  # fewer rows than asked for: nothing moves
+        assert s.compact_rows(NOW, min_rows=10, chunk=100) == len(hosts) + len(v6)  # in 4 transactions
+        assert sorted(s.load_active_rows(NOW)) == before
+        with contextlib.closing(raw(path)) as c:
+            assert c.execute("SELECT count(*) FROM bans").fetchone()[0] == 1  # the range
+            # per chunk of 100 rows in key order: IPv4 of sshd and of web in each of the first three; the fourth
+            # holds the ended row (dropped), the 20 IPv6 addresses (sshd, web) and the range (stays a row)
+            assert c.execute("SELECT count(*) FROM bulk").fetchone()[0] == 8
+        # later: one address unbanned, one banned again with a later end; a restart sees exactly that
+        s.commit(delete_packed=[("default", [hosts[1]])], created=NOW + 10)
+        s.commit(save_packed=[("default", [hosts[2]], NOW + 99_999, "jail", "5 failures", "sshd")], created=NOW + 11)
+    with Store.open(path, on_problem=no_problem) as s:
+        after = {r[1]: r[2] for r in s.load_active_rows(NOW + 12)}
+        want = {r[1]: r[2] for r in before if r[1] != hosts[1]}
+        want[hosts[2]] = NOW + 99_999
+        assert after == want
+        # ends pass one by one, not with the row
+        later = NOW + 43_200
+        assert {r[1] for r in s.load_active_rows(later)} == {t for t, u in want.items() if u is None or u > later}
+
+
+def test_a_failed_compaction_leaves_the_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nftblockd.state import store as store_mod
+
+    path = tmp_path / "state.db"
+    _v3_database(path, [("default", (0x0B000000 + i).to_bytes(4, "big"), NOW + 600, "sshd") for i in range(50)])
+
+    def broken(rows: list[Row]) -> dict[tuple[int, int], list[Row]]:
+        raise sqlite3.OperationalError("disk I/O error")  # what a write failing half-way looks like
+
+    with Store.open(path, on_problem=no_problem) as s:
+        before = sorted(s.load_active_rows(NOW))
+        monkeypatch.setattr(store_mod, "group_rows", broken)
+        with pytest.raises(StoreError):
+            s.compact_rows(NOW, min_rows=10)
+        monkeypatch.undo()
+        assert sorted(s.load_active_rows(NOW)) == before
+        with contextlib.closing(raw(path)) as c:
+            assert c.execute("SELECT count(*) FROM bans").fetchone()[0] == 50
+            assert c.execute("SELECT count(*) FROM bulk").fetchone()[0] == 0
+
+
+def test_ends_round_trip() -> None:
+    from nftblockd.state.store import pack_ends, unpack_ends
+
+    ends = [NOW + 1.5, None, NOW - 3, 0.0]
+    assert unpack_ends(pack_ends(ends)) == ends and len(pack_ends(ends)) == 32

@@ -59,11 +59,12 @@ def test_version_2_database_is_upgraded(tmp_path: Path) -> None:
     with sqlite3.connect(path) as c:
         c.execute("DROP TABLE fleet_outbox")
         c.execute("DROP TABLE fleet_cursor")
+        c.execute("ALTER TABLE bulk DROP COLUMN ends")  # schema 4's
         c.execute("PRAGMA user_version = 2")
     with Store.open(path) as st:
         assert st.get_position("k") == "v" and st.fleet_outbox_size() == 0
     with sqlite3.connect(path) as c:
-        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert c.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
 
 
 def test_memory_store_has_the_tables() -> None:

@@ -298,6 +298,24 @@ def test_note_ban_restores_banned_state_after_a_restart() -> None:
     assert not tr.note_ban(Ban(N("10.1.1.1/32"), "bad", None, jail="sshd"), T0)  # allowlisted now
 
 
+def test_note_hosts_is_note_ban_for_many_ipv4_addresses() -> None:
+    # the restart's bulk form against the one-by-one form: same offenders noted, same answers to later hits
+    allow = Allowlist.from_networks([N("10.0.0.0/8")])
+    hosts = ["192.0.2.1", "192.0.2.2", "10.1.1.1", "198.51.100.7", "192.0.2.9"]
+    ends = [T0 + H, T0 - 1, None, None, T0 + 2 * H]
+    one, bulk = Tracker([sshd()], allow), Tracker([sshd()], allow)
+    noted = [one.note_ban(Ban(N(f"{h}/32"), "bad", u, origin="jail", reason="5 failures", jail="sshd"), T0)
+             for h, u in zip(hosts, ends, strict=True)]
+    keys = [int(A(h)) for h in hosts]
+    assert bulk.note_hosts("sshd", keys, ends, T0, blocklist="bad", origin="jail", reason="5 failures") == sum(noted)
+    assert bulk.note_hosts("nope", keys, ends, T0, blocklist="bad", origin="jail", reason="") == 0
+    assert bulk.banned_count() == one.banned_count() == 3
+    for h in hosts:
+        assert fail(bulk, h, 1, T0 + 1) == fail(one, h, 1, T0 + 1)
+    assert fail(bulk, "192.0.2.9", 1, T0 + 2).ban == Ban(N("192.0.2.9/32"), "bad", T0 + 2 * H, origin="jail",
+                                                          reason="5 failures", jail="sshd")
+
+
 # -- IPv6 ----------------------------------------------------------------------------------------------
 
 def test_ipv6_hosts_are_counted_and_banned_by_their_prefix() -> None:
