@@ -8,6 +8,7 @@ and `memory_fallback` when the file cannot be used at all. Both return a fresh c
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -66,13 +67,40 @@ def truncated_bytes(path: Path) -> int:
     return max(0, page_size * pages - size)
 
 
+def _padded_copy(path: Path, missing: int) -> Path | None:
+    """A copy of a truncated database zero-filled to the size its header says, or None if it cannot be made.
+
+    SQLite follows the header's page count into pages past the end of a short file and fails the whole read;
+    in a copy filled with zero pages it reads every page that survived and stops only at the missing ones
+    (measured: 20,000 bans with the last 8 KiB cut off: 0 rows read from the file, 19,736 from the copy)."""
+    copy = path.with_name(f".{path.name}.salvage")
+    try:
+        shutil.copyfile(path, copy)
+        with copy.open("r+b") as f:
+            f.truncate(os.fstat(f.fileno()).st_size + missing)
+    except OSError:  # no space for it, most likely: salvage from the file as it is
+        copy.unlink(missing_ok=True)
+        return None
+    return copy
+
+
 def _salvage(path: Path) -> _Salvage:
     s = _Salvage({}, [], [], [], [])
     s.truncated_bytes = truncated_bytes(path)
+    copy = _padded_copy(path, s.truncated_bytes) if s.truncated_bytes else None
+    try:
+        _read_salvage(copy or path, s)
+    finally:
+        if copy is not None:
+            copy.unlink(missing_ok=True)
+    return s
+
+
+def _read_salvage(path: Path, s: _Salvage) -> None:
     try:
         conn = connect(ro_uri(path), uri=True)
     except sqlite3.Error:
-        return s
+        return
     try:
         labels: list[tuple[int, str, str, str, str]] = []
         _read_until_error(conn, "SELECT id, blocklist, origin, reason, jail FROM labels", labels)
@@ -93,7 +121,6 @@ def _salvage(path: Path) -> _Salvage:
         _read_until_error(conn, "SELECT blocklist, target, at FROM bulk_dead", s.bulk_dead)
     finally:
         conn.close()
-    return s
 
 
 def _restore_salvage(conn: sqlite3.Connection, s: _Salvage) -> tuple[int, int]:

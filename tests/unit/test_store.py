@@ -460,13 +460,16 @@ def test_salvage_figures_count_kept_dropped_and_truncated(tmp_path: Path, proble
     p = problems[-1]
     assert 10_000 < kept < 20_000 and p.recovered_bans == kept and p.truncated_bytes == 0
     assert p.salvaged_rows >= kept + 500 and p.dropped_rows == 0  # the bans, the history, a position, a feed
-    # a truncated file: the header still counts the pages that are gone (SQLite then reads nothing from it)
+    # a truncated file: the header still counts the pages that are gone (SQLite reads nothing from the file
+    # itself); the salvage reads a zero-filled copy, so only the bans on the missing pages are lost
     path = tmp_path / "truncated.db"
     fill(path, 20_000)
     os.truncate(path, path.stat().st_size - 8192)
-    with Store.open(path, on_problem=problems.append):
-        pass
+    with Store.open(path, on_problem=problems.append) as s:
+        kept = count_bans(s)
     assert problems[-1].truncated_bytes == 8192
+    assert kept > 15_000 and problems[-1].recovered_bans == kept  # 0 before the copy was read
+    assert not list(tmp_path.glob(".*.salvage"))  # the padded copy is gone
     # a file that is not a database has no header to measure, and nothing to salvage
     other = tmp_path / "junk.db"
     other.write_bytes(random.Random(2).randbytes(50_000))
