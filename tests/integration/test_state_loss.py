@@ -55,10 +55,16 @@ def test_a_damaged_state_database_does_not_unban_what_the_kernel_holds(netns: Ne
         assert "2001:db8:bad::/48" in netns.set_elements("nftblock", "default_net6")
         listed = {b["target"]: b for b in d.cli_json("list")["bans"]}
         assert set(listed) >= {"203.0.113.1", "198.18.0.0/15", "2001:db8:bad::/48"}
-        assert listed["203.0.113.1"]["origin"] == "kernel"
-        assert 1500 < listed["203.0.113.1"]["expires_in"] <= 1800  # the kernel's own remaining time
-        assert d.cli_json("status")["errors"]["adopted"] == 42
-        assert "adopted them with their remaining kernel timeouts" in d.log()
+        # A ban the salvage read back keeps its saved origin; every other one is adopted from the kernel. A
+        # file cut in half can keep some rows (the salvage reads a zero-filled copy); the others keep none.
+        origins = [b["origin"] for b in listed.values()]
+        adopted = d.cli_json("status")["errors"]["adopted"]
+        assert set(origins) <= {"kernel", "cli"} and origins.count("kernel") == adopted
+        if how != "half":
+            assert adopted == 42 and listed["203.0.113.1"]["origin"] == "kernel"
+        if adopted:
+            assert "adopted them with their remaining kernel timeouts" in d.log()
+        assert all(1500 < b["expires_in"] <= 1800 for b in listed.values())  # the kernel's or the saved time
         # the next reconcile rounds leave them alone, and a second restart finds them saved again
         assert d.stop() == 0
         d.start()
