@@ -188,9 +188,13 @@ class RedisLink:
             await self.cmd.ping()
             await self.reader.ping()
             info = await self.cmd.execute_command("INFO", "server")
-            conn = self.cmd.connection
-            pool_conn = conn if conn is not None else None
-            self.server = f"{getattr(pool_conn, 'host', '')}:{getattr(pool_conn, 'port', '')}"
+            if self.cfg.url is not None:
+                kw = self.cmd.connection_pool.connection_kwargs
+                self.server = f"{kw.get('host', '')}:{kw.get('port', '')}"
+            else:  # the primary the Sentinels name now
+                pool = self.cmd.connection_pool
+                host, port = await pool.get_master_address()  # type: ignore[attr-defined]
+                self.server = f"{host}:{port}"
             return _info_field(info, "run_id")
         except (rexc.RedisError, OSError) as exc:
             await self.close()
