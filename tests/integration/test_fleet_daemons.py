@@ -9,74 +9,20 @@ addresses of their own, so each one's checks stay independent of the others' ban
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.helpers.daemon import DaemonProc
-from tests.helpers.netns import NetNS, wait_for
-from tests.helpers.redis import RedisServer
+from tests.helpers.fleetlab import FleetLab, host_addr
+from tests.helpers.netns import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (make deps)")
 
 FLEET = "lab"
-EVENTS = f"nftblock:{{{FLEET}}}:events"
-HOSTS = ("a", "b", "c")
-
-
-def host_addr(i: int) -> str:
-    return f"10.210.{i}.2"
-
-
-def daemon_config(host: str, i: int, port: int, log: Path) -> str:
-    return f"""
-allowlist: [192.0.2.0/24]
-reconcile: {{interval: 1h}}
-blocklists: {{default: {{timeout: 1h}}}}
-jails:
-  sshd:
-    files: ["{log}"]
-    filter: sshd
-    maxretry: 2
-    findtime: 10m
-    bantime: 1h
-fleet:
-  name: {FLEET}
-  host_id: {host}
-  url: redis://10.210.{i}.1:{port}/0
-"""
-
-
-@dataclass
-class Lab:
-    server_ns: NetNS
-    server: RedisServer
-    nss: dict[str, NetNS]
-    daemons: dict[str, DaemonProc]
-    logs: dict[str, Path]
-
-    def banned(self, host: str, set_name: str = "default_ip4") -> set[str]:
-        return set(self.nss[host].set_elements("nftblock", set_name))
-
-    def count(self, host: str, set_name: str = "default_ip4") -> int:
-        """Elements the kernel reports for a set (NFTA_SET_COUNT through `status`: cheap for 10k elements)."""
-        st = self.daemons[host].cli_json("status")
-        return int(next(s["elements"] for s in st["sets"] if s["name"] == set_name))
-
-    def fleet(self, host: str) -> dict[str, Any]:
-        out: dict[str, Any] = self.daemons[host].cli_json("fleet")["fleet"]
-        return out
-
-    def xadd(self, fields: dict[str, str]) -> None:
-        args = [x for kv in fields.items() for x in kv]
-        r = self.server_ns.run("redis-cli", "-p", str(self.server.port), "XADD", EVENTS, "*", *args)
-        assert r.returncode == 0 and not r.stdout.startswith("ERR"), r.stdout + r.stderr
 
 
 _pids = iter(range(1000, 10**6))
@@ -89,47 +35,17 @@ def failures(addr: str, n: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    import os
-
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetLab]:
     if os.geteuid() != 0 or not shutil.which("nft"):
         pytest.skip("needs root and nft")
-    tmp = tmp_path_factory.mktemp("fleet")
-    server_ns = NetNS("nbs")
-    nss: dict[str, NetNS] = {}
-    daemons: dict[str, DaemonProc] = {}
-    server: RedisServer | None = None
+    lab = FleetLab(tmp_path_factory.mktemp("fleet"), fleet=FLEET).start()
     try:
-        for i, h in enumerate(HOSTS, start=1):
-            ns = nss[h] = NetNS(f"nbf{h}")
-            server_ns.run("ip", "link", "add", f"to{h}", "type", "veth", "peer", "name", "fleet0", "netns", ns.name)
-            server_ns.run("ip", "addr", "add", f"10.210.{i}.1/24", "dev", f"to{h}")
-            server_ns.run("ip", "link", "set", f"to{h}", "up")
-            ns.run("ip", "addr", "add", f"{host_addr(i)}/24", "dev", "fleet0")
-            ns.run("ip", "link", "set", "fleet0", "up")
-        server = RedisServer(tmp / "redis", ns=server_ns, bind="0.0.0.0").start()
-        logs = {}
-        for i, h in enumerate(HOSTS, start=1):
-            logs[h] = tmp / f"{h}-auth.log"
-            logs[h].write_text("")
-            daemons[h] = DaemonProc(nss[h], tmp / h, daemon_config(h, i, server.port, logs[h]))
-        for d in daemons.values():
-            d.start()
-        lab = Lab(server_ns, server, nss, daemons, logs)
-        for h in HOSTS:
-            wait_for(lambda h=h: lab.fleet(h)["connected"], 15, 0.05, f"{h} connected")  # type: ignore[misc]
         yield lab
     finally:
-        for d in daemons.values():
-            d.close()
-        if server is not None:
-            server.kill()
-        for ns in nss.values():
-            ns.delete()
-        server_ns.delete()
+        lab.close()
 
 
-def test_fan_out_of_cli_and_jail_bans_and_a_fleet_wide_unban(lab: Lab) -> None:
+def test_fan_out_of_cli_and_jail_bans_and_a_fleet_wide_unban(lab: FleetLab) -> None:
     a = lab.daemons["a"]
     r = a.cli("ban", "203.0.113.10", "--comment", "manual")
     assert r.returncode == 0, r.stderr
@@ -152,7 +68,7 @@ def test_fan_out_of_cli_and_jail_bans_and_a_fleet_wide_unban(lab: Lab) -> None:
     assert "203.0.113.11" in lab.banned("b")
 
 
-def test_hostile_events_are_refused_counted_and_never_enforced(lab: Lab) -> None:
+def test_hostile_events_are_refused_counted_and_never_enforced(lab: FleetLab) -> None:
     now = time.time()
     good = {"v": "1", "op": "ban", "net": "203.0.113.20", "until": repr(now + 600), "origin": "evil",
             "oseq": "1", "src": "cli", "ts": "0"}
@@ -178,7 +94,7 @@ def test_hostile_events_are_refused_counted_and_never_enforced(lab: Lab) -> None
     assert lab.fleet("c")["rejected"].get("allowlisted", 0) >= 1  # C refused 192.0.2.7 too (not its own addr)
 
 
-def test_a_host_that_was_down_replays_10k_bans(lab: Lab) -> None:
+def test_a_host_that_was_down_replays_10k_bans(lab: FleetLab) -> None:
     c = lab.daemons["c"]
     assert c.stop() == 0
     base = lab.count("b")
@@ -193,7 +109,8 @@ def test_a_host_that_was_down_replays_10k_bans(lab: Lab) -> None:
     assert lab.fleet("c")["replays"] >= 1
 
 
-def test_server_down_bans_wait_in_the_outbox(lab: Lab) -> None:
+def test_server_down_bans_wait_in_the_outbox(lab: FleetLab) -> None:
+    assert lab.server is not None
     lab.server.kill()
     wait_for(lambda: not lab.fleet("a")["connected"], 30, 0.05, "A notices the server is gone")
     r = lab.daemons["a"].cli("ban", "203.0.113.30")
@@ -203,9 +120,10 @@ def test_server_down_bans_wait_in_the_outbox(lab: Lab) -> None:
     lab.server.start()  # the same port; empty: every host takes a snapshot, A re-asserts its own bans
     wait_for(lambda: "203.0.113.30" in lab.banned("b"), 40, 0.05, "the outbox ban on B after the restart")
     assert lab.fleet("a")["outbox"] == 0
+    assert lab.server is not None
 
 
-def test_a_daemon_restart_keeps_fleet_bans(lab: Lab) -> None:
+def test_a_daemon_restart_keeps_fleet_bans(lab: FleetLab) -> None:
     b = lab.daemons["b"]
     assert "203.0.113.11" in lab.banned("b")
     assert b.stop() == 0
@@ -215,7 +133,7 @@ def test_a_daemon_restart_keeps_fleet_bans(lab: Lab) -> None:
     assert b.cli_json("check", "203.0.113.11")["bans"][0]["origin_host"] == "a"
 
 
-def test_metrics_and_status_show_the_fleet(lab: Lab) -> None:
+def test_metrics_and_status_show_the_fleet(lab: FleetLab) -> None:
     st = lab.daemons["a"].cli_json("status")
     assert st["fleet"]["fleet"] == FLEET and st["fleet"]["host_id"] == "a"
     text = lab.daemons["c"].cli("fleet").stdout  # C replayed the 10k (B was restarted since: counters anew)
