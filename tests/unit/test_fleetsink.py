@@ -81,8 +81,14 @@ async def test_a_change_is_one_transaction_with_the_origin_host(rig: Rig) -> Non
     info = rig.enforcer.state.covering(net("203.0.113.7"))[0]
     assert (info.origin, fleet_origin_host(info.origin, info.reason)) == ("remote", "web-02")
     # saved with origin and host, so a restart restores them as fleet bans
-    assert len(rig.saved) == 1 and {b.reason for b in rig.saved[0].saves} == {"fleet:web-02"}
-    assert {b.origin for b in rig.saved[0].saves} == {"remote"}
+    # single addresses: one packed row per (end, origin host), as the jail sink saves a burst
+    assert len(rig.saved) == 1
+    [(blocklist, packed, until, origin, reason, jail)] = rig.saved[0].packed_saves
+    assert (blocklist, until, origin, reason, jail, len(packed)) == ("default", T0 + 60, "remote", "fleet:web-02",
+                                                                    "", 50)
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("198.51.100.0/24"), T0 + 60, "web-03"),)))
+    assert [(b.target, b.origin, b.reason) for b in rig.saved[1].saves] == [
+        (net("198.51.100.0/24"), "remote", "fleet:web-03")]
 
 
 async def test_later_end_wins_and_a_longer_local_ban_stays(rig: Rig) -> None:
@@ -130,7 +136,7 @@ async def test_kernel_refusal_is_forgotten(rig: Rig) -> None:
                                             FleetBan(net("203.0.113.6"), T0 + 60, "b"))))
     assert not rig.enforcer.state.covering(net("203.0.113.5"))
     assert rig.sink.applied == 1 and rig.sink.refused == 1
-    assert [b.target for b in rig.saved[-1].saves] == [net("203.0.113.6")]
+    assert rig.saved[-1].packed_saves[0][1] == [ipaddress.ip_address("203.0.113.6").packed]
 
 
 async def test_ranges_and_permanent(rig: Rig) -> None:
