@@ -5,9 +5,10 @@ enforcer's state and kernel writer, for the one local blocklist the fleet fills 
 
 Rules, per element of the fleet's blocklist (one entry per address or range, local or fleet origin):
 
-- A fleet ban is applied with origin "remote" and reason "fleet:<origin host>" (the kernel element's comment
-  says the same). The later end wins, whoever holds the entry: a local ban lasting at least as long stays
-  as it is (its origin too); a shorter local one is extended and becomes the fleet's. A ban the enforcer's
+- A fleet ban is applied with origin "remote" and reason "fleet:<origin host>" (a range's kernel element
+  carries it as its comment too; single addresses carry none, see `_plan_hosts`). The later end wins,
+  whoever holds the entry: a local ban lasting at least as long stays as it is (its origin too); a shorter
+  local one is extended and becomes the fleet's. A ban the enforcer's
   own allowlist or the never-ban space covers is refused here again (the gate refused it first; the
   allowlist can have changed since). Range rules are the ban state's (kernel/bans.py): a range inside a
   longer one is covered, one inside a shorter one is refused, one around others absorbs them.
@@ -191,8 +192,10 @@ class EnforcerFleetSink:
             keys = self._admissible(version, keys, plan)
             until = None if end == math.inf else end
             reason = fleet_reason(host)
-            bc = state.ban_hosts(self.blocklist, version, keys, until, now, origin="remote", reason=reason,
-                                 comment=reason)
+            # no kernel comment on single addresses: a comment takes the writer off its uniform fast path (the
+            # kernel thread's encoding was a quarter of a 100k replay); state, database, audit and
+            # `nftblock check` name the origin host
+            bc = state.ban_hosts(self.blocklist, version, keys, until, now, origin="remote", reason=reason)
             if bc is None:
                 plan.refused += len(keys)
                 continue
