@@ -194,7 +194,8 @@ class Daemon:
         # fleet mode: the kernel side is built here; the service (and with it the `redis` import) in run(),
         # once the state database it keeps its outbox and cursor in is open
         self.fleet: FleetService | None = None
-        self.fleet_sink = EnforcerFleetSink(self.enforcer, cfg.fleet.blocklist) if cfg.fleet is not None else None
+        self.fleet_sink = EnforcerFleetSink(self.enforcer, cfg.fleet.blocklist, on_removed=self._fleet_removed) \
+            if cfg.fleet is not None else None
         self.fleet_failure = ""  # the last unexpected error that stopped the fleet service (it is restarted)
         self.jails: list[JailRunner] = []
         self._kernel_checked = time.monotonic()  # last successful kernel check (the health check reads it)
@@ -473,6 +474,11 @@ class Daemon:
         if self.fleet_failure:
             out["failure"] = self.fleet_failure
         return out
+
+    def _fleet_removed(self, nets: list[IPNet]) -> None:
+        """A fleet-wide unban lifted these here: a jail ban among them ends, so new failures can ban again."""
+        for n in nets:
+            self.tracker.forget_ban(n)
 
     def _jail_bans_applied(self, bans: Sequence[Ban], now: float) -> None:
         """The ban sink committed these jail bans: publish the shared ones (only after the kernel has them)."""

@@ -51,10 +51,12 @@ APPLIED = (BanOutcome.ADDED, BanOutcome.EXTENDED, BanOutcome.ABSORBED)
 
 class EnforcerFleetSink:
     def __init__(self, enforcer: Enforcer, blocklist: str, *, started: float | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 on_removed: Callable[[list[IPNet]], None] | None = None) -> None:
         self.enforcer = enforcer
         self.blocklist = blocklist
         self.clock = clock
+        self.on_removed = on_removed  # unbanned here (the tracker forgets those bans, so detection goes on)
         self.started = clock() if started is None else started
         self._created: dict[tuple[str, int], float] = {}  # (set, key) -> when this host banned it locally
         self.applied = 0
@@ -123,6 +125,8 @@ class EnforcerFleetSink:
                                         for _name, v, keys, until, reason in hosts if keys]
             await e.persist(StateChange([b for b, _a in ranges], deletes, packed_saves=packed))
         self._audit(ranges, hosts, plan.gone, now)
+        if plan.gone and self.on_removed is not None:
+            self.on_removed(plan.gone)
 
     def _plan(self, change: FleetChange, now: float) -> _Plan:
         """The state changes and kernel ops of `change` (under the enforcer's lock).

@@ -159,3 +159,12 @@ async def test_fleet_view_splits_fleet_and_local(rig: Rig) -> None:
 async def test_note_local_is_bounded_by_the_state(rig: Rig) -> None:
     rig.sink.note_local([net(f"203.0.{i // 250}.{i % 250 + 1}") for i in range(12_000)], T0)
     assert len(rig.sink._created) <= 10_001  # none of them is held: dropped once the map outgrew the state
+
+
+async def test_removed_targets_are_reported(rig: Rig) -> None:
+    removed: list[IPNet] = []
+    rig.sink.on_removed = removed.extend
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.1"), T0 + 100, "b"),)))
+    await rig.sink.apply_fleet(FleetChange(unbans=(FleetUnban(net("203.0.113.1"), None),
+                                                   FleetUnban(net("203.0.113.2"), None))))
+    assert removed == [net("203.0.113.1")]
