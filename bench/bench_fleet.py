@@ -17,7 +17,8 @@ one real redis-server in a fourth namespace, reached over veth pairs (tests/help
   link connects then) -> all 100,000 in C's kernel set, next to the replay floor
 
 The per-origin rate cap is raised for the lab (an operator expecting 100k-ban bursts does the same).
-Interleaved rounds (NFTBLOCK_BENCH_FLEET_ROUNDS, default 3) and their medians: the machine is shared.
+Rounds (NFTBLOCK_BENCH_FLEET_ROUNDS, default 3), each on a fresh lab and running every figure once (so the
+figures interleave), and their medians: the machine is shared.
 NFTBLOCK_BENCH_FLEET_SECONDS (default 5) is the length of each steady-rate run.
 """
 
@@ -235,10 +236,10 @@ def catch_up(lab: FleetLab, round_no: int) -> tuple[float, float]:
     return seen - t_ready, replay_floor
 
 
-def main() -> None:
-    if os.geteuid() != 0:
-        print("bench_fleet needs root (namespaces)")
-        return
+def one_round(rnd: int) -> tuple[tuple[float, float], tuple[list[float], list[float]], tuple[float, float],
+                                  tuple[float, float]]:
+    """Every figure once, on a fresh lab (a lab carrying the previous rounds' 230k bans would time more than
+    the fleet: the kernel sets and the state database grow round after round)."""
     tmp = Path(tempfile.mkdtemp(prefix="nbb-fleet-"))
     lab = FleetLab(tmp, fleet="bench", maxretry=3, allowlist="[]",
                    fleet_extra="trust: {rate: 1000000, burst: 1000000}", jail_extra="ipv6_prefix: 64")
@@ -246,45 +247,56 @@ def main() -> None:
     try:
         assert lab.server is not None
         url_a = f"redis://10.210.1.1:{lab.server.port}/0"
-        floors, props, bursts, catchups = [], [], [], []
-        for rnd in range(ROUNDS):  # interleaved: every figure sees the machine's state of each round
-            settle()
-            floors.append(in_ns(lab.nss["a"], _floor(url_a)))
-            settle()
-            props.append(propagation(lab, rnd))
-            settle()
-            bursts.append(burst(lab, rnd + 1))
-            settle()
-            catchups.append(catch_up(lab, rnd))
-            p, loc = props[-1]
-            print(f"round {rnd + 1}: floor p50/p99 {floors[-1][0] * 1000:.2f}/{floors[-1][1] * 1000:.2f} ms; "
-                  f"propagation p50/p99 {pct(p, 0.5) * 1000:.2f}/{pct(p, 0.99) * 1000:.2f} ms "
-                  f"(line -> A's kernel p50/p99 {pct(loc, 0.5) * 1000:.1f}/{pct(loc, 0.99) * 1000:.1f} ms); "
-                  f"burst C {bursts[-1][0]:.3f} s (A {bursts[-1][1]:.3f} s); "
-                  f"catch-up {catchups[-1][0]:.3f} s (replay floor {catchups[-1][1]:.3f} s)", flush=True)
-        med = statistics.median
-        f50, f99 = med(f[0] for f in floors), med(f[1] for f in floors)
-        record("fleet engine floor: XADD -> XREAD, 3 readers, 1k/s, p50", f50 * 1000, "ms")
-        record("fleet engine floor: XADD -> XREAD, 3 readers, 1k/s, p99", f99 * 1000, "ms")
-        p50, p99 = med(pct(p, 0.5) for p, _l in props), med(pct(p, 0.99) for p, _l in props)
-        l50, l99 = med(pct(lo, 0.5) for _p, lo in props), med(pct(lo, 0.99) for _p, lo in props)
-        local = (f"; for context, log line written on A -> A's own kernel p50 {l50 * 1000:.1f} ms, "
-                 f"p99 {l99 * 1000:.1f} ms")
-        record("fleet propagation A kernel -> B,C kernel at 1k bans/s, p50", p50 * 1000, "ms",
-               reference="engine floor p50", reference_value=f50 * 1000,
-               note=f"median of {ROUNDS} interleaved rounds{local}")
-        record("fleet propagation A kernel -> B,C kernel at 1k bans/s, p99", p99 * 1000, "ms",
-               reference="engine floor p99", reference_value=f99 * 1000, target="< 50 ms",
-               note=f"median of {ROUNDS} interleaved rounds{local}")
-        record("fleet burst 10k attackers on A's log: last write -> all in C's kernel", med(b[0] for b in bursts),
-               "s", reference="the same burst in A's own kernel", reference_value=med(b[1] for b in bursts),
-               target="< 2 s", note=f"median of {ROUNDS} interleaved rounds")
-        record("fleet catch-up: C restarted after missing 100k bans -> all in its kernel",
-               med(c[0] for c in catchups), "s", reference="replay floor (XREAD of the 100k entries)",
-               reference_value=med(c[1] for c in catchups), target="< 2 s",
-               note=f"from the restarted daemon's READY=1; median of {ROUNDS} interleaved rounds")
+        settle()
+        floor = in_ns(lab.nss["a"], _floor(url_a))
+        settle()
+        prop = propagation(lab, rnd)
+        settle()
+        bst = burst(lab, rnd + 1)
+        settle()
+        cu = catch_up(lab, rnd)
     finally:
         lab.close()
+    p, loc = prop
+    print(f"round {rnd + 1}: floor p50/p99 {floor[0] * 1000:.2f}/{floor[1] * 1000:.2f} ms; "
+          f"propagation p50/p99 {pct(p, 0.5) * 1000:.2f}/{pct(p, 0.99) * 1000:.2f} ms "
+          f"(line -> A's kernel p50/p99 {pct(loc, 0.5) * 1000:.1f}/{pct(loc, 0.99) * 1000:.1f} ms); "
+          f"burst C {bst[0]:.3f} s (A {bst[1]:.3f} s); catch-up {cu[0]:.3f} s (replay floor {cu[1]:.3f} s)",
+          flush=True)
+    return floor, prop, bst, cu
+
+
+def main() -> None:
+    if os.geteuid() != 0:
+        print("bench_fleet needs root (namespaces)")
+        return
+    floors, props, bursts, catchups = [], [], [], []
+    for rnd in range(ROUNDS):  # interleaved: every figure sees the machine's state of each round
+        floor, prop, bst, cu = one_round(rnd)
+        floors.append(floor)
+        props.append(prop)
+        bursts.append(bst)
+        catchups.append(cu)
+    med = statistics.median
+    f50, f99 = med(f[0] for f in floors), med(f[1] for f in floors)
+    record("fleet engine floor: XADD -> XREAD, 3 readers, 1k/s, p50", f50 * 1000, "ms")
+    record("fleet engine floor: XADD -> XREAD, 3 readers, 1k/s, p99", f99 * 1000, "ms")
+    p50, p99 = med(pct(p, 0.5) for p, _l in props), med(pct(p, 0.99) for p, _l in props)
+    l50, l99 = med(pct(lo, 0.5) for _p, lo in props), med(pct(lo, 0.99) for _p, lo in props)
+    local = (f"; for context, log line written on A -> A's own kernel p50 {l50 * 1000:.1f} ms, "
+             f"p99 {l99 * 1000:.1f} ms")
+    record("fleet propagation A kernel -> B,C kernel at 1k bans/s, p50", p50 * 1000, "ms",
+           reference="engine floor p50", reference_value=f50 * 1000, note=f"median of {ROUNDS} rounds{local}")
+    record("fleet propagation A kernel -> B,C kernel at 1k bans/s, p99", p99 * 1000, "ms",
+           reference="engine floor p99", reference_value=f99 * 1000, target="< 50 ms",
+           note=f"median of {ROUNDS} rounds{local}")
+    record("fleet burst 10k attackers on A's log: last write -> all in C's kernel", med(b[0] for b in bursts),
+           "s", reference="the same burst in A's own kernel", reference_value=med(b[1] for b in bursts),
+           target="< 2 s", note=f"median of {ROUNDS} rounds")
+    record("fleet catch-up: C restarted after missing 100k bans -> all in its kernel",
+           med(c[0] for c in catchups), "s", reference="replay floor (XREAD of the 100k entries)",
+           reference_value=med(c[1] for c in catchups), target="< 2 s",
+           note=f"from the restarted daemon's READY=1; median of {ROUNDS} rounds")
 
 
 if __name__ == "__main__":
