@@ -137,12 +137,21 @@ class Timeline:
             raise RuntimeError("the set watcher did not start")
 
     def result(self) -> tuple[list[tuple[float, int]], float]:
+        points, seen = self.points()
+        if seen is None:
+            raise RuntimeError("the kernel set never reached its count in time")
+        return points, seen
+
+    def points(self) -> tuple[list[tuple[float, int]], float | None]:
+        """The timeline, and when the count was reached (None: the watcher timed out)."""
         out, _ = self.proc.communicate(timeout=300)
         lines = out.strip().splitlines()
-        if not lines or lines[-1] == "timeout":
-            raise RuntimeError("the kernel set never reached its count in time")
-        points = [(float(t), int(c)) for t, c in (ln.split() for ln in lines[:-1])]
-        return points, float(lines[-1])
+        points = [(float(t), int(c)) for t, c in (ln.split() for ln in lines[:-1] if ln.strip())]
+        return points, None if not lines or lines[-1] == "timeout" else float(lines[-1])
+
+
+def reached(points: list[tuple[float, int]], count: int) -> float | None:
+    return next((t for t, c in points if c >= count), None)
 
 
 def arrivals(points: list[tuple[float, int]], base: int, n: int) -> list[float]:
@@ -208,16 +217,19 @@ def burst(lab: FleetLab, seed: int) -> tuple[float, float] | None:
     with lab.logs["a"].open("a") as f:
         f.write(b.text)
     t_last = time.monotonic()
-    try:
-        _, seen_a = watches["a"].result()
-        _, seen_c = watches["c"].result()
-    except RuntimeError:
-        # seen in about one round in four on the shared machine: A's own kernel stays a few bans short of
-        # the burst (its jail path, before the fleet); reported and left out of the median
-        st = lab.daemons["a"].cli_json("status")
-        print(f"burst round with seed {seed}: not every ban reached A's kernel within the limit: A holds "
-              f"{total(lab, 'a') - base['a']} of {n} (jail: {st['jails'][0]}), C {total(lab, 'c') - base['c']}",
-              flush=True)
+    pa, seen_a = watches["a"].points()
+    pc, seen_c = watches["c"].points()
+    if seen_a is None:
+        # seen in some rounds on the shared machine: A's own jail bans a few attackers fewer than the burst
+        # holds (its detection path, before the fleet: C then holds exactly what A holds). The figure is
+        # then "last write -> C holds every ban A made", and the shortfall is printed
+        got = (pa[-1][1] if pa else base["a"]) - base["a"]
+        print(f"burst seed {seed}: A's jail banned {got} of {n} attackers; timing what it banned", flush=True)
+        seen_a = reached(pa, base["a"] + got)
+        seen_c = reached(pc, base["c"] + got)
+        if seen_a is None or seen_c is None or got < n * 0.99:
+            return None
+    elif seen_c is None:
         return None
     return seen_c - t_last, seen_a - t_last
 
