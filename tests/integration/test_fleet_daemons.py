@@ -142,3 +142,15 @@ def test_metrics_and_status_show_the_fleet(lab: FleetLab) -> None:
     assert json.loads(raw)["fleet"]["received"]["ban"]["applied"] >= 10_000
     lab.daemons["a"].signal(signal.SIGHUP)  # an unchanged fleet block reloads fine
     wait_for(lambda: "configuration reloaded" in lab.daemons["a"].log(), 10, 0.05, "reload")
+
+
+def test_a_reload_that_changes_the_fleet_block_is_refused(lab: FleetLab) -> None:
+    a = lab.daemons["a"]
+    before = a.config_path.read_text()
+    a.config_path.write_text(before.replace(f"  name: {FLEET}\n", f"  name: {FLEET}\n  history: 1d\n"))
+    try:
+        r = a.cli("reload")
+        assert r.returncode == 1 and "fleet changed; restart nftblockd to apply" in r.stderr, r.stderr
+        assert lab.fleet("a")["connected"]  # the running fleet mode goes on
+    finally:
+        a.config_path.write_text(before)
