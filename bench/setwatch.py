@@ -7,6 +7,9 @@ loop for the very work being timed; this watcher asks the kernel (one GETSET per
 the kernel keeps) and touches neither daemon. It observes fail2ban the same way.
 
 Run inside the namespace: `ip netns exec NS python bench/setwatch.py TABLE SET[,SET...] N [TIMEOUT] [INTERVAL]`
+With `--timeline` first, it prints "TIME COUNT" at every change of the count until it reaches N: when bans
+reach a set in a known order (the fleet's stream order), the i-th one arrived when the count first reached
+base + i, so one cheap count per poll times every ban to within the poll interval.
 (several sets: their element counts are added up, e.g. the IPv4 and IPv6 sets of one blocklist).
 Prints "ready" once its netlink socket is open (the set may not exist yet: fail2ban creates its table on
 the first ban), so the caller knows polling has started.
@@ -33,17 +36,31 @@ def count(sock: NftSocket, table: str, set_name: str) -> int:
 
 
 def main() -> int:
-    table, set_names, n = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
-    timeout = float(sys.argv[4]) if len(sys.argv) > 4 else 120.0
-    interval = float(sys.argv[5]) if len(sys.argv) > 5 else 0.002
+    args = sys.argv[1:]
+    timeline = bool(args) and args[0] == "--timeline"
+    if timeline:
+        args = args[1:]
+    table, set_names, n = args[0], args[1].split(","), int(args[2])
+    timeout = float(args[3]) if len(args) > 3 else 120.0
+    interval = float(args[4]) if len(args) > 4 else 0.002
     sock = NftSocket()
     deadline = time.monotonic() + timeout
     print("ready", flush=True)
+    last = -1
+    out: list[str] = []  # a timeline is printed at the end: writing while polling would slow the polls
     while time.monotonic() < deadline:
-        if sum(max(0, count(sock, table, name)) for name in set_names) >= n:
+        c = sum(max(0, count(sock, table, name)) for name in set_names)
+        if timeline and c != last:
+            out.append(f"{time.monotonic():.6f} {c}")
+            last = c
+        if c >= n:
+            if timeline:
+                print("\n".join(out), flush=True)
             print(f"{time.monotonic():.6f}", flush=True)
             return 0
         time.sleep(interval)
+    if timeline:
+        print("\n".join(out), flush=True)
     print("timeout", flush=True)
     return 1
 

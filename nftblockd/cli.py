@@ -259,6 +259,9 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
     ap.add_argument("name", metavar="NAME")
     ap.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
+    add("fleet", _cmd_fleet, "show fleet mode: server and role, connected or not, cursor and lag, outbox, "
+        "events received, applied and refused (per reason), last error")
+
     sp = add("test-filter", _cmd_test_filter, "run a filter over a log file (no daemon needed)")
     sp.add_argument("filter", metavar="FILTER")
     sp.add_argument("logfile", metavar="LOGFILE")
@@ -737,6 +740,7 @@ def _cmd_check(ctx: _Context, ns: Any) -> int:
             f"reason: {b['reason']}" if b.get("reason") else "",
             f"jail {b['jail']}" if b.get("jail") else "",
             f"origin {b['origin']}" if b.get("origin") else "",
+            f"from fleet host {b['origin_host']}" if b.get("origin_host") else "",
         ) if x)
         covered = f" (by {b['target']})" if b.get("target") and b.get("target") != shown else ""
         ctx.print(f"{shown} is banned{covered} in blocklist {b.get('blocklist')} (set {b.get('set')}) {span}"
@@ -840,7 +844,48 @@ def _cmd_status(ctx: _Context, ns: Any) -> int:
     if feeds:
         ctx.print("feeds:")
         _table(ctx, _FEED_HEADER, _feed_rows(feeds, time.time()), indent="  ")
+    if isinstance(result.get("fleet"), dict):
+        ctx.print("fleet:")
+        _print_fleet(ctx, result["fleet"], "  ")
     return EXIT_OK
+
+
+def _cmd_fleet(ctx: _Context, ns: Any) -> int:
+    result = ctx.call("fleet", {})
+    if ctx.json:
+        ctx.print_json(result)
+        return EXIT_OK
+    fleet = result.get("fleet")
+    if not isinstance(fleet, dict):
+        ctx.print("fleet mode is off (no fleet: block in the config)")
+        return EXIT_OK
+    _print_fleet(ctx, fleet, "")
+    return EXIT_OK
+
+
+def _print_fleet(ctx: _Context, f: Mapping[str, Any], indent: str) -> None:
+    now = time.time()
+    state = "connected" if f.get("connected") else "NOT connected"
+    where = f" to {f['server']}" if f.get("server") else ""
+    role = f" ({f['role']})" if f.get("role") else ""
+    ctx.print(f"{indent}fleet {f.get('fleet', '?')}, host {f.get('host_id', '?')}: {state}{where}{role}")
+    lag = f.get("lag_last")
+    ctx.print(f"{indent}cursor {f.get('cursor') or '-'}"
+              + (f", last propagation lag {float(lag) * 1000:.1f} ms" if isinstance(lag, int | float) and lag else "")
+              + f", outbox {f.get('outbox', 0)}, published {f.get('published', 0)}"
+              + f", publish failures {f.get('publish_failures', 0)}")
+    received = f.get("received") or {}
+    for op in sorted(received):
+        counts = received[op]
+        if isinstance(counts, dict):
+            ctx.print(f"{indent}received {op}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    rejected = f.get("rejected") or {}
+    if rejected:
+        ctx.print(f"{indent}refused: " + ", ".join(f"{k} {v}" for k, v in sorted(rejected.items())))
+    ctx.print(f"{indent}catch-ups: {f.get('replays', 0)} replays, {f.get('snapshots', 0)} snapshots, "
+              f"{f.get('reasserted', 0)} own bans re-asserted; {f.get('connects', 0)} connects")
+    if f.get("last_error"):
+        ctx.print(f"{indent}last error ({_ago(f.get('last_error_at'), now)}): {f['last_error']}")
 
 
 def _cmd_test_filter(ctx: _Context, ns: Any) -> int:

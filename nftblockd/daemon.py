@@ -9,6 +9,7 @@ the cheap kernel generation check and the periodic reconcile.
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: the composition root: one TaskGroup, signals)
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -22,9 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from nftblockd.addr import IPAddr, host_net, unpack_hosts, unpack_target
+from nftblockd.addr import IPAddr, IPNet, host_net, unpack_hosts, unpack_target
 from nftblockd.allowlist import Allowlist, build_allowlist
-from nftblockd.config import Config, ConfigError, JailConfig, Problem, load_config
+from nftblockd.config import Config, ConfigError, FleetConfig, JailConfig, Problem, load_config
 from nftblockd.control.api import ControlAPI
 from nftblockd.control.server import ControlServer
 from nftblockd.detect.filterload import load_filter
@@ -35,6 +36,7 @@ from nftblockd.events import Ban, Decision, Origin, Unban
 from nftblockd.kernel import links, ownaddr
 from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import DecisionResult, Enforcer
+from nftblockd.kernel.fleetsink import EnforcerFleetSink
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.kernel.sink import JailBanSink
 from nftblockd.kernel.writer import KernelWriter
@@ -60,6 +62,9 @@ T = TypeVar("T")
 
 if TYPE_CHECKING:
     from nftblockd.feeds.manager import FeedManager
+    from nftblockd.fleet.service import FleetService
+
+FLEET_RESTART = 30.0  # seconds before a fleet service that failed unexpectedly is started again
 
 SHUTDOWN_GRACE = 10.0
 STUCK_AFTER = 30.0  # seconds: kernel ops pending this long, or no successful kernel check, is unhealthy
@@ -196,7 +201,13 @@ class Daemon:
                                  lambda: KernelWriter(self.plan, protect=cfg.protect_table), metrics=self.metrics,
                                  persist=self.persister.save, on_change=self._changed)
         self.tracker = self._tracker(cfg)
-        self.sink = JailBanSink(self.enforcer, self.tracker)
+        self.sink = JailBanSink(self.enforcer, self.tracker, on_applied=self._jail_bans_applied)
+        # fleet mode: the kernel side is built here; the service (and with it the `redis` import) in run(),
+        # once the state database it keeps its outbox and cursor in is open
+        self.fleet: FleetService | None = None
+        self.fleet_sink = EnforcerFleetSink(self.enforcer, cfg.fleet.blocklist, on_removed=self._fleet_removed) \
+            if cfg.fleet is not None else None
+        self.fleet_failure = ""  # the last unexpected error that stopped the fleet service (it is restarted)
         self.jails: list[JailRunner] = []
         self._kernel_checked = time.monotonic()  # last successful kernel check (the health check reads it)
         self.feeds: FeedManager | None = None
@@ -208,6 +219,8 @@ class Daemon:
                               status_extra=self._status_extra, reload=self._reload_for_api)
         if self.feeds is not None:
             self.api.set_feeds(self.feeds.status, self.feeds.refresh, self.feeds.blocklists())
+        if cfg.fleet is not None:
+            self.api.set_fleet(self._fleet_status, self._api_banned, self._api_unbanned)
         self.server: ControlServer | None = None
         self._hooks: list[Callable[[], Awaitable[None]]] = []
         self.watch_interval = 0.5
@@ -237,6 +250,8 @@ class Daemon:
         kernel's allowlist sets are replaced in one transaction with the rules."""
         self.allow = allow
         self.enforcer.allow = allow
+        if self.fleet is not None:
+            self.fleet.gate.allow = allow  # received bans meet the same allowlist as local ones
         lifted = self.tracker.replace_allowlist(allow)
         if lifted:
             log.warning("the new allowlist protects %d banned addresses; lifting their bans", len(lifted))
@@ -302,15 +317,12 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        if self.cfg.fleet is not None:
-            log.warning("fleet %r is configured, but this version does not share bans yet (the fleet client "
-                        "is built and tested, its wiring into the daemon is not): this host enforces alone",
-                        self.cfg.fleet.name)
         for sig, ev in ((signal.SIGTERM, self.stop), (signal.SIGINT, self.stop), (signal.SIGHUP,
                                                                                    self.reload_requested)):
             loop.add_signal_handler(sig, ev.set)
         self.notifier.status("opening the state database")
         await self.open_store()
+        self._build_fleet()
         # reading the saved bans (store thread) overlaps setting up the table (kernel thread)
         loading = asyncio.ensure_future(self._load_saved())
         self.notifier.status("setting up the kernel table")
@@ -375,6 +387,7 @@ class Daemon:
                     self._jail_tasks[j.jail.name] = tg.create_task(j.run(), name=f"jail-{j.jail.name}")
                 if self.feeds is not None:
                     tg.create_task(self.feeds.run(self.stop), name="feeds")
+                fleet_task = tg.create_task(self._run_fleet(), name="fleet") if self.fleet is not None else None
                 await self._sources_ready()
                 if self.store is not None:
                     tg.create_task(self._after_ready(self.store), name="verify-store")
@@ -392,6 +405,10 @@ class Daemon:
                 log.info("stopping: closing the control socket, flushing pending bans")
                 await self.sink.close()
                 await sink
+                if fleet_task is not None:
+                    fleet_task.cancel()
+                    await asyncio.gather(fleet_task, return_exceptions=True)
+                    await self._close_fleet()
                 batcher_stop.set()
                 await self.server.close()
                 if self.metrics_server is not None:
@@ -407,6 +424,92 @@ class Daemon:
             self._store_exec.shutdown(wait=True)
         log.info("stopped; %d bans stay in the kernel and expire there", len(self.enforcer.state))
         return 0
+
+    # -- fleet -----------------------------------------------------------------------------------------
+
+    def _build_fleet(self) -> None:
+        """The fleet service, only with a `fleet:` block: without one, `redis` is never imported."""
+        fc = self.cfg.fleet
+        if fc is None or self.fleet_sink is None or self.store is None:
+            return
+        from nftblockd.fleet.link import RedisLink
+        from nftblockd.fleet.service import FleetService
+
+        self.fleet = FleetService(fc, RedisLink(fc), self.store, self.fleet_sink, self.allow,
+                                  on_lag=self.metrics.fleet_lag.observe)
+        mx = self.metrics
+        st = self.fleet.stats
+        mx.fleet_events.read = lambda: [((op, result), n) for (op, result), n in st.received.items()]
+        mx.fleet_publish_failures.read = lambda: [((), st.publish_failures)]
+        mx.fleet_outbox.read = lambda: [((), st.outbox)]
+        mx.fleet_snapshots.read = lambda: [((), st.snapshots)]
+        mx.fleet_connected.read = lambda: [((), 1 if st.connected else 0)]
+        log.info("fleet %s: this host is %s, sharing through %s", fc.name, fc.host_id,
+                 fc.url or f"Sentinels {', '.join(f'{h}:{p}' for h, p in fc.sentinel_hosts)}")
+
+    async def _run_fleet(self) -> None:
+        """The fleet service under the daemon's TaskGroup. It handles the server going away itself; anything
+        else it raises (a bug, a state database that fails) is logged and it is started again after a pause:
+        local detection and enforcement never depend on it."""
+        assert self.fleet is not None
+        while not self.stop.is_set():
+            try:
+                await self.fleet.run()
+                return
+            except Exception as exc:
+                self.fleet_failure = f"{type(exc).__name__}: {exc}"
+                self.fleet.stats.last_error = self.fleet_failure
+                log.exception("fleet mode stopped after an unexpected error; this host keeps enforcing its own "
+                              "bans; starting fleet mode again in %.0fs", FLEET_RESTART)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FLEET_RESTART):
+                    await self.stop.wait()
+
+    async def _close_fleet(self) -> None:
+        """Save the cursor and close the server connections (shutdown)."""
+        if self.fleet is None:
+            return
+        try:
+            await self.fleet.close()
+        except Exception:
+            log.exception("closing fleet mode failed; the next start replays a little more")
+
+    def _fleet_status(self) -> dict[str, Any]:
+        if self.fleet is None:
+            fc = self.cfg.fleet
+            return {"fleet": fc.name if fc else None, "connected": False, "last_error": "not started"}
+        out = self.fleet.status()
+        out["blocklist"] = self.fleet.cfg.blocklist
+        if self.fleet_sink is not None:
+            out["kernel"] = {"applied": self.fleet_sink.applied, "removed": self.fleet_sink.removed,
+                             "refused": self.fleet_sink.refused}
+        if self.fleet_failure:
+            out["failure"] = self.fleet_failure
+        return out
+
+    def _fleet_removed(self, nets: list[IPNet]) -> None:
+        """A fleet-wide unban lifted these here: a jail ban among them ends, so new failures can ban again."""
+        for n in nets:
+            self.tracker.forget_ban(n)
+
+    def _jail_bans_applied(self, bans: Sequence[Ban], now: float) -> None:
+        """The ban sink committed these jail bans: publish the shared ones (only after the kernel has them)."""
+        if self.fleet is None or self.fleet_sink is None:
+            return
+        self.fleet_sink.note_local([b.target for b in bans if b.blocklist == self.fleet_sink.blocklist], now)
+        self.fleet.submit_bans((b.target, b.until, f"jail:{b.jail}") for b in bans if b.origin == "jail")
+
+    def _api_banned(self, bans: list[tuple[IPNet, float | None, str]], now: float) -> None:
+        """`nftblock ban` applied these (src "cli", or "fail2ban" which is never shared)."""
+        if self.fleet is None or self.fleet_sink is None:
+            return
+        self.fleet_sink.note_local([t for t, _u, _s in bans], now)
+        self.fleet.submit_bans(bans)
+
+    def _api_unbanned(self, nets: list[IPNet], src: str) -> None:
+        """`nftblock unban` is fleet-wide (with `share.cli`)."""
+        if self.fleet is not None:
+            self.fleet.submit_unbans(nets, src)
 
     async def _warn_missing_devices(self) -> None:
         if self.cfg.chain.ingress:
@@ -474,8 +577,11 @@ class Daemon:
                      "salvaged_rows": sum(p.salvaged_rows for p in self.store.problems),
                      "salvage_dropped_rows": sum(p.dropped_rows for p in self.store.problems),
                      "truncated_bytes": sum(p.truncated_bytes for p in self.store.problems)}
-        return {"jails": jails, "tracker": {"tracked": self.tracker.tracked, "evictions": self.tracker.evictions,
-                                    "evicted_several": self.tracker.evicted_several}, "store": store}
+        out = {"jails": jails, "tracker": {"tracked": self.tracker.tracked, "evictions": self.tracker.evictions,
+                                           "evicted_several": self.tracker.evicted_several}, "store": store}
+        if self.cfg.fleet is not None:
+            out["fleet"] = self._fleet_status()
+        return out
 
     def _changed(self, decisions: Sequence[Decision], results: Sequence[DecisionResult]) -> None:
         """Unbans end the tracker's BANNED state, so new failures can ban again."""
@@ -620,6 +726,8 @@ class Daemon:
         if self.store is not None and self._rounds % 15 == 0:
             try:
                 await self.store_call(self.store.prune, now, 30 * 86400)
+                if self.cfg.fleet is not None:  # published outbox rows older than the history
+                    await self.store_call(self.store.fleet_prune, now, self.cfg.fleet.history)
             except StoreError as exc:
                 log.error("pruning the state database failed: %s", exc)
             await self._compact(self.store)
@@ -720,7 +828,8 @@ class Daemon:
         # the chains (hook, priority, ingress devices) are replaced in the setup transaction below; the table
         # and the sets would take a restart
         changed = [what for what, a, b in (("table", new.table, self.cfg.table),
-                                           ("blocklists", new.blocklists, self.cfg.blocklists)) if a != b]
+                                           ("blocklists", new.blocklists, self.cfg.blocklists),
+                                           ("fleet", _fleet_key(new), _fleet_key(self.cfg))) if a != b]
         if changed:
             why = f"{' and '.join(changed)} changed; restart nftblockd to apply"
             log.error("reload refused: %s", why)
@@ -790,6 +899,12 @@ class Daemon:
                  (("jails added", added), ("jails removed", removed), ("jails changed", changed),
                   ("jails restarted", restart)) if names]
         return "; ".join(parts)
+
+
+def _fleet_key(cfg: Config) -> FleetConfig | None:
+    """The fleet block in meaning (without its line number): a reload that changes it is refused, because the
+    server connections, the cursor and the outbox belong to one fleet setting (restart to apply)."""
+    return None if cfg.fleet is None else replace(cfg.fleet, line=0)
 
 
 GC_THRESHOLDS = (50_000, 20, 50)

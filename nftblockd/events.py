@@ -123,6 +123,58 @@ def decision_from_dict(d: dict[str, Any]) -> Decision:
     raise ValueError(f"unknown decision type {kind!r}")
 
 
+# -- fleet values ---------------------------------------------------------------------------------------
+# What the fleet service (fleet/) hands the enforcer (kernel/): they live here because kernel/ sits below
+# fleet/ and must not import it.
+
+FLEET_REASON = "fleet:"  # a fleet ban's reason is "fleet:<origin host id>" (the host that decided it)
+
+
+def fleet_reason(origin_host: str) -> str:
+    return FLEET_REASON + (origin_host or "?")
+
+
+def fleet_origin_host(origin: str, reason: str) -> str | None:
+    """The host a ban came from, for a ban applied from the fleet (origin "remote"); None otherwise."""
+    if origin == "remote" and reason.startswith(FLEET_REASON):
+        return reason[len(FLEET_REASON):]
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class LocalBan:
+    """A ban this host decided itself (a jail, the CLI): when it was made and until when."""
+
+    created: float
+    until: float  # math.inf for permanent
+
+
+@dataclass(frozen=True, slots=True)
+class FleetBan:
+    net: IPNet
+    until: float  # absolute; math.inf permanent
+    origin: str  # the host that decided it ("" when it comes from a snapshot)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetUnban:
+    """Remove the fleet-origin element for `net`; also a local-origin ban made before `at` (None: never)."""
+
+    net: IPNet
+    at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetChange:
+    """What one kernel transaction does for the fleet."""
+
+    bans: tuple[FleetBan, ...] = ()
+    unbans: tuple[FleetUnban, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.bans or self.unbans)
+
+
 @dataclass(frozen=True, slots=True)
 class BanInfo:
     """What the daemon knows about one active ban (answers `list` and `check`)."""

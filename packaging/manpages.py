@@ -51,7 +51,7 @@ NFTBLOCKD_SECTIONS = {
 
 NFTBLOCK_DESCRIPTION = """\
 nftblock controls a running nftblockd(8) over its control socket: ban and unban addresses and CIDR ranges,
-list and check bans, show the daemon's state and its feeds. Two commands need no daemon: test-filter runs a
+list and check bans, show the daemon's state, its feeds and its fleet mode (nftblock fleet). Two commands need no daemon: test-filter runs a
 filter over a log file, and import-fail2ban reads fail2ban's database (the bans are then sent to the daemon).
 
 ban and unban return once the kernel has acknowledged the transaction carrying them, so a script can rely on

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from nftblockd import __version__
-from nftblockd.addr import AddressError, IPNet, format_host, format_target, parse_target, split_hosts
+from nftblockd.addr import AddressError, IPNet, format_host, format_target, host_net, parse_target, split_hosts
 from nftblockd.control.protocol import (
     BanArgs,
     BanItem,
@@ -33,6 +33,9 @@ from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.neverban import never_ban_range
 
 Extra = Callable[[], dict[str, Any]]
+Banned = Callable[[list[tuple[IPNet, float | None, str]], float], None]  # (target, end, src) applied here, now
+Unbanned = Callable[[list[IPNet], str], None]  # targets an operator unbanned, src
+_APPLIED = (BanOutcome.ADDED, BanOutcome.EXTENDED, BanOutcome.ABSORBED)
 BULK_THRESHOLD = 64  # from this many targets on, single addresses take the bulk path
 
 
@@ -60,6 +63,9 @@ class ControlAPI:
         self._feeds = feeds
         self._feeds_refresh = feeds_refresh
         self._feed_owned: set[str] = set()
+        self._fleet: Extra | None = None
+        self._banned: Banned | None = None
+        self._unbanned: Unbanned | None = None
 
     async def __call__(self, cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
         parsed = parse_args(cmd, args)
@@ -81,6 +87,8 @@ class ControlAPI:
             return await self.status()
         if cmd == "feeds":
             return {"feeds": self._feeds() if self._feeds else []}
+        if cmd == "fleet":
+            return {"fleet": self._fleet() if self._fleet else None}
         if cmd == "reload":
             if self._reload is None:
                 raise ControlError("unavailable", "this daemon cannot reload (started without a config file)")
@@ -103,6 +111,12 @@ class ControlAPI:
         self._feeds = status
         self._feeds_refresh = refresh
         self._feed_owned = owned
+
+    def set_fleet(self, status: Extra, banned: Banned, unbanned: Unbanned) -> None:
+        """Fleet mode: what `fleet` reports, and where bans and unbans made here go once applied."""
+        self._fleet = status
+        self._banned = banned
+        self._unbanned = unbanned
 
     def _blocklist(self, name: str | None, *, writing: bool = False) -> str:
         bl = name or self.default_blocklist
@@ -142,6 +156,9 @@ class ControlAPI:
             decisions.append(Ban(target, blocklist, until, origin, item.reason, item.jail))  # type: ignore[arg-type]
             comment = comment or item.reason
         results = await self.enforcer.apply(decisions, comment=comment[:200], now=now)
+        if self._banned is not None:
+            self._banned([(d.target, d.until, d.origin) for d, r in zip(decisions, results, strict=True)
+                          if isinstance(d, Ban) and r.code is None and r.outcome in _APPLIED], now)
         applied = []
         notes = []
         for r in results:
@@ -185,6 +202,9 @@ class ControlAPI:
                                 "message": f"{t} is allowlisted ({allow.contains_range(version, k, k)}); never banned"})
         failed_keys = set()
         family = self._families()
+        if self._banned is not None:
+            self._banned([(host_net(k, family[c.set_name]), until, origin) for c in res.changes
+                          for k in (*c.new, *c.extended) if (c.set_name, k) not in res.failed], now)
         for (set_name, k), (code, msg) in res.failed.items():
             version = family[set_name]
             failed_keys.add((version, k))
@@ -229,6 +249,8 @@ class ControlAPI:
                 continue
             decisions += [Unban(target, bl, origin, jail=a.jail) for bl in blocklists]
         results = await self.enforcer.apply(decisions)
+        if self._unbanned is not None:  # fleet-wide, whether this host held the ban or not
+            self._unbanned(list({d.target: None for d in decisions}), origin)
         removed: dict[str, None] = {}
         not_found: dict[str, str] = {}
         for r in results:
@@ -253,6 +275,8 @@ class ControlAPI:
         rest = [a.targets[i] for i in rest_at]
         removed: dict[str, None] = {}
         family = self._families()
+        if self._unbanned is not None:
+            self._unbanned([host_net(k, v) for v, ks in keys.items() for k in ks], a.origin)
         for bl in blocklists:
             for set_name, gone, _missing in await self.enforcer.unban_hosts(bl, keys, origin=a.origin,
                                                                              jail=a.jail):

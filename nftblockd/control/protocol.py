@@ -48,7 +48,7 @@ from nftblockd.control.wire import (
     one_line,
 )
 from nftblockd.durations import BanLength, parse_timeout
-from nftblockd.events import MAX_REASON, BanInfo
+from nftblockd.events import MAX_REASON, BanInfo, fleet_origin_host
 
 # The error codes as a type (wire.ERROR_CODES is the same set at run time; wire.py stays free of typing).
 ErrorCode: TypeAlias = Literal[
@@ -303,7 +303,7 @@ class FeedsRefreshArgs:
 
 @dataclass(frozen=True, slots=True)
 class NoArgs:
-    """`ping`, `status` and `feeds` take no arguments."""
+    """`ping`, `status`, `feeds`, `fleet` and `reload` take no arguments."""
 
 
 CommandArgs: TypeAlias = BanArgs | UnbanArgs | ListArgs | CheckArgs | FeedsRefreshArgs | NoArgs
@@ -452,6 +452,7 @@ _PARSERS: Final = {
     "status": _no_args("status"),
     "check": _parse_check,
     "feeds": _no_args("feeds"),
+    "fleet": _no_args("fleet"),
     "feeds_refresh": _parse_feeds_refresh,
     "feeds_accept": _parse_feeds_accept,
     "reload": _no_args("reload"),
@@ -473,7 +474,7 @@ def parse_args(cmd: str, args: dict[str, Any]) -> CommandArgs:
 
 def ban_entry(info: BanInfo, now: float) -> dict[str, Any]:
     """One element of `list`'s and `check`'s `bans`; `expires_in` is computed from `until` and `now`."""
-    return {
+    entry = {
         "target": format_target(info.target),
         "blocklist": info.blocklist,
         "set": info.set_name,
@@ -483,3 +484,7 @@ def ban_entry(info: BanInfo, now: float) -> dict[str, Any]:
         "reason": info.reason,
         "jail": info.jail,
     }
+    host = fleet_origin_host(info.origin, info.reason)
+    if host is not None:  # a ban applied from the fleet: the host that decided it
+        entry["origin_host"] = host
+    return entry

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from nftblockd.addr import IPNet
+from nftblockd.events import FleetBan, FleetChange, FleetUnban, LocalBan  # values shared with kernel/
 
 StreamId: TypeAlias = tuple[int, int]  # (milliseconds, sequence)
 
@@ -105,40 +106,6 @@ def decide(saved: Cursor | None, server: ServerView) -> Replay | Snapshot:
 
 
 # -- reconcile -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class LocalBan:
-    """A ban this host decided itself (a jail, the CLI): when it was made and until when."""
-
-    created: float
-    until: float  # math.inf for permanent
-
-
-@dataclass(frozen=True, slots=True)
-class FleetBan:
-    net: IPNet
-    until: float  # absolute; math.inf permanent
-    origin: str  # the host that decided it ("" when it comes from a snapshot)
-
-
-@dataclass(frozen=True, slots=True)
-class FleetUnban:
-    """Remove the fleet-origin element for `net`; also a local-origin ban made before `at` (None: never)."""
-
-    net: IPNet
-    at: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class FleetChange:
-    """What one kernel transaction does for the fleet."""
-
-    bans: tuple[FleetBan, ...] = ()
-    unbans: tuple[FleetUnban, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.bans or self.unbans)
 
 
 def reconcile(active: Mapping[IPNet, float], tombstones: Mapping[IPNet, float],

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: the fleet's receive loop, publisher and reconnects)
 import collections
+import contextlib
 import logging
 import math
 import random
@@ -61,6 +62,7 @@ from nftblockd.state.store import OutboxItem, OutboxRow
 log = logging.getLogger("nftblockd.fleet")
 
 READ_COUNT = 1000  # entries per XREAD: one kernel transaction each
+CATCHUP_COUNT = 10000  # ... while a backlog is replayed (the previous read came back full)
 PUBLISH_BATCH = 10000  # outbox rows per publish round
 QUEUE_LIMIT = 1_000_000  # submitted events waiting for the outbox write; beyond, counted and dropped
 BACKOFF_FIRST = 0.5
@@ -160,7 +162,8 @@ def _honour_cancel(task: asyncio.Task[Any] | None) -> None:
 class FleetService:
     def __init__(self, cfg: FleetConfig, link: Engine, state: FleetState, sink: FleetSink, allow: Allowlist, *,
                  clock: Callable[[], float] = time.time, cursor_interval: float = 1.0,
-                 on_lag: Callable[[float], None] | None = None, read_count: int = READ_COUNT) -> None:
+                 on_lag: Callable[[float], None] | None = None, read_count: int = READ_COUNT,
+                 catchup_count: int = CATCHUP_COUNT) -> None:
         self.cfg = cfg
         self.link = link
         self.state = state
@@ -170,6 +173,8 @@ class FleetService:
         self.cursor_interval = cursor_interval
         self.on_lag = on_lag
         self.read_count = read_count
+        self.catchup_count = max(read_count, catchup_count)
+        self._own_origin = cfg.host_id.encode()
         self.stats = FleetStats()
         self._cursor: Cursor | None = None
         self._cursor_loaded = False
@@ -323,22 +328,42 @@ class FleetService:
                 delay = min(delay * 2, BACKOFF_CAP)
 
     async def _follow(self) -> None:
+        """Read and apply, the next read already on its way while a batch is applied (the reader connection
+        waits for the server meanwhile, instead of the kernel and the database waiting for it). A full read
+        means a backlog (a replay): the next one asks for CATCHUP_COUNT entries, fewer and larger batches."""
         task = asyncio.current_task()
-        while True:
-            cur = self._cursor
-            assert cur is not None
-            entries = await self.link.read(cur.last_id, self.read_count)
-            _honour_cancel(task)
-            if entries:
-                await self._apply(entries, cur.run_id)
-            if self._dirty and self.clock() - self._saved_at >= self.cursor_interval:
-                await self.save_cursor()
+        cur = self._cursor
+        assert cur is not None
+        reading = asyncio.ensure_future(self.link.read(cur.last_id, self.read_count))
+        try:
+            while True:
+                entries = await reading
+                _honour_cancel(task)
+                cur = self._cursor
+                assert cur is not None
+                after = entries[-1][0] if entries else cur.last_id
+                count = self.catchup_count if len(entries) >= self.read_count else self.read_count
+                reading = asyncio.ensure_future(self.link.read(after, count))
+                if entries:
+                    await self._apply(entries, cur.run_id)
+                if self._dirty and self.clock() - self._saved_at >= self.cursor_interval:
+                    await self.save_cursor()
+        finally:
+            if not reading.done():
+                reading.cancel()
+                with contextlib.suppress(BaseException):
+                    await reading
 
     async def _apply(self, entries: Sequence[Entry], run_id: str) -> None:
         now = self.clock()
         latest: dict[IPNet, tuple[FleetEvent, float]] = {}
         received = self.stats.received
+        own = self._own_origin
         for sid, fields in entries:
+            if fields.get(b"origin") == own:  # our own events only move the cursor: not even decoded
+                op = fields.get(b"op")
+                received[("ban" if op == b"ban" else "unban" if op == b"unban" else "?", "own")] += 1
+                continue
             ev = decode(fields)
             if isinstance(ev, Rejection):
                 op = fields.get(b"op", b"?")
@@ -359,12 +384,12 @@ class FleetService:
         unbans = tuple(FleetUnban(net, v) for net, (ev, v) in latest.items() if ev.op == "unban")
         if bans or unbans:
             await self.sink.apply_fleet(FleetChange(bans, unbans))
-            done = self.clock()
-            for ev, _ in latest.values():
-                if ev.op == "ban" and ev.ts:
-                    self.stats.lag_last = done - ev.ts / 1000
-                    if self.on_lag is not None:
-                        self.on_lag(self.stats.lag_last)
+            # one lag figure per batch (the newest ban's: a histogram observation per ban cost 3 % of a replay)
+            newest = max((ev.ts for ev, _ in latest.values() if ev.op == "ban"), default=0)
+            if newest:
+                self.stats.lag_last = self.clock() - newest / 1000
+                if self.on_lag is not None:
+                    self.on_lag(self.stats.lag_last)
             if unbans:
                 await asyncio.to_thread(self.state.fleet_forget,
                                         [(format_target(u.net), u.at or now) for u in unbans])

@@ -14,7 +14,8 @@ Order of what happens to one batch:
 1. apply every group; collect what the kernel refused (a full set, an overlap) or the allowlist stopped;
 2. a refused ban is forgotten by the ledger (the tracker), so the tracker never believes an offender is
    banned that the kernel never got, and the next failure counts again;
-3. every applied ban is shown to the recidive jails (`ledger.escalations`); the bans they decide are
+3. the applied bans go to `on_applied` (fleet mode publishes them from there: after the kernel commit);
+4. every applied ban is shown to the recidive jails (`ledger.escalations`); the bans they decide are
    applied the same way, in a loop (recidive never feeds itself, so the loop ends).
 
 Failure rule: if applying a batch raises (a bug, a lost kernel socket), the batch's bans are forgotten by
@@ -84,10 +85,12 @@ _END = None
 
 class JailBanSink:
     def __init__(self, enforcer: Enforcer, ledger: BanLedger, *, max_batches: int = 256,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 on_applied: Callable[[Sequence[Ban], float], None] | None = None) -> None:
         self.enforcer = enforcer
         self.ledger = ledger
         self.clock = clock
+        self.on_applied = on_applied  # the kernel holds these now (fleet mode publishes them); must not raise
         self.stats = SinkStats()
         self._queue: asyncio.Queue[BanBatch | None] = asyncio.Queue(max_batches)
 
@@ -131,6 +134,8 @@ class JailBanSink:
         while bans:
             now = self.clock()
             applied = await self._apply_once(bans, history, now, arrival)
+            if applied and self.on_applied is not None:
+                self.on_applied(applied, now)
             history = []
             bans = []
             for b in applied:

@@ -200,6 +200,23 @@ class Metrics:
             "counter", "nftblock_tracker_evictions", "Counting records dropped because the tracker's cap was "
             "reached: failures one (a record with one failure) or several (a record nearer a ban: the cap is "
             "under attack)", ["failures"], registry=r)
+        # fleet mode (docs/fleet.md): read from the fleet service at scrape time; no samples without a fleet
+        self.fleet_events = Live("counter", "nftblock_fleet_events",
+                                 "Fleet events received, by op and result (applied, own, or the reason it was "
+                                 "refused)", ["op", "result"], registry=r)
+        self.fleet_lag = Histogram("nftblock_fleet_propagation_seconds", "Per received batch of fleet bans: from "
+                                   "the origin's publish to this host's kernel commit (needs synchronised clocks)",
+                                   buckets=_LATENCY_BUCKETS, registry=r)
+        self.fleet_publish_failures = Live("counter", "nftblock_fleet_publish_failures",
+                                           "Attempts to publish to the fleet server that failed (retried)",
+                                           registry=r)
+        self.fleet_outbox = Live("gauge", "nftblock_fleet_outbox",
+                                 "Own bans and unbans waiting in the outbox to be published", registry=r)
+        self.fleet_snapshots = Live("counter", "nftblock_fleet_snapshots",
+                                    "Catch-ups by snapshot (server restarted or failed over, cursor trimmed)",
+                                    registry=r)
+        self.fleet_connected = Live("gauge", "nftblock_fleet_connected", "1 while connected to the fleet server",
+                                    registry=r)
         self.up = Gauge("nftblock_up", "1 while the daemon runs", registry=r)
         self.start_time = Gauge("nftblock_start_time_seconds", "Unix time the daemon started", registry=r)
         self.up.set(1)

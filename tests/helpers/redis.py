@@ -21,6 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.helpers.netns import NetNS, inside
+
 RESERVED = {6379, 26379}
 
 
@@ -33,9 +35,20 @@ def free_port() -> int:
             return port
 
 
-def _ping(port: int, tls: bool) -> bool:
+def _ping(port: int, tls: bool, host: str = "127.0.0.1", ns: NetNS | None = None) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        if ns is None:
+            conn = socket.create_connection((host, port), timeout=0.5)
+        else:
+            with inside(ns):  # the socket lives in the namespace it was made in
+                conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            conn.settimeout(0.5)
+            try:
+                conn.connect((host, port))
+            except OSError:
+                conn.close()
+                raise
+        with conn as s:
             if tls:
                 return True  # a TLS port answers PING only after a handshake; an open port is enough
             s.sendall(b"PING\r\n")
@@ -49,7 +62,9 @@ class RedisServer:
     """One redis-server (or Sentinel, `sentinel=True`) child process."""
 
     def __init__(self, directory: Path, *, port: int | None = None, conf: str = "", tls_port: bool = False,
-                 sentinel: bool = False) -> None:
+                 sentinel: bool = False, ns: NetNS | None = None, bind: str = "127.0.0.1") -> None:
+        self.ns = ns  # run inside this network namespace (its hosts reach it over veth pairs)
+        self.bind = bind
         self.dir = directory
         self.port = port or free_port()
         self.conf = conf
@@ -64,7 +79,7 @@ class RedisServer:
     def _write_conf(self) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / ("sentinel.conf" if self.sentinel else "redis.conf")
-        lines = ["bind 127.0.0.1", f"dir {self.dir}", "daemonize no", f"logfile {self.dir / 'log'}",
+        lines = [f"bind {self.bind}", f"dir {self.dir}", "daemonize no", f"logfile {self.dir / 'log'}",
                  "protected-mode no"]
         if self.tls_port:
             lines += ["port 0", f"tls-port {self.port}"]
@@ -84,9 +99,13 @@ class RedisServer:
         if not (self.sentinel and conf.exists()):  # a Sentinel rewrites its file with what it learnt: keep it
             conf = self._write_conf()
         args = ["redis-server", str(conf)] + (["--sentinel"] if self.sentinel else [])
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.ns is not None:
+            self.proc = self.ns.popen(*args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + limit
-        while not _ping(self.port, self.tls_port):
+        host = "127.0.0.1" if self.bind in ("0.0.0.0", "*") else self.bind.split()[0]
+        while not _ping(self.port, self.tls_port, host, self.ns):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited {self.proc.returncode}: {self.log()[-2000:]}")
             if time.monotonic() > deadline:

@@ -365,3 +365,41 @@ async def test_sentinel_failover_loses_no_acknowledged_ban(tmp_path: Path) -> No
         await b.stop()
         for s in (*sentinels, replica, primary):
             s.kill()
+
+
+async def test_grouped_publish_commands_leave_what_the_plain_ones_leave(server: RedisServer) -> None:
+    """link.chunk_commands (sorted sets written once per run of bans or unbans) against the per-event form."""
+    import random
+
+    from nftblockd.fleet.codec import FleetEvent
+    from nftblockd.fleet.link import chunk_commands, chunk_commands_plain
+
+    r = RedisLink(fleet_config("fast", "x", server.url))
+    await r.connect()
+    assert r.cmd is not None
+    rnd = random.Random(7)
+    now = time.time()
+    pool = nets(12)
+    for trial in range(30):
+        events = []
+        for i in range(rnd.randrange(1, 40)):
+            net = rnd.choice(pool)
+            if rnd.random() < 0.3:
+                events.append(FleetEvent("unban", net, 0.0, "h", i))
+            else:
+                end = math.inf if rnd.random() < 0.1 else now + rnd.choice((-5.0, 60.0, 600.0, 3600.0))
+                events.append(FleetEvent("ban", net, end, "h", i))
+        for name, make in (("fast", chunk_commands), ("plain", chunk_commands_plain)):
+            k = Keys.for_fleet(f"{name}{trial}")
+            pipe = r.cmd.pipeline(transaction=True)
+            for args in make(events, k, "0", now, 86400.0):
+                pipe.execute_command(*args)
+            assert not [x for x in await pipe.execute(raise_on_error=False) if isinstance(x, Exception)]
+        got = {}
+        for name in ("fast", "plain"):
+            k = Keys.for_fleet(f"{name}{trial}")
+            got[name] = (await r.cmd.zrange(k.active, 0, -1, withscores=True),
+                         await r.cmd.zrange(k.unbanned, 0, -1, withscores=True),
+                         [f for _id, f in await r.cmd.xrange(k.events) or []])
+        assert got["fast"] == got["plain"], events
+    await r.close()

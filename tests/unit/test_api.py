@@ -452,3 +452,31 @@ async def test_ping_and_malformed_requests(rig: ApiRig) -> None:
     assert (await refused_with(rig, "ban", targets=[]))[0] == "bad_request"
     assert (await refused_with(rig, "ban", targets=["203.0.113.7"], timeout=0))[0] == "bad_request"
     assert rig.fake.transactions == []
+
+
+# --- fleet hooks ----------------------------------------------------------------------------------------
+
+
+async def test_fleet_hooks_see_what_was_applied_and_every_unban(rig: ApiRig) -> None:
+    banned: list[tuple[str, float | None, str]] = []
+    unbanned: list[tuple[str, str]] = []
+    rig.api.set_fleet(lambda: {"fleet": "prod", "connected": True},
+                      lambda bans, now: banned.extend((str(t), u, s) for t, u, s in bans),
+                      lambda nets, src: unbanned.extend((str(n), src) for n in nets))
+    assert (await call(rig, "fleet")) == {"fleet": {"fleet": "prod", "connected": True}}
+    await call(rig, "ban", targets=["203.0.113.7", "10.1.1.1"], timeout="1m")  # 10.1.1.1 is allowlisted
+    assert banned == [("203.0.113.7/32", NOW + 60, "cli")]
+    banned.clear()
+    await call(rig, "ban", targets=["203.0.113.7"], timeout="30s")  # unchanged: nothing new to share
+    assert banned == []
+    await call(rig, "ban", targets=[v4(i) for i in range(BULK_THRESHOLD)], origin="fail2ban")  # the bulk path
+    assert len(banned) == BULK_THRESHOLD and {s for _t, _u, s in banned} == {"fail2ban"}
+    await call(rig, "unban", targets=["203.0.113.7", "203.0.113.99"])  # not held here: fleet-wide all the same
+    assert unbanned == [("203.0.113.7/32", "cli"), ("203.0.113.99/32", "cli")]
+    unbanned.clear()
+    await call(rig, "unban", targets=[v4(i) for i in range(BULK_THRESHOLD)])
+    assert len(unbanned) == BULK_THRESHOLD
+
+
+async def test_fleet_is_null_without_fleet_mode(rig: ApiRig) -> None:
+    assert (await call(rig, "fleet")) == {"fleet": None}

@@ -709,3 +709,33 @@ async def test_a_bulk_ban_asks_for_counts_and_an_older_daemon_is_asked_again(soc
         assert (r.code, r.out, r.err) == (0, "unbanned 20 targets\n", "")
     finally:
         await srv.close()
+
+
+# --- fleet ---------------------------------------------------------------------------------------------
+
+FLEET = {"fleet": "prod", "host_id": "web-01", "connected": True, "server": "10.0.0.5:6379", "role": "master",
+         "cursor": "1900000000000-0", "outbox": 3, "published": 12, "publish_failures": 1,
+         "received": {"ban": {"applied": 40, "own": 12, "allowlisted": 2}, "unban": {"applied": 1}},
+         "rejected": {"allowlisted": 2}, "replays": 1, "snapshots": 0, "reasserted": 0, "connects": 1,
+         "lag_last": 0.0042, "last_error": "", "last_error_at": 0.0}
+
+
+async def test_fleet_and_the_fleet_part_of_status(sock: Path, rig: ApiRig) -> None:
+    r = await nftblock("fleet", sock=sock)
+    assert (r.code, r.out) == (0, "fleet mode is off (no fleet: block in the config)\n")
+    rig.api.set_fleet(lambda: dict(FLEET), lambda bans, now: None, lambda nets, src: None)
+    r = await nftblock("fleet", sock=sock)
+    assert r.code == 0
+    assert r.out.startswith("fleet prod, host web-01: connected to 10.0.0.5:6379 (master)\n"), r.out
+    assert "cursor 1900000000000-0, last propagation lag 4.2 ms, outbox 3, published 12" in r.out
+    assert "received ban: allowlisted 2, applied 40, own 12\n" in r.out and "refused: allowlisted 2\n" in r.out
+    r = await nftblock("fleet", "--json", sock=sock)
+    assert json.loads(r.out) == {"fleet": FLEET}
+
+
+async def test_check_names_the_fleet_host_a_ban_came_from(sock: Path, rig: ApiRig) -> None:
+    await rig.seed("203.0.113.7", origin="remote", reason="fleet:web-02", until=NOW + 60)
+    r = await nftblock("check", "203.0.113.7", sock=sock)
+    assert "origin remote, from fleet host web-02" in r.out, r.out
+    r = await nftblock("check", "--json", "203.0.113.7", sock=sock)
+    assert json.loads(r.out)["bans"][0]["origin_host"] == "web-02"

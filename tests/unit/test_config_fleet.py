@@ -136,3 +136,13 @@ def test_check_config_refuses_a_readable_password_file(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--check-config", str(cfg)],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_daemon_built_without_a_fleet_imports_no_redis() -> None:
+    code = ("import sys, asyncio; from nftblockd.config import parse_config; from nftblockd.daemon import Daemon; "
+            "d = Daemon(parse_config('allowlist_self: false\\n')); assert d.fleet is None and d.fleet_sink is None; "
+            "d._build_fleet(); "
+            "assert not [m for m in sys.modules if m == 'redis' or m.startswith(('redis.', 'nftblockd.fleet'))]")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env=os.environ | {"PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr

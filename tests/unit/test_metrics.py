@@ -142,3 +142,19 @@ def test_promtool_accepts_the_exposition() -> None:
     assert tool is not None
     r = subprocess.run([tool, "check", "metrics"], input=filled().render(), capture_output=True, check=False)
     assert r.returncode == 0 and not r.stdout and not r.stderr, r.stdout + r.stderr
+
+
+def test_fleet_metrics_show_what_the_fleet_service_counts_at_scrape_time() -> None:
+    mx = Metrics()
+    assert b"nftblock_fleet_events_total{" not in mx.render()  # no fleet: no samples
+    received = {("ban", "applied"): 3, ("ban", "allowlisted"): 1}
+    mx.fleet_events.read = lambda: [((op, result), n) for (op, result), n in received.items()]
+    mx.fleet_connected.read = lambda: [((), 1)]
+    mx.fleet_outbox.read = lambda: [((), 7)]
+    mx.fleet_lag.observe(0.004)
+    received[("unban", "applied")] = 1  # read when scraped, not copied before
+    text = mx.render().decode()
+    assert 'nftblock_fleet_events_total{op="ban",result="applied"} 3.0' in text
+    assert 'nftblock_fleet_events_total{op="unban",result="applied"} 1.0' in text
+    assert "nftblock_fleet_connected 1.0" in text and "nftblock_fleet_outbox 7.0" in text
+    assert 'nftblock_fleet_propagation_seconds_bucket{le="0.005"} 1.0' in text

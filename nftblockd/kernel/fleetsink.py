@@ -1,0 +1,287 @@
+"""The enforcer as the fleet sees it: a received batch of fleet bans and unbans becomes ONE kernel transaction.
+
+`EnforcerFleetSink` implements the fleet service's `FleetSink` protocol (fleet/service.py) on top of the
+enforcer's state and kernel writer, for the one local blocklist the fleet fills (`fleet.blocklist`).
+
+Rules, per element of the fleet's blocklist (one entry per address or range, local or fleet origin):
+
+- A fleet ban is applied with origin "remote" and reason "fleet:<origin host>" (a range's kernel element
+  carries it as its comment too; single addresses carry none, see `_plan_hosts`). The later end wins,
+  whoever holds the entry: a local ban lasting at least as long stays as it is (its origin too); a shorter
+  local one is extended and becomes the fleet's. A ban the enforcer's
+  own allowlist or the never-ban space covers is refused here again (the gate refused it first; the
+  allowlist can have changed since). Range rules are the ban state's (kernel/bans.py): a range inside a
+  longer one is covered, one inside a shorter one is refused, one around others absorbs them.
+- A fleet unban removes a fleet-origin entry. It removes a local-origin entry only when that ban was made
+  before the unban (`FleetUnban.at`; None: never): an operator's fleet-wide unban does not cancel a
+  detection this host made after it. When a local ban was made is known for bans made since the daemon
+  started (`note_local`); a ban restored from the state database counts as made at the daemon's start,
+  which is never later than the truth, so such a ban is only removed by an unban made after the start.
+- Everything one `apply_fleet` call changes goes to the kernel thread as one `write` (one transaction; an
+  element the kernel refuses is dropped from it and counted, as on every other path), then to the state
+  database (so a restart restores fleet bans, with their origin host), then to the audit log: one line per
+  ban or unban within the enforcer's audit budget, naming the origin host, and one summary line for the rest.
+
+This module never publishes anything: fleet bans never go back to the fleet (only the daemon's publish hooks,
+fed by jails and the CLI, do). It does not import the fleet package (which sits above kernel/).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from nftblockd.addr import IPNet, format_host, format_target, net_key, pack_hosts
+from nftblockd.events import FLEET_REASON, Ban, FleetChange, LocalBan, Unban, fleet_reason
+from nftblockd.kernel.bans import BanOutcome, OpSpec, SetOp
+from nftblockd.kernel.batcher import Group
+from nftblockd.kernel.enforcer import Enforcer
+from nftblockd.neverban import never_ban_keys, never_ban_range
+from nftblockd.service.logsetup import quote
+from nftblockd.state.change import PackedBans, StateChange
+
+log = logging.getLogger("nftblockd.fleet")
+audit_log = logging.getLogger("nftblockd.audit")
+
+APPLIED = (BanOutcome.ADDED, BanOutcome.EXTENDED, BanOutcome.ABSORBED)
+
+
+class EnforcerFleetSink:
+    def __init__(self, enforcer: Enforcer, blocklist: str, *, started: float | None = None,
+                 clock: Callable[[], float] = time.time,
+                 on_removed: Callable[[list[IPNet]], None] | None = None) -> None:
+        self.enforcer = enforcer
+        self.blocklist = blocklist
+        self.clock = clock
+        self.on_removed = on_removed  # unbanned here (the tracker forgets those bans, so detection goes on)
+        self.started = clock() if started is None else started
+        self._created: dict[tuple[str, int], float] = {}  # (set, key) -> when this host banned it locally
+        self.applied = 0
+        self.removed = 0
+        self.refused = 0
+
+    # -- local bans: when they were made -----------------------------------------------------------------
+
+    def note_local(self, targets: Iterable[IPNet], now: float) -> None:
+        """Local bans (jails, the CLI) just applied: remember when, for the unban rule. Bounded by the bans the
+        state holds (entries it no longer holds are dropped when the map outgrows it)."""
+        state = self.enforcer.state
+        for t in targets:
+            entries = state.set_for(self.blocklist, t)
+            if entries is not None:
+                self._created[(entries.spec.name, state.key_for(entries, t))] = now
+        if len(self._created) > 2 * len(state) + 10_000:
+            sets = state.sets
+            self._created = {k: v for k, v in self._created.items() if k[1] in sets[k[0]].entries}
+
+    def _made(self, set_name: str, key: int) -> float:
+        return self._created.get((set_name, key), self.started)
+
+    # -- FleetSink ---------------------------------------------------------------------------------------
+
+    async def fleet_view(self) -> tuple[Mapping[IPNet, float], Mapping[IPNet, LocalBan]]:
+        """(fleet-origin entries -> end, local-origin bans) of the fleet's blocklist; math.inf = permanent."""
+        state = self.enforcer.state
+        state.expire(self.clock())
+        fleet: dict[IPNet, float] = {}
+        local: dict[IPNet, LocalBan] = {}
+        for name, key, net, until, origin in state.iter_origins(self.blocklist):
+            end = math.inf if until is None else until
+            if origin == "remote":
+                fleet[net] = end
+            else:
+                local[net] = LocalBan(self._made(name, key), end)
+        return fleet, local
+
+    async def apply_fleet(self, change: FleetChange) -> None:
+        e = self.enforcer
+        now = self.clock()
+        async with e._lock:
+            plan = self._plan(change, now)
+            failed = await self._write(plan.groups, now) if plan.groups else set()
+        ranges = [(b, absorbed) for b, absorbed in plan.ranges
+                  if (b.target.version, net_key(b.target)) not in failed]
+        hosts = [(name, v, [k for k in keys if (name, k) not in failed] if failed else keys, until, reason)
+                 for name, v, keys, until, reason in plan.hosts]
+        applied = len(ranges) + sum(len(h[2]) for h in hosts)
+        refused = plan.refused + plan.attempted - applied
+        self.applied += applied
+        self.removed += len(plan.gone)
+        self.refused += refused
+        e.counters.bans += applied
+        e.counters.unbans += len(plan.gone)
+        if e.metrics is not None:
+            if applied:
+                e.metrics.bans.labels("", "remote").inc(applied)
+            if plan.gone:
+                e.metrics.unbans.labels("remote").inc(len(plan.gone))
+        if e.persist is not None and (applied or plan.gone):
+            deletes = [(self.blocklist, n) for n in plan.gone]
+            deletes += [(self.blocklist, n) for _b, absorbed in ranges for n in absorbed]
+            packed: list[PackedBans] = [(self.blocklist, pack_hosts(keys, v), until, "remote", reason, "")
+                                        for _name, v, keys, until, reason in hosts if keys]
+            await e.persist(StateChange([b for b, _a in ranges], deletes, packed_saves=packed))
+        self._audit(ranges, hosts, plan.gone, now)
+        if plan.gone and self.on_removed is not None:
+            self.on_removed(plan.gone)
+
+    def _plan(self, change: FleetChange, now: float) -> _Plan:
+        """The state changes and kernel ops of `change` (under the enforcer's lock).
+
+        Single addresses (nearly every fleet ban) take the bulk path, grouped by end and origin host: one set
+        operation in the state per group (BanState.ban_hosts, same later-end rule), one shared op spec, one
+        packed database row. A 100k replay spent a third of its time in per-ban `BanState.ban` calls, `Ban`
+        values and database rows before."""
+        e = self.enforcer
+        state = e.state
+        plan = _Plan()
+        ops: list[SetOp] = []
+        self._plan_unbans(change, plan, ops)
+        by_group: dict[tuple[int, float, str], list[int]] = {}
+        for b in change.bans:
+            t = b.net
+            if t.prefixlen == t.max_prefixlen:
+                grp = by_group.get((t.version, b.until, b.origin))
+                if grp is None:
+                    grp = by_group[(t.version, b.until, b.origin)] = []
+                grp.append(int(t.network_address))
+                continue
+            first = int(t.network_address)
+            last = first | ((1 << (t.max_prefixlen - t.prefixlen)) - 1)
+            if never_ban_range(t.version, first, last) is not None or \
+                    e.allow.contains_range(t.version, first, last) is not None:
+                plan.refused += 1
+                continue
+            reason = fleet_reason(b.origin)
+            ban = Ban(t, self.blocklist, None if b.until == math.inf else b.until, "remote", reason)
+            ch = state.ban(ban, now, reason)
+            if ch.outcome in APPLIED:
+                ops.extend(ch.ops)
+                plan.attempted += 1
+                plan.ranges.append((ban, ch.related if ch.outcome is BanOutcome.ABSORBED else ()))
+        self._plan_hosts(by_group, now, plan)
+        by_set: dict[str, Group] = {}
+        for op in ops:
+            g = by_set.get(op.set_name)
+            if g is None:
+                g = by_set[op.set_name] = Group(op.set_name, [], [])
+            g.keys.append(op.key)
+            g.specs.append(OpSpec(op.add, op.until_ms, op.comment, op.existed))
+        plan.groups += by_set.values()
+        return plan
+
+    def _plan_unbans(self, change: FleetChange, plan: _Plan, ops: list[SetOp]) -> None:
+        state = self.enforcer.state
+        for u in change.unbans:
+            entries = state.set_for(self.blocklist, u.net)
+            if entries is None:
+                continue
+            key = state.key_for(entries, u.net)
+            origin = state.origin_of(entries, key)
+            if origin is None:
+                continue
+            if origin != "remote" and (u.at is None or self._made(entries.spec.name, key) >= u.at):
+                continue  # a local ban made after the unban stays
+            ch = state.unban(Unban(u.net, self.blocklist, "remote"))
+            if ch.outcome is BanOutcome.REMOVED:
+                ops.extend(ch.ops)
+                plan.gone.append(u.net)
+
+    def _plan_hosts(self, by_group: dict[tuple[int, float, str], list[int]], now: float, plan: _Plan) -> None:
+        state = self.enforcer.state
+        for (version, end, host), keys in by_group.items():
+            keys = self._admissible(version, keys, plan)
+            until = None if end == math.inf else end
+            reason = fleet_reason(host)
+            # no kernel comment on single addresses: a comment takes the writer off its uniform fast path (the
+            # kernel thread's encoding was a quarter of a 100k replay); state, database, audit and
+            # `nftblock check` name the origin host
+            bc = state.ban_hosts(self.blocklist, version, keys, until, now, origin="remote", reason=reason)
+            if bc is None:
+                plan.refused += len(keys)
+                continue
+            for part, spec in ((bc.new, bc.spec_new), (bc.extended, bc.spec_extended)):
+                if part:
+                    plan.groups.append(Group(bc.set_name, part, [spec] * len(part)))
+            done = bc.new + bc.extended
+            plan.attempted += len(done)
+            plan.hosts.append((bc.set_name, version, done, until, reason))
+
+    def _admissible(self, version: int, keys: list[int], plan: _Plan) -> list[int]:
+        """`keys` less never-ban space and the allowlist (the gate refused them first; the allowlist may have
+        changed since), counted as refused."""
+        drop = set(never_ban_keys(version, keys))
+        allow = self.enforcer.allow
+        if len(allow):
+            drop.update(k for k in keys if allow.contains_range(version, k, k) is not None)
+        if not drop:
+            return keys
+        plan.refused += len(drop)
+        return [k for k in keys if k not in drop]
+
+    async def _write(self, groups: list[Group], now: float) -> set[tuple[str, int] | tuple[int, int]]:
+        """ONE kernel write; returns what the kernel refused, as (set, key) and as (version, net key), after
+        the state forgot it."""
+        e = self.enforcer
+        state = e.state
+        res = await e.kernel(e._writer().write, groups, int(now * 1000))
+        e.generation = e._writer().last_generation
+        failed: set[tuple[str, int] | tuple[int, int]] = set()
+        for (name, key), (errno, _text) in res.failed.items():
+            e._count_refusal(errno, name)
+            entries = state.sets[name]
+            failed.add((name, key))
+            failed.add((entries.spec.version, net_key(state.net_of(entries, key))))
+            state.forget(name, key)
+        return failed
+
+    def _audit(self, ranges: list[tuple[Ban, tuple[IPNet, ...]]], hosts: list[_Hosts], gone: list[IPNet],
+               now: float) -> None:
+        n_bans = len(ranges) + sum(len(h[2]) for h in hosts)
+        budget = self.enforcer._audit_budget.take(n_bans + len(gone))
+        shown = 0
+        lines: list[tuple[str, str, float | None]] = [(format_target(b.target), b.reason, b.until)
+                                                      for b, _a in ranges[:budget]]
+        for _name, v, keys, until, reason in hosts:
+            if len(lines) >= budget:
+                break
+            lines += [(format_host(k, v), reason, until) for k in keys[:budget - len(lines)]]
+        for addr, reason, until in lines:
+            shown += 1
+            host = reason[len(FLEET_REASON):]
+            dur = "permanent" if until is None else f"{max(0, round(until - now))}s"
+            audit_log.info("ban jail=fleet address=%s set=%s duration=%s reason=%s origin_host=%s", addr,
+                           self.blocklist, dur, quote(reason), quote(host),
+                           extra={"jail": "fleet", "address": addr, "origin": "remote", "origin_host": host})
+        for net in gone[:max(0, budget - shown)]:
+            shown += 1
+            addr = format_target(net)
+            audit_log.info("unban jail=fleet address=%s set=%s reason=%s", addr, self.blocklist,
+                           quote("fleet-wide unban"), extra={"jail": "fleet", "address": addr, "origin": "remote"})
+        if shown < n_bans + len(gone):
+            hosts_named = sorted({b.reason for b, _a in ranges} | {h[4] for h in hosts})
+            names = ", ".join(r[len(FLEET_REASON):] for r in hosts_named[:10]) + (", ..." if len(hosts_named) > 10
+                                                                                  else "")
+            audit_log.info("fleet: %d bans (from %s) and %d unbans applied to blocklist %s (first %d shown)",
+                           n_bans, names or "-", len(gone), self.blocklist, shown,
+                           extra={"jail": "fleet", "origin": "remote"})
+
+
+# (set name, IP version, keys applied, end or None, reason) of one group of single-address fleet bans
+_Hosts = tuple[str, int, list[int], float | None, str]
+
+
+@dataclass(slots=True)
+class _Plan:
+    groups: list[Group] = field(default_factory=list)
+    ranges: list[tuple[Ban, tuple[IPNet, ...]]] = field(default_factory=list)  # with the ranges absorbed
+    hosts: list[_Hosts] = field(default_factory=list)
+    gone: list[IPNet] = field(default_factory=list)
+    attempted: int = 0  # bans sent to the kernel
+    refused: int = 0  # bans refused before the kernel (never-ban, allowlist, unknown set)
+
+
+__all__ = ["EnforcerFleetSink"]

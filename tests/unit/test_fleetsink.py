@@ -1,0 +1,170 @@
+"""The enforcer's fleet sink (kernel/fleetsink.py) on the in-memory SetWriter: one kernel transaction per
+change, the later end wins, a longer local ban stays, unbans remove fleet elements and only older local bans,
+fleet bans are saved with their origin host, and `fleet_view` splits fleet from local elements."""
+
+from __future__ import annotations
+
+import asyncio
+import errno as E
+import ipaddress
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from nftblockd.addr import IPNet
+from nftblockd.allowlist import build_allowlist
+from nftblockd.config import parse_config
+from nftblockd.events import Ban, FleetBan, FleetChange, FleetUnban, fleet_origin_host
+from nftblockd.kernel.enforcer import Enforcer
+from nftblockd.kernel.fleetsink import EnforcerFleetSink
+from nftblockd.kernel.ruleset import plan_ruleset
+from nftblockd.state.change import StateChange
+from tests.helpers.fakekernel import FakeSetWriter
+
+T0 = 1_900_000_000.0
+CONFIG = "blocklists: {default: {}, other: {}}\nallowlist: [10.0.0.0/8]\nallowlist_self: false\n"
+
+
+def net(text: str) -> IPNet:
+    return ipaddress.ip_network(text)
+
+
+@dataclass
+class Rig:
+    enforcer: Enforcer
+    sink: EnforcerFleetSink
+    fake: FakeSetWriter
+    saved: list[StateChange]
+
+    def kernel(self, set_name: str = "default_ip4") -> dict[int, int | None]:
+        return {k: e.until_ms for k, e in self.fake.sets[set_name].items()}
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    cfg = parse_config(CONFIG)
+    plan = plan_ruleset(cfg)
+    fake = FakeSetWriter(plan, clock=lambda: T0)
+    saved: list[StateChange] = []
+
+    async def persist(change: StateChange) -> None:
+        saved.append(change)
+
+    enforcer = Enforcer(cfg, plan, build_allowlist(cfg.allowlist, include_self=False), lambda: fake,
+                        persist=persist)
+    await enforcer.start()
+    stop = asyncio.Event()
+    batcher = asyncio.create_task(enforcer.batcher.run(stop))
+    sink = EnforcerFleetSink(enforcer, "default", started=T0 - 100, clock=lambda: T0)
+    try:
+        yield Rig(enforcer, sink, fake, saved)
+    finally:
+        stop.set()
+        await batcher
+        await enforcer.close()
+
+
+def key(text: str) -> int:
+    return int(ipaddress.ip_address(text))
+
+
+async def test_a_change_is_one_transaction_with_the_origin_host(rig: Rig) -> None:
+    before = len(rig.fake.transactions)
+    await rig.sink.apply_fleet(FleetChange(tuple(FleetBan(net(f"203.0.113.{i}"), T0 + 60, "web-02")
+                                                 for i in range(1, 51))))
+    assert len(rig.fake.transactions) == before + 1
+    assert len(rig.kernel()) == 50
+    elem = rig.fake.sets["default_ip4"][key("203.0.113.7")]
+    assert elem.comment == "" and elem.until_ms == int((T0 + 60) * 1000)  # single addresses: the fast path
+    info = rig.enforcer.state.covering(net("203.0.113.7"))[0]
+    assert (info.origin, fleet_origin_host(info.origin, info.reason)) == ("remote", "web-02")
+    # saved with origin and host, so a restart restores them as fleet bans
+    # single addresses: one packed row per (end, origin host), as the jail sink saves a burst
+    assert len(rig.saved) == 1
+    [(blocklist, packed, until, origin, reason, jail)] = rig.saved[0].packed_saves
+    assert (blocklist, until, origin, reason, jail, len(packed)) == ("default", T0 + 60, "remote", "fleet:web-02",
+                                                                    "", 50)
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("198.51.100.0/24"), T0 + 60, "web-03"),)))
+    assert [(b.target, b.origin, b.reason) for b in rig.saved[1].saves] == [
+        (net("198.51.100.0/24"), "remote", "fleet:web-03")]
+
+
+async def test_later_end_wins_and_a_longer_local_ban_stays(rig: Rig) -> None:
+    await rig.enforcer.apply([Ban(net("203.0.113.1"), "default", T0 + 1000, "cli", "mine")], now=T0)
+    await rig.enforcer.apply([Ban(net("203.0.113.2"), "default", T0 + 10, "cli", "mine")], now=T0)
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.1"), T0 + 100, "b"),
+                                            FleetBan(net("203.0.113.2"), T0 + 100, "b"))))
+    one = rig.enforcer.state.covering(net("203.0.113.1"))[0]
+    two = rig.enforcer.state.covering(net("203.0.113.2"))[0]
+    assert (one.origin, one.until) == ("cli", T0 + 1000)  # the local ban lasts longer: untouched
+    assert (two.origin, two.until) == ("remote", T0 + 100)  # extended by the fleet
+    assert rig.kernel()[key("203.0.113.2")] == int((T0 + 100) * 1000)
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.2"), T0 + 50, "c"),)))
+    assert rig.enforcer.state.covering(net("203.0.113.2"))[0].until == T0 + 100  # an earlier end: no-op
+
+
+async def test_unban_removes_fleet_elements_and_only_older_local_bans(rig: Rig) -> None:
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.1"), T0 + 100, "b"),)))
+    await rig.enforcer.apply([Ban(net("203.0.113.2"), "default", T0 + 100, "cli")], now=T0)
+    rig.sink.note_local([net("203.0.113.2")], T0)  # made at T0
+    await rig.enforcer.apply([Ban(net("203.0.113.3"), "default", T0 + 100, "cli")], now=T0)  # restored: start
+    await rig.sink.apply_fleet(FleetChange(unbans=(FleetUnban(net("203.0.113.1"), None),
+                                                   FleetUnban(net("203.0.113.2"), T0 - 1),
+                                                   FleetUnban(net("203.0.113.3"), T0 - 200))))
+    assert key("203.0.113.1") not in rig.kernel()
+    assert key("203.0.113.2") in rig.kernel()  # made after the unban
+    assert key("203.0.113.3") in rig.kernel()  # made at the latest at the start, after the unban
+    await rig.sink.apply_fleet(FleetChange(unbans=(FleetUnban(net("203.0.113.2"), T0 + 1),
+                                                   FleetUnban(net("203.0.113.3"), T0 - 50))))
+    assert key("203.0.113.2") not in rig.kernel() and key("203.0.113.3") not in rig.kernel()
+    assert rig.saved[-1].deletes == [("default", net("203.0.113.2")), ("default", net("203.0.113.3"))]
+
+
+async def test_allowlist_and_never_ban_are_refused_again(rig: Rig) -> None:
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("10.1.2.3"), T0 + 60, "b"),
+                                            FleetBan(net("127.0.0.1"), T0 + 60, "b"),
+                                            FleetBan(net("203.0.113.9"), T0 + 60, "b"))))
+    assert set(rig.kernel()) == {key("203.0.113.9")}
+    assert rig.sink.refused == 2 and rig.sink.applied == 1
+
+
+async def test_kernel_refusal_is_forgotten(rig: Rig) -> None:
+    rig.fake.fail[("default_ip4", key("203.0.113.5"))] = E.ENFILE
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.5"), T0 + 60, "b"),
+                                            FleetBan(net("203.0.113.6"), T0 + 60, "b"))))
+    assert not rig.enforcer.state.covering(net("203.0.113.5"))
+    assert rig.sink.applied == 1 and rig.sink.refused == 1
+    assert rig.saved[-1].packed_saves[0][1] == [ipaddress.ip_address("203.0.113.6").packed]
+
+
+async def test_ranges_and_permanent(rig: Rig) -> None:
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("198.51.100.0/24"), math.inf, "b"),)))
+    info = rig.enforcer.state.covering(net("198.51.100.7"))[0]
+    assert info.until is None and info.origin == "remote"
+
+
+async def test_fleet_view_splits_fleet_and_local(rig: Rig) -> None:
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.1"), T0 + 100, "b"),)))
+    await rig.enforcer.apply([Ban(net("203.0.113.2"), "default", None, "jail", "", "sshd")], now=T0)
+    await rig.enforcer.apply([Ban(net("203.0.113.3"), "other", T0 + 100, "cli")], now=T0)  # not the fleet's
+    rig.sink.note_local([net("203.0.113.2")], T0 - 5)
+    fleet, local = await rig.sink.fleet_view()
+    assert fleet == {net("203.0.113.1"): T0 + 100}
+    assert set(local) == {net("203.0.113.2")}
+    assert local[net("203.0.113.2")].until == math.inf and local[net("203.0.113.2")].created == T0 - 5
+
+
+async def test_note_local_is_bounded_by_the_state(rig: Rig) -> None:
+    rig.sink.note_local([net(f"203.0.{i // 250}.{i % 250 + 1}") for i in range(12_000)], T0)
+    assert len(rig.sink._created) <= 10_001  # none of them is held: dropped once the map outgrew the state
+
+
+async def test_removed_targets_are_reported(rig: Rig) -> None:
+    removed: list[IPNet] = []
+    rig.sink.on_removed = removed.extend
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.1"), T0 + 100, "b"),)))
+    await rig.sink.apply_fleet(FleetChange(unbans=(FleetUnban(net("203.0.113.1"), None),
+                                                   FleetUnban(net("203.0.113.2"), None))))
+    assert removed == [net("203.0.113.1")]
