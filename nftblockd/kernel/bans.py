@@ -126,6 +126,20 @@ def unpack_end(packed: int) -> int | None:
     return None if u == _NEVER else u
 
 
+def _reindex(entries: SetEntries, added: list[int], removed: list[int]) -> None:
+    """Keep an interval set's sorted index in step with keys added and removed: edited in place for a small
+    change, marked stale (rebuilt by one sort at the next look-up) for a large one."""
+    if not entries.spec.interval or not (added or removed):
+        return
+    if len(added) + len(removed) < INDEX_EDITS:
+        for k in removed:
+            entries.index_remove(k)
+        for k in added:
+            entries.index_add(k)
+    else:
+        entries.stale = True
+
+
 def _later(a: int | None, b: int | None) -> bool:
     """True if end `a` is strictly later than end `b` (None = never)."""
     if a is None:
@@ -384,14 +398,7 @@ class BanState:
         d.update(dict.fromkeys(added, packed))
         if refresh:
             d.update(dict.fromkeys(kept, packed))
-        if entries.spec.interval and (added or removed):
-            if len(added) + len(removed) < INDEX_EDITS:  # small change: keep the sorted index, edit it in place
-                for k in removed:
-                    entries.index_remove(k)
-                for k in added:
-                    entries.index_add(k)
-            else:
-                entries.stale = True
+        _reindex(entries, added, removed)
         return added, removed, kept
 
     def apply_delta(self, set_name_: str, added: list[int], removed: list[int], renewed: list[int],
@@ -409,14 +416,7 @@ class BanState:
         new = [k for k in added if k not in d]
         d.update(dict.fromkeys(added, packed))
         d.update(dict.fromkeys(renewed, packed))
-        if entries.spec.interval and (new or gone):
-            if len(new) + len(gone) < INDEX_EDITS:
-                for k in gone:
-                    entries.index_remove(k)
-                for k in new:
-                    entries.index_add(k)
-            else:
-                entries.stale = True
+        _reindex(entries, new, gone)
         return gone
 
     def unban_hosts(self, blocklist: str, version: int, keys: list[int]) -> tuple[str, list[int], list[int]] | None:
