@@ -445,28 +445,19 @@ def _targets_from_args(ctx: _Context, targets: list[str]) -> list[str]:
 
 
 def _targets_from_lines(lines: Iterable[str]) -> list[str]:
-    """One target per line; blank lines and `#` comments (whole-line or trailing) are skipped."""
-    out: dict[str, None] = {}
-    first_bad: str | None = None
-    nbad = 0
-    lineno = 0
-    try:
-        for lineno, line in enumerate(lines, 1):
-            text = line.split("#", 1)[0].strip()
-            if not text:
-                continue
-            try:
-                out[canonical_target(text)] = None
-            except ValueError as exc:  # addr.AddressError
-                nbad += 1
-                if first_bad is None:
-                    first_bad = f"stdin line {lineno}: {exc}"
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"stdin line {lineno + 1}: not text ({exc.reason}); nothing was sent") from None
-    if first_bad is not None:
-        more = f" (and {nbad - 1} more invalid lines)" if nbad > 1 else ""
-        raise UsageError(f"{first_bad}{more}; nothing was sent")
-    return list(out)
+    """One target per line; blank lines and `#` comments (whole-line or trailing) are skipped. The plain
+    reader (one line at a time through `_Lines.lines`): `_targets_from_stream`'s block checks are tested
+    against it."""
+    acc = _Lines()
+    it = iter(lines)
+    while True:
+        try:
+            line = next(it)
+        except StopIteration:
+            return acc.result()
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"stdin line {acc.lineno + 1}: not text ({exc.reason}); nothing was sent") from None
+        acc.lines((line,))
 
 
 _STDIN_BLOCK = 1 << 20  # bytes read from stdin at a time: validated while the writer is still writing
