@@ -19,7 +19,7 @@ import asyncio  # noqa: TID251 (an IO edge: hands batches to the kernel thread a
 import errno as E
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -31,7 +31,7 @@ from nftblockd.events import Ban, Decision, Unban, clip_reason
 from nftblockd.kernel.bans import DELETE, BanOutcome, BanState, BulkChange, Change, OpSpec, SetOp
 from nftblockd.kernel.batcher import ApplyOutcome, Batcher, FlushReport, Group, OpFailure
 from nftblockd.kernel.ruleset import Ruleset
-from nftblockd.kernel.setwriter import Features, IngressChange, SetWriter
+from nftblockd.kernel.setwriter import Features, IngressChange, SetWriter, WriteResult
 from nftblockd.neverban import never_ban_keys, never_ban_range
 from nftblockd.service.logsetup import quote
 from nftblockd.service.metrics import Metrics
@@ -126,6 +126,13 @@ def refusal_reason(r: DecisionResult) -> str:
     if r.code == "unavailable":  # the kernel refused the element (its set is named) or the state did (overlap)
         return "kernel" if r.set_name else "overlap"
     return r.code or "none"
+
+
+def _log_unbannable(where: str, messages: Sequence[str]) -> None:
+    """One warning for bans removed because no ban may cover them (`where`: whence they came)."""
+    more = f" (and {len(messages) - 5} more)" if len(messages) > 5 else ""
+    log.warning("removed %d %s that no ban may cover, instead of enforcing them: %s%s", len(messages), where,
+                "; ".join(messages[:5]), more)
 
 
 class Enforcer:
@@ -270,10 +277,7 @@ class Enforcer:
             by_reason[reason] = by_reason.get(reason, 0) + 1
         for reason, n in by_reason.items():
             self._count_refused(reason, n)
-        shown = [msg for _reason, msg in list(found.values())[:5]]
-        more = f" (and {len(found) - len(shown)} more)" if len(found) > len(shown) else ""
-        log.warning("removed %d %s that no ban may cover, instead of enforcing them: %s%s", len(found), where,
-                    "; ".join(shown), more)
+        _log_unbannable(where, [msg for _reason, msg in found.values()])
 
     def _count_refused(self, reason: str, n: int) -> None:
         if n and self.metrics is not None:
@@ -459,20 +463,28 @@ class Enforcer:
                     spec_kept = OpSpec(True, until_ms, "", True)
                     groups.append(Group(name, adds, [spec_new] * len(added) + [spec_kept] * (len(adds) - len(added))))
             res = await self.kernel(self._writer().write, groups, int(now * 1000)) if groups else None
-        failed = 0
-        if res is not None:
-            self.generation = self._writer().last_generation
-            for (name, key), (errno, _text) in res.failed.items():
-                self.state.forget(name, key)
-                failed += 1
-                self._count_refusal(errno, name)
-            # feed entries the kernel refused (a full set) are bans refused; a failed delete is not one
-            self._count_refused("kernel", sum(1 for name, key in res.failed if key not in removed_keys.get(name, ())))
-            if self.metrics is not None and res.elements_sent:
-                self.metrics.batch_seconds.observe(res.seconds)
-                self.metrics.batch_elements.observe(res.elements_sent)
+        failed = self._settle_set_write(res, removed_keys)
         return SyncResult(sum(len(c[0]) for c in changes.values()), sum(len(c[1]) for c in changes.values()),
-                          failed)
+                          len(failed))
+
+    def _settle_set_write(self, res: WriteResult | None, removed: Mapping[str, Collection[int]]
+                          ) -> list[tuple[str, int]]:
+        """After a whole-set write (`sync_sets`, `apply_set_deltas`): the state forgets what the kernel refused,
+        which is counted (refused entries are bans refused; a failed delete of `removed` is not one) and
+        returned."""
+        if res is None:
+            return []
+        self.generation = self._writer().last_generation
+        refused: list[tuple[str, int]] = []
+        for (name, key), (errno, _text) in res.failed.items():
+            self.state.forget(name, key)
+            refused.append((name, key))
+            self._count_refusal(errno, name)
+        self._count_refused("kernel", sum(1 for name, key in refused if key not in removed.get(name, ())))
+        if self.metrics is not None and res.elements_sent:
+            self.metrics.batch_seconds.observe(res.seconds)
+            self.metrics.batch_elements.observe(res.elements_sent)
+        return refused
 
     async def apply_set_deltas(self, deltas: dict[str, tuple[list[int], list[int], list[int]]], until: float | None,
                                *, reason: str = "", origin: str = "feed") -> tuple[SyncResult, list[tuple[str, int]]]:
@@ -482,6 +494,7 @@ class Enforcer:
         pairs the kernel refused (forgotten by the state, as in `sync_sets`)."""
         now = time.time()
         groups: list[Group] = []
+        gone_keys: dict[str, list[int]] = {}
         until_ms = None if until is None else int(until * 1000)
         spec_new = OpSpec(True, until_ms, "")
         spec_kept = OpSpec(True, until_ms, "", True)
@@ -489,22 +502,14 @@ class Enforcer:
             for name, (added, removed, renewed) in deltas.items():
                 if not (added or removed or renewed):
                     continue
-                gone = self.state.apply_delta(name, added, removed, renewed, until, origin=origin, reason=reason)
+                gone = gone_keys[name] = self.state.apply_delta(name, added, removed, renewed, until,
+                                                                origin=origin, reason=reason)
                 if gone:
                     groups.append(Group(name, gone, [DELETE] * len(gone)))
                 if added or renewed:
                     groups.append(Group(name, added + renewed, [spec_new] * len(added) + [spec_kept] * len(renewed)))
             res = await self.kernel(self._writer().write, groups, int(now * 1000)) if groups else None
-        refused: list[tuple[str, int]] = []
-        if res is not None:
-            self.generation = self._writer().last_generation
-            for (name, key), (errno, _text) in res.failed.items():
-                self.state.forget(name, key)
-                refused.append((name, key))
-                self._count_refusal(errno, name)
-            if self.metrics is not None and res.elements_sent:
-                self.metrics.batch_seconds.observe(res.seconds)
-                self.metrics.batch_elements.observe(res.elements_sent)
+        refused = self._settle_set_write(res, {n: set(g) for n, g in gone_keys.items()})
         return SyncResult(sum(len(d[0]) for d in deltas.values()), sum(len(d[1]) for d in deltas.values()),
                           len(refused)), refused
 
@@ -565,11 +570,8 @@ class Enforcer:
         results = await self.apply(bans, now=now, persist=False)
         gone = [(b, r) for b, r in zip(bans, results, strict=True) if r.code in ("never_ban", "allowlisted")]
         if gone:
-            self.counters.unbannable_removed += len(gone)
-            shown = "; ".join(r.message for _b, r in gone[:5])
-            more = f" (and {len(gone) - 5} more)" if len(gone) > 5 else ""
-            log.warning("removed %d saved bans that no ban may cover, instead of enforcing them: %s%s", len(gone),
-                        shown, more)
+            self.counters.unbannable_removed += len(gone)  # (refusals already counted by `apply`)
+            _log_unbannable("saved bans", [r.message for _b, r in gone])
             if self.persist is not None:
                 await self.persist(StateChange(deletes=[(b.blocklist, b.target) for b, _r in gone]))
         return results

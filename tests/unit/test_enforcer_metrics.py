@@ -164,6 +164,16 @@ async def test_feed_syncs_count_their_batch_and_their_kernel_refusals(rig: ApiRi
     assert sample(rig, "nftblock_bans_refused_total", reason="kernel") == 3  # feed entries are bans too
 
 
+async def test_feed_deltas_count_their_kernel_refusals_as_full_syncs_do(rig: ApiRig) -> None:
+    # a refresh applies a delta (feeds/delta.py) instead of a whole set: the same counting, one shared helper
+    rig.fake.fail[("default_ip4", k("192.0.2.9"))] = E.ENOMEM
+    r, refused = await rig.enforcer.apply_set_deltas({"default_ip4": ([k("192.0.2.9"), k("192.0.2.10")], [], [])},
+                                                     None)
+    assert r.failed == 1 and refused == [("default_ip4", k("192.0.2.9"))]
+    assert sample(rig, "nftblock_netlink_errors_total", errno="ENOMEM") == 1
+    assert sample(rig, "nftblock_bans_refused_total", reason="kernel") == 1
+
+
 async def test_restored_bans_the_kernel_refuses_are_counted(rig: ApiRig) -> None:
     rig.fake.fail[("default_ip4", k("192.0.2.2"))] = E.ENOMEM
     out = await rig.enforcer.restore_hosts("default", 4, [k("192.0.2.1"), k("192.0.2.2")], [None, None],
