@@ -354,8 +354,7 @@ class KernelWriter:
         refusal) goes through `write`, which finds and reports the offenders."""
         t0 = time.perf_counter()
         spec = self._specs.get(set_name)
-        timed = [i for i, u in enumerate(until_ms) if u is not None]
-        if spec is None or spec.interval or not self.features.timeout_update or len(timed) != len(until_ms):
+        if spec is None or spec.interval or not self.features.timeout_update or None in until_ms:
             return self._write_timed_general(set_name, keys, until_ms, now_ms)
         remaining = [u - now_ms for u in until_ms]  # type: ignore[operator]  # none is None: checked above
         if min(remaining, default=1) <= 0:
