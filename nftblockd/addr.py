@@ -73,7 +73,6 @@ __all__ = [
     "parse_target",
     "parse_v4",
     "split_hosts",
-    "split_net_keys",
     "tagged_key",
     "tagged_net",
     "target_text",
@@ -374,20 +373,6 @@ def key_range(key: int, version: int) -> Range:
     """Inclusive (first, last) address of a net key."""
     start = key >> 8
     return start, start + (1 << ((32 if version == 4 else 128) - (key & 0xFF))) - 1
-
-
-def split_net_keys(keys: Iterable[int], version: int) -> tuple[list[int], list[int]]:
-    """(host keys of the single addresses, net keys of the ranges): what goes to a hash set, what to an
-    interval set."""
-    bits = 32 if version == 4 else 128
-    hosts: list[int] = []
-    ranges: list[int] = []
-    for k in keys:
-        if k & 0xFF == bits:
-            hosts.append(k >> 8)
-        else:
-            ranges.append(k)
-    return hosts, ranges
 
 
 # -- tagged keys (both families in one dict) --------------------------------------------------------------

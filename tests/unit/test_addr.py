@@ -30,7 +30,6 @@ from nftblockd.addr import (
     parse_target,
     parse_v4,
     split_hosts,
-    split_net_keys,
     tagged_key,
     tagged_net,
     target_text,
@@ -255,9 +254,6 @@ def test_net_keys_round_trip_and_sort_by_start(net: IPNet) -> None:
     key = net_key(net)
     assert key_net(key, net.version) == net
     assert key_range(key, net.version) == (int(net.network_address), int(net.broadcast_address))
-    hosts, ranges = split_net_keys([key], net.version)
-    single = net.prefixlen == net.max_prefixlen
-    assert (hosts, ranges) == (([int(net.network_address)], []) if single else ([], [key]))
 
 
 @given(st.lists(_nets, max_size=20))
