@@ -250,11 +250,10 @@ class Enforcer:
             for k in never_ban_keys(version, keys):
                 out[k] = ("never_ban", f"{format_host(k, version)} is never banned: "
                                        f"{never_ban_range(version, k, k)}")
-            if len(self.allow):
-                for k in keys:
-                    hit = self.allow.contains_range(version, k, k)
-                    if hit is not None and k not in out:
-                        out[k] = ("allowlisted", f"{format_host(k, version)} is allowlisted ({hit})")
+            for k in self.allow.hosts_among(version, keys) if len(self.allow) else ():
+                if k not in out:  # the entry is looked up again only for the refused
+                    out[k] = ("allowlisted", f"{format_host(k, version)} is allowlisted "
+                                             f"({self.allow.contains_range(version, k, k)})")
             return out
         for k in keys:
             first, last = key_range(k, version)

@@ -39,7 +39,6 @@ from nftblockd.events import FLEET_REASON, Ban, FleetChange, LocalBan, Unban, fl
 from nftblockd.kernel.bans import BanOutcome, OpSpec, SetOp
 from nftblockd.kernel.batcher import Group
 from nftblockd.kernel.enforcer import Enforcer
-from nftblockd.neverban import never_ban_keys, never_ban_range
 from nftblockd.service.logsetup import quote
 from nftblockd.state.change import PackedBans, StateChange
 
@@ -149,10 +148,7 @@ class EnforcerFleetSink:
                     grp = by_group[(t.version, b.until, b.origin)] = []
                 grp.append(int(t.network_address))
                 continue
-            first = int(t.network_address)
-            last = first | ((1 << (t.max_prefixlen - t.prefixlen)) - 1)
-            if never_ban_range(t.version, first, last) is not None or \
-                    e.allow.contains_range(t.version, first, last) is not None:
+            if e.unbannable(t.version, True, [net_key(t)]):
                 plan.refused += 1
                 continue
             reason = fleet_reason(b.origin)
@@ -211,12 +207,9 @@ class EnforcerFleetSink:
             plan.hosts.append((bc.set_name, version, done, until, reason))
 
     def _admissible(self, version: int, keys: list[int], plan: _Plan) -> list[int]:
-        """`keys` less never-ban space and the allowlist (the gate refused them first; the allowlist may have
-        changed since), counted as refused."""
-        drop = set(never_ban_keys(version, keys))
-        allow = self.enforcer.allow
-        if len(allow):
-            drop.update(k for k in keys if allow.contains_range(version, k, k) is not None)
+        """`keys` less what no ban may cover (never-ban space, the allowlist: the gate refused them first; the
+        allowlist may have changed since), counted as refused."""
+        drop = self.enforcer.unbannable(version, False, keys)
         if not drop:
             return keys
         plan.refused += len(drop)
