@@ -290,10 +290,10 @@ class FeedFetcher:
         self._last_attempt: float | None = None
         self._next_refresh: float | None = None
         self._wake = asyncio.Event()
-        self._lock = asyncio.Lock()  # one fetch at a time: run() and a CLI-triggered fetch() may meet
-        # Held from a fetch until its copy is handed over (on_update done). A CLI refresh that found the copy
-        # "unchanged" because run()'s fetch had just taken it must not answer before that copy is enforced.
-        self.handover = asyncio.Lock()
+        # One fetch at a time, held until its copy is handed over (on_update done): run() and a CLI refresh may
+        # meet, and a refresh that found the copy "unchanged" because run() had just taken it must not answer
+        # before that copy is enforced.
+        self._lock = asyncio.Lock()
 
     @property
     def name(self) -> str:
@@ -443,6 +443,15 @@ class FeedFetcher:
         """
         async with self._lock:
             return await self._fetch()
+
+    async def fetch_now(self, on_update: Callable[[FeedUpdate], Awaitable[None]]) -> FeedUpdate | None:
+        """A fetch outside the schedule (`nftblock feeds refresh`): as `fetch`, and a new copy is handed to
+        `on_update` before any other fetch of this feed starts; so is one that `run()` is handing over."""
+        async with self._lock:
+            update = await self._fetch()
+            if update is not None:
+                await on_update(update)
+            return update
 
     async def _fetch(self) -> FeedUpdate | None:
         now = self._clock.time()
@@ -704,8 +713,8 @@ class FeedFetcher:
             await self._pause(delay, stop)
             if stop.is_set():
                 break
-            async with self.handover:
-                fetching = asyncio.ensure_future(self.fetch())
+            async with self._lock:  # until the copy is handed over (see __init__)
+                fetching = asyncio.ensure_future(self._fetch())
                 stopping = asyncio.ensure_future(stop.wait())
                 try:
                     await asyncio.wait({fetching, stopping}, return_when=asyncio.FIRST_COMPLETED)

@@ -259,15 +259,11 @@ class FeedManager:
             raise FeedNotFound(f"no feed named {name!r} (feeds: {', '.join(self.fetchers) or 'none'})")
         if accept and not f.accept():
             raise FeedNotFound(f"feed {name!r} has no held copy to accept")
-        async with f.handover:  # after a copy the feed's own task fetched is enforced, not before
-            try:
-                upd = await f.fetch()
-                if self.metrics is not None:
-                    self.metrics.feed_fetch.labels(name, "ok" if upd else "unchanged").inc()
-            except FeedError:
-                if self.metrics is not None:
-                    self.metrics.feed_fetch.labels(name, "error").inc()
-                upd = None
-            if upd is not None:
-                await self.on_update(upd)
+        try:
+            upd = await f.fetch_now(self.on_update)  # answers once the copy in force is enforced
+            if self.metrics is not None:
+                self.metrics.feed_fetch.labels(name, "ok" if upd else "unchanged").inc()
+        except FeedError:
+            if self.metrics is not None:
+                self.metrics.feed_fetch.labels(name, "error").inc()
         return {"feed": next(d for d in self.status() if d["name"] == name)}
