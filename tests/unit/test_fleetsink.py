@@ -137,6 +137,8 @@ async def test_kernel_refusal_is_forgotten(rig: Rig) -> None:
     assert not rig.enforcer.state.covering(net("203.0.113.5"))
     assert rig.sink.applied == 1 and rig.sink.refused == 1
     assert rig.saved[-1].packed_saves[0][1] == [ipaddress.ip_address("203.0.113.6").packed]
+    # counted as on every other path to the kernel (Enforcer.write_sets settles it)
+    assert rig.enforcer.counters.kernel_errors == {E.ENFILE: 1} and rig.enforcer.counters.set_full == 1
 
 
 async def test_ranges_and_permanent(rig: Rig) -> None:
