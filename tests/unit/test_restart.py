@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -116,6 +118,15 @@ async def test_the_real_pause_ends_when_stop_is_set() -> None:
     assert runs == [1]
 
 
+async def cancel_when(reached: asyncio.Event, coro: Coroutine[Any, Any, None]) -> None:
+    """Run `coro` as a task, cancel it once it has `reached` its await, and expect the cancellation back."""
+    task = asyncio.create_task(coro)
+    await reached.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 async def test_cancelling_a_run_propagates_and_is_no_failure() -> None:
     running = asyncio.Event()
     tally = Tally()
@@ -124,11 +135,7 @@ async def test_cancelling_a_run_propagates_and_is_no_failure() -> None:
         running.set()
         await asyncio.Event().wait()
 
-    task = asyncio.create_task(keep_running(run, asyncio.Event(), what="x", failures=tally))
-    await running.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel_when(running, keep_running(run, asyncio.Event(), what="x", failures=tally))
     assert tally.n == 0
 
 
@@ -140,11 +147,7 @@ async def test_cancelling_a_pause_propagates() -> None:
         waiting.set()
         await asyncio.Event().wait()
 
-    task = asyncio.create_task(keep_running(s.run, asyncio.Event(), what="x", clock=s.clock, pause=pause))
-    await waiting.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel_when(waiting, keep_running(s.run, asyncio.Event(), what="x", clock=s.clock, pause=pause))
     assert s.runs == 1
 
 
@@ -174,10 +177,5 @@ async def test_a_run_that_turns_its_cancellation_into_an_error_is_not_restarted(
         except asyncio.CancelledError:
             raise Boom("cleanup failed") from None
 
-    task = asyncio.create_task(keep_running(run, asyncio.Event(), what="x", failures=tally,
-                                            pause=Script([]).pause))
-    await running.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel_when(running, keep_running(run, asyncio.Event(), what="x", failures=tally, pause=Script([]).pause))
     assert runs == [1] and tally.n == 1  # logged and counted, and the cancellation went on
