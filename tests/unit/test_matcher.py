@@ -31,12 +31,11 @@ from nftblockd.detect.matcher import (
 )
 from nftblockd.detect.rxlint import lint_regex, required_literal
 from nftblockd.detect.testfilter import run
+from tests.helpers.samples import sample_lines
 
 UTC = ZoneInfo("UTC")
 NOW = 1796205190.0  # 2026-12-02 09:53:10 UTC
 F2B = Path("/etc/fail2ban/filter.d")
-F2B_LOGS = Path("/usr/lib/python3/dist-packages/fail2ban/tests/files/logs")
-DATA = Path(__file__).resolve().parent.parent / "data" / "logs"
 MODES = {"sshd": ["normal", "ddos", "extra", "aggressive"],
          "postfix": ["normal", "rbl", "auth", "errors", "ddos", "aggressive"],
          "dovecot": ["normal", "aggressive"], "apache-auth": ["normal", "aggressive"],
@@ -348,15 +347,6 @@ ALL_FILTERS = [load_filter(n, tz=UTC) for n in builtin_filters()] + [load_filter
 # -- the fast lane gives exactly what the general path gives --------------------------------------------
 
 
-def _sample_lines() -> list[str]:
-    lines: list[str] = []
-    for d in (F2B_LOGS, DATA):
-        if d.is_dir():
-            for p in sorted(d.iterdir()):
-                if p.is_file():
-                    text = p.read_text(errors="surrogateescape")
-                    lines += [x for x in text.splitlines() if not x.startswith("#")]
-    return lines
 
 
 def test_fast_lane_equals_general_path(tmp_path: Path) -> None:
@@ -367,7 +357,7 @@ def test_fast_lane_equals_general_path(tmp_path: Path) -> None:
     from bench.bench_matcher import synthetic
 
     synthetic(tmp_path / "auth.log", 3000, seed=5)
-    lines = _sample_lines() + (tmp_path / "auth.log").read_text().splitlines()
+    lines = sample_lines() + (tmp_path / "auth.log").read_text().splitlines()
     lines += list(server_log(3000, seed=5, start=NOW - 86400))
     filters = Path(__file__).resolve().parents[2] / "nftblockd" / "detect" / "filters"
     checked = 0
