@@ -18,8 +18,9 @@ What a feed costs nftblockd end to end, on a realistic FireHOL-style feed from b
   whole tree for expired elements first when its gc interval (1 s) has passed: the first refresh, seconds
   after the load, and a real one, hours after the last, pay that scan, so the floor is taken with the scan
   due for that comparison. The refresh and the floor are also undone and redone NFTBLOCK_BENCH_FEED_REPEAT
-  times (default 5), interleaved, each right after a commit to the same sets (no scan due), and the same
-  delta is applied by `nft -f` to the reference sets. (bench/feeds_commit_probe.py takes the backend apart:
+  times (default 5), interleaved, each right after a commit to the same sets (no scan due). The same delta
+  is also applied once by `nft -f` to the reference sets (NFTBLOCK_BENCH_FEED_NFT_DELTA=0 skips it: nft
+  1.0.6 takes ~45 s for it). (bench/feeds_commit_probe.py takes the backend apart:
   fixed cost per touched set, ordering, splitting, the timeout flag, the gc interval, the other layout.)
 - both of the above without element timeouts (the feed default, `ban_timeout` unset) and with them
   (`ban_timeout: 1d`), where kept entries are re-sent only once past half of their life: a third sync,
@@ -65,6 +66,8 @@ N4, N6 = 50_000, 20_000
 BIG = int(os.environ.get("NFTBLOCK_BENCH_FEED_BIG", "1000000"))
 CHURN = 0.01
 REPEAT = int(os.environ.get("NFTBLOCK_BENCH_FEED_REPEAT", "5"))  # floor and refresh, redone per round
+NFT_DELTA = os.environ.get("NFTBLOCK_BENCH_FEED_NFT_DELTA", "1") != "0"  # the refresh by nft -f (~45 s)
+LAYOUTS = os.environ.get("NFTBLOCK_BENCH_FEED_LAYOUTS", "1") != "0"  # also time the hosts-in-hash layout
 GC_DUE = 1.2  # s: past the interval backend's default gc interval (1 s), so its next commit scans the tree
 BLOCKLIST = "feeds"
 SIZE = 1_048_576
@@ -172,10 +175,27 @@ def _encode_delta(w: Any, d: dict[str, tuple[list[int], list[int]]], until: floa
     return [sm.data for sm in msgs]
 
 
+def hosts_in_hash(desired: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The layout before #14, for comparison: a feed's single addresses in its hash sets, only its ranges in its
+    interval sets."""
+    out: dict[str, list[int]] = {}
+    for v, full in ((4, 32), (6, 128)):
+        nets = desired[f"{BLOCKLIST}_net{v}"]
+        out[f"{BLOCKLIST}_ip{v}"] = [k >> 8 for k in nets if k & 0xFF == full]
+        out[f"{BLOCKLIST}_net{v}"] = [k for k in nets if k & 0xFF != full]
+    return out
+
+
+def same(desired: dict[str, list[int]]) -> dict[str, list[int]]:
+    return desired
+
+
 async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | None,
-               check_content: bool) -> dict[str, Any]:
-    """Load `desired` into a fresh table with sync_sets, then refresh it from the churned feed `body2`; then
-    the same refresh again, interleaved with the kernel's floor for it."""
+               check_content: bool, layout: Callable[[dict[str, list[int]]], dict[str, list[int]]] = same
+               ) -> dict[str, Any]:
+    """Load `desired` into a fresh table with sync_sets, then refresh it from the churned feed `body2` (both
+    in `layout`); then the same refresh again, interleaved with the kernel's floor for it."""
+    desired = layout(desired)
     from nftblockd.allowlist import Allowlist
     from nftblockd.config import parse_config
     from nftblockd.kernel.enforcer import Enforcer
@@ -216,8 +236,13 @@ async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | N
                          "removed": res.removed, "elements": sum(len(k) for k in want.values())}
 
         await sync(desired, "load")
+        loaded = time.monotonic()
         gc.collect()
         st2, _agg2, desired2 = stages(body2)
+        desired2 = layout(desired2)
+        # a real refresh comes hours after the last commit, when the interval backend's gc scan is due (1 s
+        # after its last one): let it be due here too, whatever the checks above took
+        await asyncio.sleep(max(0.0, GC_DUE - (time.monotonic() - loaded)))
         await sync(desired2, "refresh")
         out["refresh_pipeline"] = st2["total"]
 
@@ -273,11 +298,12 @@ async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | N
 
 # -- reference: nft -f of the same elements into identical sets ----------------------------------------------
 
-def nft_reference(desired: dict[str, list[int]], desired2: dict[str, list[int]], ban_timeout: float | None
-                  ) -> tuple[float, float]:
-    """(seconds of `nft -f` loading `desired` into identical sets in a fresh namespace, median seconds of
-    `nft -f` applying the refresh's delta to them: one file of `delete element` and `add element` lines, one
-    transaction; undone and redone REPEAT times)."""
+def nft_reference(desired: dict[str, list[int]], desired2: dict[str, list[int]] | None, ban_timeout: float | None
+                  ) -> tuple[float, float | None]:
+    """(seconds of `nft -f` loading `desired` into identical sets in a fresh namespace, seconds of `nft -f`
+    then applying the refresh's delta to `desired2`: one file of `delete element` and `add element` lines, one
+    transaction; None when `desired2` is None). nft 1.0.6 takes ~45 s for that delta (its deletion of 543
+    interval elements from a 54k-element set, in userspace; the 678 additions take 0.3 s), so it runs once."""
     from tests.helpers.netns import NetNS
 
     want = expected_text(desired)
@@ -315,15 +341,12 @@ def nft_reference(desired: dict[str, list[int]], desired2: dict[str, list[int]],
                  for name, elems in want.items() if elems]
         secs = nft_file(lines)
         verify_content(ns, "ref", want, "nft -f reference")
+        if desired2 is None:
+            return secs, None
         want2 = expected_text(desired2)
-        fwd, back = delta_lines(want, want2), delta_lines(want2, want)
-        times = []
-        for _ in range(REPEAT):
-            times.append(nft_file(fwd))
-            nft_file(back)
-        nft_file(fwd)
+        delta_secs = nft_file(delta_lines(want, want2))
         verify_content(ns, "ref", want2, "nft -f reference, refreshed")
-        return secs, statistics.median(times)
+        return secs, delta_secs
     finally:
         ns.delete()
 
@@ -400,22 +423,28 @@ def main() -> None:
     stage_runs = []
     runs: dict[str, list[dict[str, Any]]] = {"none": [], "ttl": []}
     refs: dict[str, list[float]] = {"none": [], "ttl": []}
-    nft_deltas: dict[str, list[float]] = {"none": [], "ttl": []}
+    nft_delta: float | None = None
+    hashed: list[dict[str, Any]] = []
     for r in range(ROUNDS):
         st, agg, desired = stages(body)
         stage_runs.append(st)
         desired2 = stages(body2)[2]
         gc.collect()
         for variant, tmo in (("none", None), ("ttl", BAN_TIMEOUT)):
+            # the refresh by nft -f: once (see nft_reference), for the feed default
+            delta_to = desired2 if (r == 0 and variant == "none" and NFT_DELTA) else None
             # alternate who goes first, so neither side always meets a warm (or a disturbed) machine
             if r % 2 == 0:
                 runs[variant].append(asyncio.run(ours(desired, body2, tmo, check_content=True)))
-                ref, nft_delta = nft_reference(desired, desired2, tmo)
+                ref, d_secs = nft_reference(desired, delta_to, tmo)
             else:
-                ref, nft_delta = nft_reference(desired, desired2, tmo)
+                ref, d_secs = nft_reference(desired, delta_to, tmo)
                 runs[variant].append(asyncio.run(ours(desired, body2, tmo, check_content=True)))
             refs[variant].append(ref)
-            nft_deltas[variant].append(nft_delta)
+            nft_delta = d_secs if d_secs is not None else nft_delta
+            gc.collect()
+        if LAYOUTS:  # the other layout, for the decision in docs/datapath.md (no nft -f reference: not ours)
+            hashed.append(asyncio.run(ours(desired, body2, None, check_content=True, layout=hosts_in_hash)))
             gc.collect()
         o = runs["none"][-1]
         print(f"round {r + 1}/{ROUNDS}: load {o['load']['s']:.3f}s (nft -f {refs['none'][-1]:.3f}s), refresh "
@@ -466,7 +495,6 @@ def main() -> None:
         floor_gc = med([f["floor_gc"] for f in fl])
         floor = med([f["floor"] for f in fl])
         again = med([f["again"] for f in fl])
-        nft_d = med(nft_deltas[variant])
         record(f"feeds_kernel.70k.refresh_1pct{label}_vs_floor_s", refresh, "s",
                reference="kernel floor (same delta, pre-encoded)", reference_value=floor_gc,
                note=f"the refresh above against the kernel's own cost for the same delta: the same deletions and "
@@ -479,10 +507,13 @@ def main() -> None:
                note=f"the same refresh undone and redone {REPEAT}x per round, interleaved with the floor undone "
                     f"and redone the same way (each right after a commit to the same sets, so no gc scan is due "
                     f"for either); medians. Floor without the scan: {floor / load:.3f} of the full load")
-        record(f"feeds_kernel.70k.refresh_1pct{label}_nft_s", nft_d, "s",
-               reference="kernel floor, no gc scan due", reference_value=floor,
-               note="the same delta by nft -f (delete element + add element lines, one transaction) on identical "
-                    "sets holding the same elements in another namespace; undone and redone the same way")
+        if variant == "none" and nft_delta is not None:
+            record("feeds_kernel.70k.refresh_1pct_nft_s", nft_delta, "s",
+                   reference="kernel floor (same delta, pre-encoded)", reference_value=floor_gc,
+                   note="the same delta by nft -f (one file of delete element + add element lines, one "
+                        "transaction) on identical sets holding the same elements in another namespace, once per "
+                        "run: nft 1.0.6 spends nearly all of it deleting the 543 interval elements in userspace "
+                        "(the additions alone take ~0.3 s)")
         if variant == "ttl":
             ren = med([x["renewal"]["s"] for x in rs])
             record("feeds_kernel.70k.refresh_1pct_ttl_renewal_s", ren, "s", reference="full load (sync_sets)",
@@ -493,6 +524,29 @@ def main() -> None:
                med([x["refresh_pipeline"] + x["refresh"]["s"] for x in rs]), "s",
                reference="full load (sync_sets)", reference_value=load,
                note="parse + sanitise + aggregate + _desired + sync_sets of the churned feed")
+
+    none = runs["none"]
+    load = med([x["load"]["s"] for x in none])
+    refresh = med([x["refresh"]["s"] for x in none])
+    fl_gc = med([x["floor"]["floor_gc"] for x in none])
+    fl_ng = med([x["floor"]["floor"] for x in none])
+    again_s = med([x["floor"]["again"] for x in none])
+    print(f"refresh: {refresh / load:.3f} of the full load, {refresh / fl_gc:.2f}x the kernel's floor for the "
+          f"same delta (the floor alone: {fl_gc / load:.3f} of the full load with the gc scan due, "
+          f"{fl_ng / load:.3f} without); redone: {again_s * 1e3:.1f} ms = floor {fl_ng * 1e3:.1f} ms + ours "
+          f"{(again_s - fl_ng) * 1e3:.1f} ms", flush=True)
+    if hashed:
+        h_load = med([x["load"]["s"] for x in hashed])
+        h_ref = med([x["refresh"]["s"] for x in hashed])
+        h_fl = med([x["floor"]["floor_gc"] for x in hashed])
+        shape = ", ".join(f"{k} {len(v)}" for k, v in hosts_in_hash(desired).items())
+        record("feeds_kernel.70k.refresh_1pct_hosts_in_hash_s", h_ref, "s",
+               reference="full load in that layout", reference_value=h_load,
+               note=f"the layout before #14 (single addresses in the hash sets, only ranges in the interval "
+                    f"sets: {shape}), same feeds, same refresh, no element timeouts; its full load "
+                    f"{h_load:.3f}s (the layout in use: {load:.3f}s); the kernel's floor for its refresh "
+                    f"{h_fl:.4f}s = {h_fl / h_load:.3f} of its full load (in use: {fl_gc:.4f}s = {fl_gc / load:.3f}). "
+                    "It costs one lookup more per packet: bench_datapath.py's split row")
 
     mem = memory_1m()
     if mem["peak_growth_kib"] is not None:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_feeds_kernel import BLOCKLIST, feeds, stages
+from bench.bench_feeds_kernel import BLOCKLIST, feeds, hosts_in_hash, stages
 from nftblockd.config import parse_config
 from nftblockd.feeds.delta import diff_sorted
 from nftblockd.kernel import nfmsg as m
@@ -56,16 +56,6 @@ REPS = int(os.environ.get("NFTBLOCK_PROBE_REPS", "9"))
 ADD = OpSpec(True, None, "")
 
 Delta = dict[str, tuple[list[int], list[int]]]  # set name -> (added, removed)
-
-
-def hosts_in_hash(desired: dict[str, list[int]]) -> dict[str, list[int]]:
-    """The layout before #14: a feed's single addresses in its hash sets, only ranges in the interval sets."""
-    out: dict[str, list[int]] = {}
-    for v, full in ((4, 32), (6, 128)):
-        nets = desired[set_name(BLOCKLIST, v, True)]
-        out[set_name(BLOCKLIST, v, False)] = [k >> 8 for k in nets if k & 0xFF == full]
-        out[set_name(BLOCKLIST, v, True)] = [k for k in nets if k & 0xFF != full]
-    return out
 
 
 def delta(old: dict[str, list[int]], new: dict[str, list[int]]) -> Delta:
