@@ -137,11 +137,13 @@ def main() -> None:
     h_fwd, h_back = delta(h_base, h_churned), delta(h_churned, h_base)
     ns = NetNS("nbp")
     try:
-        w = table(ns, "probe_int", True)
+        w = table(ns, "probe_int", True)  # the variants of ordering and splitting
+        r0 = table(ns, "probe_ref", True)  # the refresh alone, so that each compared table sees only its own
         nt = table(ns, "probe_nt", False)
         hh = table(ns, "probe_hash", True)
         g1 = table(ns, "probe_gc", True, gc_interval_ms=3_600_000)
         load(w, base)
+        load(r0, base)
         load(g1, base)
         load(nt, base)
         load(hh, h_base)
@@ -160,7 +162,7 @@ def main() -> None:
         per_set_back = [{name: d} for name, d in back.items() if d[0] or d[1]]
         # name -> (writer, forward batches, back batches)
         cases: dict[str, tuple[KernelWriter, Callable[[], list[list[bytes]]], Callable[[], list[list[bytes]]]]] = {
-            "refresh": (w, lambda: [encode(w, fwd)], lambda: [encode(w, back)]),
+            "refresh": (r0, lambda: [encode(r0, fwd)], lambda: [encode(r0, back)]),
             "adds first": (w, lambda: [encode(w, fwd, adds_first=True)], lambda: [encode(w, back)]),
             "per set": (w, lambda: [encode(w, d) for d in per_set], lambda: [encode(w, d) for d in per_set_back]),
             "dels, then adds": (w, lambda: [encode(w, {k: ([], r) for k, (_a, r) in fwd.items()}),
@@ -174,7 +176,7 @@ def main() -> None:
             "gc interval 1h": (g1, lambda: [encode(g1, fwd)], lambda: [encode(g1, back)]),
         }
         times: dict[str, list[float]] = {k: [] for k in cases}
-        due = {"refresh": w, "no timeout flag": nt, "hosts in hash": hh, "gc interval 1h": g1}
+        due = {"refresh": r0, "no timeout flag": nt, "hosts in hash": hh, "gc interval 1h": g1}
         times |= {f"{k}, gc due": [] for k in due}
         refused: set[str] = set()
         names = list(cases)
@@ -202,7 +204,7 @@ def main() -> None:
                 timed(wr, bb)
             print(f"round {r + 1}/{REPS}: " + ", ".join(f"{k} {v[-1] * 1e3:.1f}" for k, v in times.items() if v),
                   flush=True)
-        for wr, want in ((w, base), (nt, base), (hh, h_base), (g1, base)):
+        for wr, want in ((w, base), (r0, base), (nt, base), (hh, h_base), (g1, base)):
             counts = wr.set_counts()
             for name, keys in want.items():
                 assert counts[name] == len(keys), (name, counts[name], len(keys))
@@ -214,7 +216,7 @@ def main() -> None:
                 continue
             med = statistics.median(ts)
             print(f"{name:<20} {med * 1e3:>7.2f} {med / ref:>10.2f}   {min(ts) * 1e3:.2f}-{max(ts) * 1e3:.2f}")
-        for wr in (w, nt, hh, g1):
+        for wr in (w, r0, nt, hh, g1):
             wr.close()
     finally:
         ns.delete()
