@@ -20,6 +20,11 @@ Configurations, all in the same run:
                                as the feed manager loads it (hosts and ranges in its interval set). Only the
                                sets holding something have a rule. "ingress" is `chain: {ingress: [veth1]}`:
                                the ingress chain and the prerouting chain (which skips what came in on veth1).
+  split feed                   the feed's aggregate with its single addresses in the hash set and only its
+                               ranges in the interval set (the layout before #14, with the rules of the sets
+                               that hold something: two lookups for the feed instead of one), loaded by the
+                               project's writer like `nftblockd`; compared per round with `nftblockd ... feed`
+                               (prerouting; NFTBLOCK_BENCH_DP_SPLIT=0 leaves it out)
   before <kind>                the layout this branch replaced (a rule for each of the 8 blocklist sets, the
                                feed's single addresses in its hash set, allowlist after), same elements, as nft
                                text (prerouting; NFTBLOCK_BENCH_DP_BEFORE=0 leaves it out)
@@ -37,7 +42,7 @@ per-round differences from the baseline.
     python bench/bench_datapath.py
     # defaults: NFTBLOCK_BENCH_DP_ROUNDS=5 NFTBLOCK_BENCH_DP_SECONDS=0.6
     #           NFTBLOCK_BENCH_DP_SIZES=1,100000,1000000 NFTBLOCK_BENCH_DP_HOOKS=prerouting,ingress
-    #           NFTBLOCK_BENCH_DP_BEFORE=1
+    #           NFTBLOCK_BENCH_DP_BEFORE=1 NFTBLOCK_BENCH_DP_SPLIT=1
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ SECONDS = float(os.environ.get("NFTBLOCK_BENCH_DP_SECONDS", "0.6"))
 SIZES = [int(x) for x in os.environ.get("NFTBLOCK_BENCH_DP_SIZES", "1,100000,1000000").split(",") if x]
 HOOKS = [x for x in os.environ.get("NFTBLOCK_BENCH_DP_HOOKS", "prerouting,ingress").split(",") if x]
 BEFORE = ("hash 100k", "interval 100k", "feed") if os.environ.get("NFTBLOCK_BENCH_DP_BEFORE", "1") != "0" else ()
+SPLIT = os.environ.get("NFTBLOCK_BENCH_DP_SPLIT", "1") != "0"
 ALLOW = ["127.0.0.0/8", DST_IP + "/32", "::1/128"]
 INGRESS_HOOK = f'type filter hook ingress device "{DST_DEV}" priority -500; policy accept;'
 
@@ -139,6 +145,16 @@ def load_nftblockd(lab: Lab, table: str, hook: str, content: dict[str, list[int]
     finally:
         w.close()
     lab.adopt(table)
+
+
+def split_hosts(content: dict[str, list[int]]) -> dict[str, list[int]]:
+    """A feed blocklist's content with its single addresses moved from the interval set to the hash set."""
+    out: dict[str, list[int]] = {}
+    for name, keys in content.items():
+        if name.endswith("_net4"):
+            out[name[:-5] + "_ip4"] = [k >> 8 for k in keys if k & 0xFF == 32]
+            out[name] = [k for k in keys if k & 0xFF != 32]
+    return out
 
 
 def load_floor(lab: Lab, table: str, hook: str, content: dict[str, list[int]]) -> None:
@@ -200,6 +216,11 @@ def main() -> None:
                 load_floor(lab, floor, hook, content)
                 configs += [Config(f"floor {hook} {name} hit", floor, traffic, "floor"),
                             Config(f"floor {hook} {name} miss", floor, MISS, COUNT_COMMENT)]
+            if name == "feed" and SPLIT and "prerouting" in HOOKS:
+                load_nftblockd(lab, "split_feed", "prerouting", split_hosts(content))
+                expect = f"prerouting/nftblockd blocklist {bl}"
+                configs += [Config("split prerouting feed hit", "split_feed", traffic, expect),
+                            Config("split prerouting feed miss", "split_feed", MISS, COUNT_COMMENT)]
             if name in BEFORE and "prerouting" in HOOKS:
                 load_before(lab, f"old_{slug}", content)
                 configs += [Config(f"before prerouting {name} hit", f"old_{slug}", traffic, f"bl {bl}"),
@@ -236,17 +257,27 @@ def report(samples: list[Sample], cpu: int, elapsed: float) -> None:
         refs = {s.round: s.ns for s in by[ref]}
         ratio = statistics.median(s.ns / refs[s.round] for s in ss)
         floor = "floor " + " ".join(name.split()[1:]) if name.split()[0] in ("nftblockd", "before") else None
+        if name.split()[0] == "split":  # against the layout in use, same hook and traffic
+            floor = "nftblockd " + " ".join(name.split()[1:])
         vs_floor = ""
         if floor is not None and floor in by:
             frefs = {s.round: s.ns for s in by[floor]}
             fratio = statistics.median(s.ns / frefs[s.round] for s in ss)
             vs_floor = f"; median per-round ratio to {floor} {fratio:.3f}"
             print(f"{line} {ratio:>8.3f} {fratio:>8.3f}", flush=True)
-            record(slug + ".vs_floor", ns, "ns", reference=f"{floor} (ns/packet)",
-                   reference_value=statistics.median(frefs.values()),
-                   target="ratio <= 1.10" if name.startswith("nftblockd") else None,
-                   note=f"{name} against the kernel's own lookup in a set with the same elements, same hook: "
-                        f"what the layout adds{vs_floor}; {common}")
+            if name.startswith("split"):
+                diff = statistics.median(s.ns - frefs[s.round] for s in ss)
+                vs_floor += f", median per-round difference {diff:+.0f} ns"
+                record(slug + ".vs_layout", ns, "ns", reference=f"{floor} (ns/packet)",
+                       reference_value=statistics.median(frefs.values()),
+                       note=f"{name} (the feed's hosts in its hash set) against the layout in use (all in its "
+                            f"interval set), same hook and traffic: what the extra lookup costs{vs_floor}; {common}")
+            else:
+                record(slug + ".vs_floor", ns, "ns", reference=f"{floor} (ns/packet)",
+                       reference_value=statistics.median(frefs.values()),
+                       target="ratio <= 1.10" if name.startswith("nftblockd") else None,
+                       note=f"{name} against the kernel's own lookup in a set with the same elements, same hook: "
+                            f"what the layout adds{vs_floor}; {common}")
         else:
             print(f"{line} {ratio:>8.3f}", flush=True)
         record(slug, ns, "ns", reference=f"{ref} (ns/packet)", reference_value=statistics.median(refs.values()),

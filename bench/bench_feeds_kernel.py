@@ -11,6 +11,17 @@ What a feed costs nftblockd end to end, on a realistic FireHOL-style feed from b
 - a REFRESH with 1 % churn (1 % of the feed's entries dropped, as many new ones added, re-parsed and
   re-aggregated), applied to the loaded table the way the feed manager does (`feeds.manager.apply_desired`:
   the diff against the previous aggregate, feeds/delta.py, then one transaction), as a share of the full load;
+- the kernel's own FLOOR for that refresh, in the same table: the same deletions and additions in the same
+  sets, encoded by the same writer before the clock starts, sent as one transaction and timed from send to
+  the answer of the barrier that follows it. The interval backend (6.18's nft_set_rbtree.c) rebuilds the
+  lookup array of every interval set a transaction touched from the whole tree at commit, and scans the
+  whole tree for expired elements first when its gc interval (1 s) has passed: the first refresh, seconds
+  after the load, and a real one, hours after the last, pay that scan, so the floor is taken with the scan
+  due for that comparison. The refresh and the floor are also undone and redone NFTBLOCK_BENCH_FEED_REPEAT
+  times (default 5), interleaved, each right after a commit to the same sets (no scan due). The same delta
+  is also applied once by `nft -f` to the reference sets (NFTBLOCK_BENCH_FEED_NFT_DELTA=0 skips it: nft
+  1.0.6 takes ~45 s for it). (bench/feeds_commit_probe.py takes the backend apart:
+  fixed cost per touched set, ordering, splitting, the timeout flag, the gc interval, the other layout.)
 - both of the above without element timeouts (the feed default, `ban_timeout` unset) and with them
   (`ban_timeout: 1d`), where kept entries are re-sent only once past half of their life: a third sync,
   planned 0.6 d later, shows that renewal;
@@ -46,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import record
 from bench.feedgen import make_entries
 from nftblockd.feeds.aggregate import Aggregate, aggregate, sanitise
-from nftblockd.feeds.delta import AppliedSets
+from nftblockd.feeds.delta import AppliedSets, diff_sorted
 from nftblockd.feeds.manager import _desired, apply_desired
 from nftblockd.feeds.parse import parse_feed
 
@@ -54,6 +65,10 @@ ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_ROUNDS", "3"))
 N4, N6 = 50_000, 20_000
 BIG = int(os.environ.get("NFTBLOCK_BENCH_FEED_BIG", "1000000"))
 CHURN = 0.01
+REPEAT = int(os.environ.get("NFTBLOCK_BENCH_FEED_REPEAT", "5"))  # floor and refresh, redone per round
+NFT_DELTA = os.environ.get("NFTBLOCK_BENCH_FEED_NFT_DELTA", "1") != "0"  # the refresh by nft -f (~45 s)
+LAYOUTS = os.environ.get("NFTBLOCK_BENCH_FEED_LAYOUTS", "1") != "0"  # also time the hosts-in-hash layout
+GC_DUE = 1.2  # s: past the interval backend's default gc interval (1 s), so its next commit scans the tree
 BLOCKLIST = "feeds"
 SIZE = 1_048_576
 BAN_TIMEOUT = 86_400.0  # the "with timeouts" variant: ban_timeout: 1d
@@ -138,9 +153,49 @@ class Timed:
         setattr(obj, attr, wrapper)
 
 
+def _set_delta(old: dict[str, list[int]], new: dict[str, list[int]]) -> dict[str, tuple[list[int], list[int]]]:
+    """Set name -> (added, removed) from `old` to `new`: what `feeds/delta.py` plans for a refresh."""
+    return {name: diff_sorted(old[name], new[name]) for name in new}
+
+
+def _encode_delta(w: Any, d: dict[str, tuple[list[int], list[int]]], until: float | None) -> list[bytes]:
+    """The delta's messages as the writer encodes a refresh (per set: deletions, then additions)."""
+    from nftblockd.kernel.bans import DELETE, OpSpec
+
+    add = OpSpec(True, None if until is None else int(until * 1000), "")
+    names: list[str] = []
+    keys: list[int] = []
+    specs: list[OpSpec] = []
+    for name, (added, removed) in d.items():
+        for ks, spec in ((removed, DELETE), (added, add)):
+            names += [name] * len(ks)
+            keys += ks
+            specs += [spec] * len(ks)
+    msgs, _where = w._encode(names, keys, specs, range(len(keys)), int(time.time() * 1000), set())
+    return [sm.data for sm in msgs]
+
+
+def hosts_in_hash(desired: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The layout before #14, for comparison: a feed's single addresses in its hash sets, only its ranges in its
+    interval sets."""
+    out: dict[str, list[int]] = {}
+    for v, full in ((4, 32), (6, 128)):
+        nets = desired[f"{BLOCKLIST}_net{v}"]
+        out[f"{BLOCKLIST}_ip{v}"] = [k >> 8 for k in nets if k & 0xFF == full]
+        out[f"{BLOCKLIST}_net{v}"] = [k for k in nets if k & 0xFF != full]
+    return out
+
+
+def same(desired: dict[str, list[int]]) -> dict[str, list[int]]:
+    return desired
+
+
 async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | None,
-               check_content: bool) -> dict[str, Any]:
-    """Load `desired` into a fresh table with sync_sets, then refresh it from the churned feed `body2`."""
+               check_content: bool, layout: Callable[[dict[str, list[int]]], dict[str, list[int]]] = same
+               ) -> dict[str, Any]:
+    """Load `desired` into a fresh table with sync_sets, then refresh it from the churned feed `body2` (both
+    in `layout`); then the same refresh again, interleaved with the kernel's floor for it."""
+    desired = layout(desired)
     from nftblockd.allowlist import Allowlist
     from nftblockd.config import parse_config
     from nftblockd.kernel.enforcer import Enforcer
@@ -165,7 +220,7 @@ async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | N
 
         applied = AppliedSets()
 
-        async def sync(want: dict[str, list[int]], what: str, later: float = 0.0) -> None:
+        async def sync(want: dict[str, list[int]], what: str, later: float = 0.0, verify: bool = True) -> None:
             until = None if ban_timeout is None else time.time() + later + ban_timeout
             apply_t.total = tx_t.total = 0.0
             t0 = time.perf_counter()
@@ -175,16 +230,61 @@ async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | N
             counts = await enf.kernel_counts()
             for name, keys in want.items():
                 assert counts[name] == len(keys), f"{what}: {name} count {counts[name]} != {len(keys)}"
-            if check_content:
+            if check_content and verify:
                 verify_content(ns, plan.table, expected_text(want), what)
             out[what] = {"s": secs, "apply": apply_t.total, "kernel": tx_t.total, "added": res.added,
                          "removed": res.removed, "elements": sum(len(k) for k in want.values())}
 
         await sync(desired, "load")
+        loaded = time.monotonic()
         gc.collect()
         st2, _agg2, desired2 = stages(body2)
+        desired2 = layout(desired2)
+        # a real refresh comes hours after the last commit, when the interval backend's gc scan is due (1 s
+        # after its last one): let it be due here too, whatever the checks above took
+        await asyncio.sleep(max(0.0, GC_DUE - (time.monotonic() - loaded)))
         await sync(desired2, "refresh")
         out["refresh_pipeline"] = st2["total"]
+
+        # The kernel's own floor for this refresh, in this table: the same delta (the same deletions and
+        # additions in the same sets, encoded by the same writer) sent as pre-encoded batches, timed from send
+        # to the barrier's answer. Undone and redone REPEAT times, interleaved with our own refresh done again
+        # the same way, so both meet the same table and the same backend state (see the module docstring).
+        fwd = _set_delta(desired, desired2)
+        back = _set_delta(desired2, desired)
+        w = enf.writer
+        assert isinstance(w, KernelWriter)
+
+        def raw(d: dict[str, tuple[list[int], list[int]]]) -> float:
+            msgs = _encode_delta(w, d, until)  # built before the clock starts
+            t0 = time.perf_counter()
+            res = sock.transact(msgs)
+            secs = time.perf_counter() - t0
+            assert res.committed, f"raw delta refused: {res.errors[:1]}"
+            return secs
+
+        until = None if ban_timeout is None else time.time() + ban_timeout
+        again: list[float] = []
+        floor: list[float] = []
+        for rep in range(REPEAT):
+            for who in (("ours", "raw") if rep % 2 == 0 else ("raw", "ours")):
+                if who == "ours":
+                    await sync(desired, "back", verify=False)
+                    await sync(desired2, "again", verify=False)
+                    again.append(out["again"]["s"])
+                else:
+                    await enf.kernel(raw, back)
+                    floor.append(await enf.kernel(raw, fwd))
+        # and once when the backend's garbage-collection scan is due again, as for the first refresh (which
+        # comes seconds after the load) and for a real one (hours after the last): 1 s after the last scan
+        await enf.kernel(raw, back)
+        await asyncio.sleep(GC_DUE)
+        floor_gc = await enf.kernel(raw, fwd)
+        counts = await enf.kernel_counts()
+        for name, keys in desired2.items():
+            assert counts[name] == len(keys), f"after the floor: {name} count {counts[name]} != {len(keys)}"
+        out["floor"] = {"again": statistics.median(again), "floor": statistics.median(floor),
+                        "floor_gc": floor_gc}
         if ban_timeout is not None:
             # the refresh that finds every element past half of its life: each kept one is renewed (what every
             # refresh did before); `later` moves the planner's clock, the kernel's timeouts are relative anyway
@@ -198,21 +298,19 @@ async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | N
 
 # -- reference: nft -f of the same elements into identical sets ----------------------------------------------
 
-def nft_reference(desired: dict[str, list[int]], ban_timeout: float | None) -> float:
+def nft_reference(desired: dict[str, list[int]], desired2: dict[str, list[int]] | None, ban_timeout: float | None
+                  ) -> tuple[float, float | None]:
+    """(seconds of `nft -f` loading `desired` into identical sets in a fresh namespace, seconds of `nft -f`
+    then applying the refresh's delta to `desired2`: one file of `delete element` and `add element` lines, one
+    transaction; None when `desired2` is None). nft 1.0.6 takes ~45 s for that delta (its deletion of 543
+    interval elements from a 54k-element set, in userspace; the 678 additions take 0.3 s), so it runs once."""
     from tests.helpers.netns import NetNS
 
     want = expected_text(desired)
     ns = NetNS("nbk")
-    try:
-        decl = []
-        for name in desired:
-            typ = "ipv6_addr" if name.endswith("6") else "ipv4_addr"
-            flags = "interval,timeout" if "_net" in name else "timeout"
-            decl.append(f"  set {name} {{ type {typ}; size {SIZE}; flags {flags}; }}\n")
-        ns.run("nft", "-f", "-", input="table inet ref {\n" + "".join(decl) + "}\n")
-        tail = "" if ban_timeout is None else f" timeout {int(ban_timeout)}s"
-        lines = [f"add element inet ref {name} {{ " + ", ".join(e + tail for e in sorted(elems)) + " }\n"
-                 for name, elems in want.items() if elems]
+    tail = "" if ban_timeout is None else f" timeout {int(ban_timeout)}s"
+
+    def nft_file(lines: list[str]) -> float:
         with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
             f.write("".join(lines))
             path = f.name
@@ -223,8 +321,32 @@ def nft_reference(desired: dict[str, list[int]], ban_timeout: float | None) -> f
         finally:
             os.unlink(path)
         assert res.returncode == 0, res.stderr[:500]
-        verify_content(ns, "ref", want, "nft -f reference")
         return secs
+
+    def delta_lines(old: dict[str, set[str]], new: dict[str, set[str]]) -> list[str]:
+        dels = [f"delete element inet ref {name} {{ " + ", ".join(sorted(old[name] - elems)) + " }\n"
+                for name, elems in new.items() if old[name] - elems]
+        adds = [f"add element inet ref {name} {{ " + ", ".join(e + tail for e in sorted(elems - old[name])) + " }\n"
+                for name, elems in new.items() if elems - old[name]]
+        return dels + adds
+
+    try:
+        decl = []
+        for name in desired:
+            typ = "ipv6_addr" if name.endswith("6") else "ipv4_addr"
+            flags = "interval,timeout" if "_net" in name else "timeout"
+            decl.append(f"  set {name} {{ type {typ}; size {SIZE}; flags {flags}; }}\n")
+        ns.run("nft", "-f", "-", input="table inet ref {\n" + "".join(decl) + "}\n")
+        lines = [f"add element inet ref {name} {{ " + ", ".join(e + tail for e in sorted(elems)) + " }\n"
+                 for name, elems in want.items() if elems]
+        secs = nft_file(lines)
+        verify_content(ns, "ref", want, "nft -f reference")
+        if desired2 is None:
+            return secs, None
+        want2 = expected_text(desired2)
+        delta_secs = nft_file(delta_lines(want, want2))
+        verify_content(ns, "ref", want2, "nft -f reference, refreshed")
+        return secs, delta_secs
     finally:
         ns.delete()
 
@@ -301,18 +423,28 @@ def main() -> None:
     stage_runs = []
     runs: dict[str, list[dict[str, Any]]] = {"none": [], "ttl": []}
     refs: dict[str, list[float]] = {"none": [], "ttl": []}
+    nft_delta: float | None = None
+    hashed: list[dict[str, Any]] = []
     for r in range(ROUNDS):
         st, agg, desired = stages(body)
         stage_runs.append(st)
+        desired2 = stages(body2)[2]
         gc.collect()
         for variant, tmo in (("none", None), ("ttl", BAN_TIMEOUT)):
+            # the refresh by nft -f: once (see nft_reference), for the feed default
+            delta_to = desired2 if (r == 0 and variant == "none" and NFT_DELTA) else None
             # alternate who goes first, so neither side always meets a warm (or a disturbed) machine
             if r % 2 == 0:
                 runs[variant].append(asyncio.run(ours(desired, body2, tmo, check_content=True)))
-                refs[variant].append(nft_reference(desired, tmo))
+                ref, d_secs = nft_reference(desired, delta_to, tmo)
             else:
-                refs[variant].append(nft_reference(desired, tmo))
+                ref, d_secs = nft_reference(desired, delta_to, tmo)
                 runs[variant].append(asyncio.run(ours(desired, body2, tmo, check_content=True)))
+            refs[variant].append(ref)
+            nft_delta = d_secs if d_secs is not None else nft_delta
+            gc.collect()
+        if LAYOUTS:  # the other layout, for the decision in docs/datapath.md (no nft -f reference: not ours)
+            hashed.append(asyncio.run(ours(desired, body2, None, check_content=True, layout=hosts_in_hash)))
             gc.collect()
         o = runs["none"][-1]
         print(f"round {r + 1}/{ROUNDS}: load {o['load']['s']:.3f}s (nft -f {refs['none'][-1]:.3f}s), refresh "
@@ -359,6 +491,29 @@ def main() -> None:
                reference_value=load, target="ratio <= 0.05" if variant == "none" else None,
                note=f"{churn} of {N4 + N6} entries dropped and {churn} added -> +{added} -{removed} CIDRs"
                     f"{resent}; split: state {r_state:.4f}s, encoding {r_enc:.4f}s, kernel {r_kern:.4f}s")
+        fl = [x["floor"] for x in rs]
+        floor_gc = med([f["floor_gc"] for f in fl])
+        floor = med([f["floor"] for f in fl])
+        again = med([f["again"] for f in fl])
+        record(f"feeds_kernel.70k.refresh_1pct{label}_vs_floor_s", refresh, "s",
+               reference="kernel floor (same delta, pre-encoded)", reference_value=floor_gc,
+               note=f"the refresh above against the kernel's own cost for the same delta: the same deletions and "
+                    f"additions in the same sets of the same table, encoded by the same writer before the clock "
+                    f"starts, one transaction timed from send to the barrier's answer, with the interval backend's "
+                    f"gc scan due as it is for the first refresh (and for a real one, hours after the last). The "
+                    f"floor alone is {floor_gc / load:.3f} of the full load; the refresh {refresh / load:.3f}")
+        record(f"feeds_kernel.70k.refresh_1pct{label}_again_s", again, "s",
+               reference="kernel floor, no gc scan due", reference_value=floor,
+               note=f"the same refresh undone and redone {REPEAT}x per round, interleaved with the floor undone "
+                    f"and redone the same way (each right after a commit to the same sets, so no gc scan is due "
+                    f"for either); medians. Floor without the scan: {floor / load:.3f} of the full load")
+        if variant == "none" and nft_delta is not None:
+            record("feeds_kernel.70k.refresh_1pct_nft_s", nft_delta, "s",
+                   reference="kernel floor (same delta, pre-encoded)", reference_value=floor_gc,
+                   note="the same delta by nft -f (one file of delete element + add element lines, one "
+                        "transaction) on identical sets holding the same elements in another namespace, once per "
+                        "run: nft 1.0.6 spends nearly all of it deleting the 543 interval elements in userspace "
+                        "(the additions alone take ~0.3 s)")
         if variant == "ttl":
             ren = med([x["renewal"]["s"] for x in rs])
             record("feeds_kernel.70k.refresh_1pct_ttl_renewal_s", ren, "s", reference="full load (sync_sets)",
@@ -369,6 +524,29 @@ def main() -> None:
                med([x["refresh_pipeline"] + x["refresh"]["s"] for x in rs]), "s",
                reference="full load (sync_sets)", reference_value=load,
                note="parse + sanitise + aggregate + _desired + sync_sets of the churned feed")
+
+    none = runs["none"]
+    load = med([x["load"]["s"] for x in none])
+    refresh = med([x["refresh"]["s"] for x in none])
+    fl_gc = med([x["floor"]["floor_gc"] for x in none])
+    fl_ng = med([x["floor"]["floor"] for x in none])
+    again_s = med([x["floor"]["again"] for x in none])
+    print(f"refresh: {refresh / load:.3f} of the full load, {refresh / fl_gc:.2f}x the kernel's floor for the "
+          f"same delta (the floor alone: {fl_gc / load:.3f} of the full load with the gc scan due, "
+          f"{fl_ng / load:.3f} without); redone: {again_s * 1e3:.1f} ms = floor {fl_ng * 1e3:.1f} ms + ours "
+          f"{(again_s - fl_ng) * 1e3:.1f} ms", flush=True)
+    if hashed:
+        h_load = med([x["load"]["s"] for x in hashed])
+        h_ref = med([x["refresh"]["s"] for x in hashed])
+        h_fl = med([x["floor"]["floor_gc"] for x in hashed])
+        shape = ", ".join(f"{k} {len(v)}" for k, v in hosts_in_hash(desired).items())
+        record("feeds_kernel.70k.refresh_1pct_hosts_in_hash_s", h_ref, "s",
+               reference="full load in that layout", reference_value=h_load,
+               note=f"the layout before #14 (single addresses in the hash sets, only ranges in the interval "
+                    f"sets: {shape}), same feeds, same refresh, no element timeouts; its full load "
+                    f"{h_load:.3f}s (the layout in use: {load:.3f}s); the kernel's floor for its refresh "
+                    f"{h_fl:.4f}s = {h_fl / h_load:.3f} of its full load (in use: {fl_gc:.4f}s = {fl_gc / load:.3f}). "
+                    "It costs one lookup more per packet: bench_datapath.py's split row")
 
     mem = memory_1m()
     if mem["peak_growth_kib"] is not None:

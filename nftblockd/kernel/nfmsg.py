@@ -273,6 +273,51 @@ def encode_range(start: bytes, end: bytes | None, tail: bytes) -> bytes:
     return out
 
 
+def uniform_range_messages(msg_type: int, family: int, table: str, set_name: str, keys: Sequence[int],
+                           key_len: int, tail: bytes, seq_start: int, flags: int) -> list[bytes]:
+    """Messages for many interval-set ranges that share one tail (`element_tail`): a feed refresh's deletions
+    or additions. `keys` are net keys (address << 8 | prefix length, as `addr.net_key`).
+
+    Exactly the bytes of `encode_range` per range packed by `split_set_messages`, without its per-element
+    bookkeeping: each range (start element + INTERVAL_END element) is one struct pack, and since every range
+    has the same length (only one reaching the top of the address space has no end element: then the general
+    packer runs), message boundaries are arithmetic. Measured on the 1 % refresh of bench_feeds_kernel.py (678
+    additions and 543 deletions in two sets; two runs of 41 interleaved rounds on the shared VM, medians):
+    0.34-0.60 ms against 1.3-2.2 ms for `encode_range` per range + `split_set_messages`; the writer's general
+    path around them took 1.7-3.1 ms in all, this path 0.55 ms.
+    """
+    bits = key_len * 8
+    top = 1 << bits
+    ends = [(k >> 8) + (1 << (bits - (k & 0xFF))) for k in keys]
+    if ends and max(ends) >= top:
+        blobs = [encode_range((k >> 8).to_bytes(key_len, "big"),
+                              e.to_bytes(key_len, "big") if e < top else None, tail) for k, e in zip(keys, ends,
+                                                                                                   strict=True)]
+        return [sm.data for sm in split_set_messages(msg_type, family, table, set_name, blobs, seq_start, flags)]
+    key = _NLA.pack(8 + key_len, NFTA_SET_ELEM_KEY | NLA_F_NESTED) + _NLA.pack(4 + key_len, NFTA_DATA_VALUE)
+    start_head = _NLA.pack(4 + len(key) + key_len + len(tail), NFTA_LIST_ELEM | NLA_F_NESTED) + key
+    mid = tail + _NLA.pack(4 + len(key) + key_len + 8, NFTA_LIST_ELEM | NLA_F_NESTED) + key
+    kfmt = "I" if key_len == 4 else f"{key_len}s"
+    pack = struct.Struct(f">{len(start_head)}s{kfmt}{len(mid)}s{kfmt}{len(_INTERVAL_END_FLAGS)}s").pack
+    elem_len = len(start_head) + len(mid) + len(_INTERVAL_END_FLAGS) + 2 * key_len
+    per_msg = (MAX_NEST - 4) // elem_len
+    head_attrs = strz(NFTA_SET_ELEM_LIST_TABLE, table) + strz(NFTA_SET_ELEM_LIST_SET, set_name)
+    out = []
+    seq = seq_start
+    fl = _INTERVAL_END_FLAGS
+    for i in range(0, len(keys), per_msg):
+        part, part_ends = keys[i: i + per_msg], ends[i: i + per_msg]
+        if key_len == 4:
+            elems = b"".join([pack(start_head, k >> 8, mid, e, fl) for k, e in zip(part, part_ends, strict=True)])
+        else:
+            elems = b"".join([pack(start_head, (k >> 8).to_bytes(key_len, "big"), mid, e.to_bytes(key_len, "big"),
+                                   fl) for k, e in zip(part, part_ends, strict=True)])
+        body = head_attrs + _NLA.pack(4 + len(elems), NFTA_SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED) + elems
+        out.append(message(msg_type, flags, seq, family, body))
+        seq += 1
+    return out
+
+
 def encode_hash_elements(keys: Sequence[bytes], timeouts_ms: Sequence[int | None], refresh: bool) -> list[bytes]:
     """Fast path for hash sets without comments: one template per (key length, timeout)."""
     out = []

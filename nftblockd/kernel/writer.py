@@ -379,7 +379,7 @@ class KernelWriter:
         return self.write([Group(set_name, list(keys), specs)], now_ms)
 
     def _write_uniform(self, groups: Sequence[Group], now_ms: int, rules: list[bytes]) -> WriteResult | None:
-        """Bulk fast path: every group targets a hash set and shares one op (bulk bans, feed hosts, restores).
+        """Bulk fast path: every group shares one op (bulk bans, restores, a feed's ranges and its refreshes).
 
         One transaction, no per-element bookkeeping. Returns None when the path does not apply, or when the
         kernel refused something: the general path then finds the offenders and applies the rest.
@@ -395,9 +395,11 @@ class KernelWriter:
                 continue
             spec = self._specs.get(g.set_name)
             s0 = g.specs[0]
-            if spec is None or spec.interval or s0.comment:
+            if spec is None or s0.comment:
                 return None
             if g.specs.count(s0) != len(g.specs):
+                if spec.interval:
+                    return None
                 part = self._mixed_hash_adds(g, spec, now_ms)
                 if part is None:
                     return None
@@ -415,6 +417,12 @@ class KernelWriter:
                     return None
             msg_type = m.NFT_MSG_NEWSETELEM if s0.add else del_type
             flags = ADD_FLAGS if s0.add else m.NLM_F_REQUEST
+            if spec.interval:  # ranges (a feed's sets): the tail `_encode_elements` gives them
+                tail = m.element_tail(timeout, self.features.timeout_update) if s0.add else b""
+                msgs += m.uniform_range_messages(msg_type, m.NFPROTO_INET, self.plan.table, g.set_name, g.keys,
+                                                 spec.key_len, tail, self.sock.next_seq(len(g.keys) + 1), flags)
+                n += len(g.keys)
+                continue
             msgs += m.uniform_hash_messages(msg_type, m.NFPROTO_INET, self.plan.table, g.set_name, g.keys,
                                             spec.key_len, timeout, self.features.timeout_update and s0.add,
                                             self.sock.next_seq(len(g.keys) + 1), flags)

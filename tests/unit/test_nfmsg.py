@@ -65,3 +65,30 @@ def test_parse_error_reads_extack_offset() -> None:
     r = m.Reply(m.NLMSG_ERROR, 0x100 | m.NLM_F_ACK_TLVS, 77, payload)
     e = m.parse_error(r)
     assert (e.seq, e.errno, e.offset, e.text) == (77, 17, 56, "bad")
+
+
+def _net_keys(bits: int) -> st.SearchStrategy[list[int]]:
+    # net keys (start << 8 | prefix) of arbitrary networks, the top of the address space included sometimes
+    def key(a: int, p: int) -> int:
+        return (a >> (bits - p) << (bits - p) if p else 0) << 8 | p
+    return st.lists(st.builds(key, st.integers(0, 2**bits - 1), st.integers(0, bits)), min_size=1, max_size=1500,
+                    unique=True)
+
+
+@given(st.sampled_from([4, 16]).flatmap(lambda n: st.tuples(st.just(n), _net_keys(8 * n))),
+       st.one_of(st.none(), st.integers(1, 10**9)), st.booleans())
+def test_uniform_range_messages_match_the_general_encoder(case: tuple[int, list[int]], timeout: int | None,
+                                                          refresh: bool) -> None:
+    klen, keys = case
+    bits = 8 * klen
+    tail = m.element_tail(timeout, refresh)
+    fast = m.uniform_range_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, "t", "s", keys, klen, tail, 100,
+                                    m.NLM_F_REQUEST)
+    blobs = []
+    for k in keys:
+        start, end = k >> 8, (k >> 8) + (1 << (bits - (k & 0xFF)))
+        blobs.append(m.encode_range(start.to_bytes(klen, "big"), end.to_bytes(klen, "big") if end < 1 << bits
+                                    else None, tail))
+    general = [sm.data for sm in m.split_set_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, "t", "s", blobs, 100,
+                                                      m.NLM_F_REQUEST)]
+    assert fast == general
