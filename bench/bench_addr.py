@@ -105,6 +105,18 @@ def main() -> None:
     compare("allowlist_hosts_among4", lambda: allow.hosts_among(4, public),
             lambda: [k for k in public if allow.v4.touched[k >> 16] and allow.v4.find(k, k) is not None], N,
             "/16 table look-up per key", note="per address of a bulk ban (unicast addresses), 3 entries")
+    # A bulk ban's elements on the wire (the kernel thread encodes them between commits): the keys written into
+    # a repeated template against one `head + key + tail` concatenation per element.
+    from nftblockd.kernel import nfmsg
+
+    tail = nfmsg._timeout_attrs(3_600_000, True)
+    head = nfmsg.uniform_hash_messages(nfmsg.NFT_MSG_NEWSETELEM, nfmsg.NFPROTO_INET, "t", "s", [0], 4, 3_600_000,
+                                       True, 1, 0)[0][-(12 + 4 + len(tail)):-(4 + len(tail))]
+    compare("uniform_hash_messages4",
+            lambda: nfmsg.uniform_hash_messages(nfmsg.NFT_MSG_NEWSETELEM, nfmsg.NFPROTO_INET, "nftblock",
+                                                "default_ip4", public, 4, 3_600_000, True, 1, 0),
+            lambda: b"".join([head + k.to_bytes(4, "big") + tail for k in public]), N,
+            "head + key + tail per element", note="per element of a bulk ban's kernel batch")
 
 
 if __name__ == "__main__":
