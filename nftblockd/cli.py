@@ -641,7 +641,7 @@ def _cmd_ban(ctx: _Context, ns: Any) -> int:
     if len(ns.comment) > MAX_REASON:
         raise UsageError(f"--comment: at most {MAX_REASON} characters, got {len(ns.comment)}")
     targets = _targets_from_args(ctx, ns.targets)
-    if not len(targets):
+    if not targets:
         ctx.warn("no targets on stdin; nothing to ban")
         return EXIT_OK
     result = _call_bulk(ctx, "ban", targets, {"timeout": timeout, "set": ns.set, "comment": ns.comment,
@@ -670,7 +670,10 @@ def _call_bulk(ctx: _Context, cmd: str, targets: Targets, args: dict[str, Any]) 
     """`ban`/`unban`: with many targets and human output, ask for counts instead of every target echoed back
     (`reply: counts`), and send a ban's plain IPv4 addresses packed (`hosts4`). A daemon older than those
     arguments refuses them by name: ask again without them."""
-    if ctx.json or len(targets) < _COUNTS_FROM:
+    # few targets, as the operator sees them (lines repeating an address count once; a long input is not
+    # counted exactly: it cannot be few)
+    few = len(targets) < _COUNTS_FROM or (len(targets) < 1000 and len(targets.strings()) < _COUNTS_FROM)
+    if ctx.json or few:
         return ctx.call(cmd, {"targets": targets.strings(), **args})
     if cmd == "ban" and targets.hosts4:
         import binascii  # built into the interpreter: no start-up cost worth deferring, but only bulk needs it
@@ -714,7 +717,7 @@ def _jail_targets(ctx: _Context, ns: Any) -> Targets:
 def _cmd_unban(ctx: _Context, ns: Any) -> int:
     if getattr(ns, "all", False):
         targets = _jail_targets(ctx, ns)
-        if not len(targets):
+        if not targets:
             if not ctx.json:
                 ctx.print(f"no active bans of jail {ns.jail}")
             else:
@@ -724,7 +727,7 @@ def _cmd_unban(ctx: _Context, ns: Any) -> int:
         raise UsageError("give the targets to unban ('-' reads them from stdin), or --all with --jail NAME")
     else:
         targets = _targets_from_args(ctx, ns.targets)
-    if not len(targets):
+    if not targets:
         ctx.warn("no targets on stdin; nothing to unban")
         return EXIT_OK
     result = _call_bulk(ctx, "unban", targets, {"set": ns.set, **_audit_args(ns)})

@@ -688,6 +688,12 @@ def test_stdin_that_is_not_text_is_refused_with_its_line_number() -> None:
         assert str(exc.value) == "stdin line 4: not text (invalid start byte); nothing was sent"
 
 
+async def test_stdin_repeating_a_few_addresses_is_a_few_targets(sock: Path, rig: ApiRig) -> None:
+    r = await nftblock("ban", "-", sock=sock, stdin="198.18.0.1\n198.18.0.2\n" * 8)
+    assert (r.code, r.out, r.err) == (0, "banned 2 targets: 198.18.0.1, 198.18.0.2\n", "")
+    assert rig.calls[-1][1]["targets"] == ["198.18.0.1", "198.18.0.2"] and "hosts4" not in rig.calls[-1][1]
+
+
 async def test_a_bulk_ban_asks_for_counts_and_an_older_daemon_is_asked_again(sock: Path, rig: ApiRig,
                                                                            sock_dir: Path) -> None:
     hosts = [f"198.18.0.{i}" for i in range(20)]
