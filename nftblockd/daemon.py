@@ -9,7 +9,6 @@ the cheap kernel generation check and the periodic reconcile.
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: the composition root: one TaskGroup, signals)
-import contextlib
 import dataclasses
 import functools
 import gc
@@ -42,6 +41,7 @@ from nftblockd.kernel.sink import JailBanSink
 from nftblockd.kernel.writer import KernelWriter
 from nftblockd.service.loops import every
 from nftblockd.service.metrics import Metrics, MetricsServer
+from nftblockd.service.restart import Backoff, keep_running
 from nftblockd.service.sdnotify import Notifier, watchdog_loop
 from nftblockd.sources.base import MemoryPositionStore, PositionStore
 from nftblockd.state.change import StateChange
@@ -64,7 +64,8 @@ if TYPE_CHECKING:
     from nftblockd.feeds.manager import FeedManager
     from nftblockd.fleet.service import FleetService
 
-FLEET_RESTART = 30.0  # seconds before a fleet service that failed unexpectedly is started again
+FLEET_RESTART_BASE = 1.0  # seconds before a fleet service that failed unexpectedly starts again; doubling
+FLEET_RESTART_MAX = 300.0  # per failure in a row up to this (service/restart.py)
 
 SHUTDOWN_GRACE = 10.0
 STUCK_AFTER = 30.0  # seconds: kernel ops pending this long, or no successful kernel check, is unhealthy
@@ -449,21 +450,18 @@ class Daemon:
 
     async def _run_fleet(self) -> None:
         """The fleet service under the daemon's TaskGroup. It handles the server going away itself; anything
-        else it raises (a bug, a state database that fails) is logged and it is started again after a pause:
-        local detection and enforcement never depend on it."""
-        assert self.fleet is not None
-        while not self.stop.is_set():
-            try:
-                await self.fleet.run()
-                return
-            except Exception as exc:
-                self.fleet_failure = f"{type(exc).__name__}: {exc}"
-                self.fleet.stats.last_error = self.fleet_failure
-                log.exception("fleet mode stopped after an unexpected error; this host keeps enforcing its own "
-                              "bans; starting fleet mode again in %.0fs", FLEET_RESTART)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(FLEET_RESTART):
-                    await self.stop.wait()
+        else it raises (a bug, a state database that fails) is logged, counted and shown in status, and it is
+        started again after a backoff (1 s, doubling to 5 min): local detection and enforcement never depend
+        on it."""
+        fleet = self.fleet
+        assert fleet is not None
+
+        def failed(exc: Exception, _delay: float) -> None:
+            self.fleet_failure = fleet.stats.last_error = f"{type(exc).__name__}: {exc}"
+
+        await keep_running(fleet.run, self.stop, what="fleet mode stopped after an unexpected error; this host "
+                           "keeps enforcing its own bans", backoff=Backoff(FLEET_RESTART_BASE, FLEET_RESTART_MAX),
+                           failures=self.metrics.fleet_service_failures, on_failure=failed, logger=log)
 
     async def _close_fleet(self) -> None:
         """Save the cursor and close the server connections (shutdown)."""

@@ -4,11 +4,12 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.journald import Journald, skip_reason
 from tests.helpers.netns import NetNS
 
 
@@ -30,6 +31,19 @@ def netns() -> Iterator[NetNS]:
         yield ns
     finally:
         ns.delete()
+
+
+@pytest.fixture
+async def jd(tmp_path: Path) -> AsyncIterator[Journald]:
+    """A real systemd-journald of the test's own (tests/helpers/journald.py), stopped afterwards."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    j = Journald(tmp_path / "jd")
+    try:
+        yield await j.start()
+    finally:
+        j.stop()
 
 
 @pytest.fixture(scope="session")

@@ -343,6 +343,35 @@ static inline int cset(PyObject *c, int k, PyObject *v) {
     return PyObject_SetAttr(c, *conn_names[k], v);
 }
 
+/* matcher._other_peer: 1 when the line names an address (ip4/ip6, NULL when absent) and the connection
+ * holds another one, the id reused by a new connection; 0 when not; -1 on error. */
+static int other_peer(PyObject *c, PyObject *ip4, PyObject *ip6) {
+    if (ip4 == NULL && ip6 == NULL)
+        return 0;
+    PyObject *c4 = cget(c, K_IP4), *c6 = c4 == NULL ? NULL : cget(c, K_IP6);
+    int rc = -1;
+    if (c4 == NULL || c6 == NULL)
+        goto out;
+    rc = 0;
+    if (c4 == Py_None && c6 == Py_None)
+        goto out;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        PyObject *mine = k == 0 ? ip4 : ip6, *held = k == 0 ? c4 : c6;
+        if (mine == NULL)
+            continue;
+        if (held == Py_None) {
+            rc = 1;
+            continue;
+        }
+        int same = PyObject_RichCompareBool(mine, held, Py_EQ);
+        rc = same < 0 ? -1 : !same;
+    }
+out:
+    Py_XDECREF(c4);
+    Py_XDECREF(c6);
+    return rc;
+}
+
 /* Truthiness of a field; -1 on error */
 static inline int ctrue(PyObject *c, int k) {
     if (Py_TYPE(c) == (PyTypeObject *)ConnType) {
@@ -1088,7 +1117,10 @@ static int decide(ScannerObject *self, const Rule *r, const Groups *g, int ignor
         Py_DECREF(seen);
         if (sd == -1.0 && PyErr_Occurred())
             goto done;
-        if (sd < cx->now_d - cx->max_age) { /* forgotten: too old */
+        int reused = sd < cx->now_d - cx->max_age ? 0 : other_peer(conn, ip4, ip6);
+        if (reused < 0)
+            goto done;
+        if (sd < cx->now_d - cx->max_age || reused) { /* forgotten: too old, or the id names a new peer */
             if (PyDict_DelItem(cx->conns, mlfid) < 0)
                 goto done;
             Py_CLEAR(conn);

@@ -40,7 +40,10 @@ on `re`, only ever sees the first RISKY_LINE characters, and `Filter.notes` says
 
 Multi-line filters (fail2ban's `<F-MLFID>` connection ids, `<F-NOFAIL>`, `<F-MLFFORGET>`,
 `<F-MLFGAINED>`) keep their memory in a caller-owned, bounded `MatchContext`, so the filter itself stays
-stateless and shareable.
+stateless and shareable. One departure from fail2ban, on purpose: a line naming an address other than the
+one its connection id holds starts a new connection (`_other_peer`). The ids are pids, which come round
+again while an unclosed connection's memory lingers; fail2ban would merge the two and credit the new peer's
+failures to the old one (its host is `ip4 or ip6`, so an IPv6 attacker on a recycled pid goes unbanned).
 """
 
 from __future__ import annotations
@@ -406,6 +409,20 @@ def _fold_line(conn: _Conn, line: _Conn, user: str | None, now: float) -> None:
     conn.seen = now
 
 
+def _other_peer(conn: _Conn, ip4: str | None, ip6: str | None) -> bool:
+    """The line names an address and its connection holds another: the id was reused by a new connection.
+
+    sshd's ids are pids, which wrap, and a connection whose closing line never came (a killed process, a
+    lost line, a log that names no close) is remembered up to `max_age`. Folding the new connection into
+    that memory would credit its failures to the old peer: an IPv6 attacker's lines to the IPv4 address
+    that used the pid before (`raw` takes ip4 first), or the old connection's pending failure to the new
+    address. So the memory is dropped, as if it had aged out; a host name alone (`dns`) never conflicts.
+    """
+    if conn.ip4 is None and conn.ip6 is None:
+        return False
+    return (ip4 is not None and ip4 != conn.ip4) or (ip6 is not None and ip6 != conn.ip6)
+
+
 def _merge_connection(ctx: MatchContext | None, mlfid: str | None, line: _Conn, now: float) -> _Conn:
     """Fold one line into what is known about its connection (fail2ban's multi-line semantics); returns
     the state that decides this line.
@@ -424,7 +441,7 @@ def _merge_connection(ctx: MatchContext | None, mlfid: str | None, line: _Conn, 
     user = line.fields.get("user")
     conns = ctx._conns
     conn = conns.get(mlfid)
-    if conn is not None and conn.seen < now - ctx.max_age:
+    if conn is not None and (conn.seen < now - ctx.max_age or _other_peer(conn, line.ip4, line.ip6)):
         del conns[mlfid]
         conn = None
     if conn is not None:
@@ -872,7 +889,8 @@ class Filter:
                 # _merge_connection, inlined
                 user = fields.get("user")
                 conn = conns.get(mlfid)
-                if conn is not None and conn.seen < now - ctx.max_age:
+                if conn is not None and (conn.seen < now - ctx.max_age or (
+                        (ip4 is not None or ip6 is not None) and _other_peer(conn, ip4, ip6))):
                     del conns[mlfid]
                     conn = None
                 if conn is not None:

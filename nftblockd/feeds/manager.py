@@ -13,11 +13,12 @@ still protects the host.
 
 Each feed runs as its own task, supervised: a task that raises something unexpected (a bug, not a failed
 fetch, which the fetcher retries itself) is logged, counted (nftblock_feed_task_failures_total), shown as
-the feed's `error` in status, and started again after a backoff (1 s doubling to 5 min) while the other
-feeds and the daemon carry on. A reload applies added, removed and changed feeds (`reconfigure`): removed
-feeds stop and their entries leave their blocklist, added ones start from their cache, changed ones restart.
-A blocklist that loses its last feed is emptied of feed entries; one that gains its first belongs to feeds
-from then on, exactly as at a start with that configuration.
+the feed's `error` in status, and started again after a backoff (1 s doubling to 5 min, from 1 s again after
+a run of a minute or more: service/restart.py) while the other feeds and the daemon carry on. A reload
+applies added, removed and changed feeds (`reconfigure`): removed feeds stop and their entries leave their
+blocklist, added ones start from their cache, changed ones restart. A blocklist that loses its last feed is
+emptied of feed entries; one that gains its first belongs to feeds from then on, exactly as at a start with
+that configuration.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from nftblockd.feeds.fetch import FeedError, FeedFetcher, FeedUpdate
 from nftblockd.kernel.enforcer import Enforcer, SyncResult
 from nftblockd.kernel.ruleset import set_name
 from nftblockd.service.metrics import Metrics
+from nftblockd.service.restart import RESTART_BASE, RESTART_MAX, Backoff, keep_running
 
 log = logging.getLogger("nftblockd.feeds")
 
@@ -77,8 +79,8 @@ async def apply_desired(enforcer: Enforcer, applied: AppliedSets, desired: dict[
 class FeedNotFound(LookupError):
     """`feeds refresh/accept` named a feed, or a held copy, that does not exist (the client's mistake)."""
 
-CRASH_RETRY_BASE = 1.0  # seconds before a crashed feed task starts again; doubles per crash in a row
-CRASH_RETRY_MAX = 300.0
+CRASH_RETRY_BASE = RESTART_BASE  # seconds before a crashed feed task starts again; doubles per crash in a row
+CRASH_RETRY_MAX = RESTART_MAX
 
 
 class FeedManager:
@@ -148,30 +150,22 @@ class FeedManager:
     async def _supervise(self, name: str, stop: asyncio.Event) -> None:
         """One feed's task: its fetcher's loop, started again after a backoff if it raises (a bug: failed
         fetches are the fetcher's to retry). Never raises but CancelledError, so no feed takes others down."""
-        crashes_in_a_row = 0
-        while not stop.is_set():
+
+        async def run() -> None:
+            self._crashed.pop(name, None)  # running (again): the last crash is history
             f = self.fetchers.get(name)
-            if f is None:
-                return
-            try:
+            if f is not None:  # (gone: a reload removed the feed)
                 await f.run(self.on_update, stop)
-                return
-            except Exception as exc:
-                crashes_in_a_row += 1
-                self.crashes[name] = self.crashes.get(name, 0) + 1
-                delay = min(CRASH_RETRY_MAX, self._crash_retry_base * 2 ** min(crashes_in_a_row - 1, 20))
-                self._crashed[name] = (f"the feed's task failed ({type(exc).__name__}: {exc}); "
-                                       f"starting it again in {delay:g}s")
-                log.exception("feed %s: its task failed; the other feeds carry on, and it starts again in %gs",
-                              name, delay)
-                if self.metrics is not None:
-                    self.metrics.feed_task_failures.labels(name).inc()
-            try:
-                async with asyncio.timeout(delay):
-                    await stop.wait()
-            except TimeoutError:
-                pass
-            self._crashed.pop(name, None)
+
+        def failed(exc: Exception, delay: float) -> None:
+            self.crashes[name] = self.crashes.get(name, 0) + 1
+            self._crashed[name] = (f"the feed's task failed ({type(exc).__name__}: {exc}); "
+                                   f"starting it again in {delay:g}s")
+
+        await keep_running(run, stop, what=f"feed {name}: its task failed; the other feeds carry on",
+                           backoff=Backoff(self._crash_retry_base, CRASH_RETRY_MAX),
+                           failures=self.metrics.feed_task_failures.labels(name) if self.metrics else None,
+                           on_failure=failed, logger=log)
 
     async def reconfigure(self, cfg: Config) -> tuple[list[str], list[str], list[str]]:
         """Apply the feeds of a reloaded config: (added, removed, changed) feed names. Removed and changed

@@ -19,7 +19,7 @@ import asyncio  # noqa: TID251 (an IO edge: hands batches to the kernel thread a
 import errno as E
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -280,6 +280,11 @@ class Enforcer:
             self._count_refused(reason, n)
         _log_unbannable(where, [msg for _reason, msg in found.values()])
 
+    def audit_lines(self, wanted: int) -> int:
+        """How many of `wanted` per-address audit lines may be written now (one budget for every path that
+        writes them, AuditBudget); the caller summarises the rest in one line."""
+        return self._audit_budget.take(wanted)
+
     def _count_refused(self, reason: str, n: int) -> None:
         if n and self.metrics is not None:
             self.metrics.bans_refused.labels(reason).inc(n)
@@ -418,7 +423,7 @@ class Enforcer:
         if jail:
             # a jail's bans read like one-by-one ones in the audit log, within the same budget
             shown = 0
-            budget = self._audit_budget.take(applied)
+            budget = self.audit_lines(applied)
             dur = "permanent" if until is None else f"{max(0, round(until - now))}s"
             for c in changes:
                 for k in c.new + c.extended:
@@ -466,16 +471,14 @@ class Enforcer:
         large delta into several transactions. Kept entries are re-sent with the new end when there is one
         (so a daily feed's timeouts are refreshed, not left to expire together).
         """
-        now = time.time()
-        groups: list[Group] = []
         changes: dict[str, tuple[list[int], list[int], list[int]]] = {}
-        removed_keys: dict[str, set[int]] = {}
-        async with self._lock:
+
+        def plan() -> list[Group]:
+            groups: list[Group] = []
             for name, keys in desired.items():
                 added, removed, kept = self.state.replace_set(name, keys, until, origin=origin, reason=reason,
                                                               refresh=until is not None)
                 changes[name] = (added, removed, kept)
-                removed_keys[name] = set(removed)
                 until_ms = None if until is None else int(until * 1000)
                 if removed:
                     groups.append(Group(name, removed, [DELETE] * len(removed)))
@@ -484,25 +487,43 @@ class Enforcer:
                     spec_new = OpSpec(True, until_ms, "")
                     spec_kept = OpSpec(True, until_ms, "", True)
                     groups.append(Group(name, adds, [spec_new] * len(added) + [spec_kept] * (len(adds) - len(added))))
-            res = await self.kernel(self._writer().write, groups, int(now * 1000)) if groups else None
-        failed = self._settle_set_write(res, removed_keys)
+            return groups
+
+        failed = await self.write_sets(plan, time.time())
         return SyncResult(sum(len(c[0]) for c in changes.values()), sum(len(c[1]) for c in changes.values()),
                           len(failed))
 
-    def _settle_set_write(self, res: WriteResult | None, removed: Mapping[str, Collection[int]]
-                          ) -> list[tuple[str, int]]:
-        """After a whole-set write (`sync_sets`, `apply_set_deltas`): the state forgets what the kernel refused,
-        which is counted (refused entries are bans refused; a failed delete of `removed` is not one) and
-        returned."""
-        if res is None:
-            return []
-        self.generation = self._writer().last_generation
+    async def write_sets(self, plan: Callable[[], Sequence[Group]], now: float) -> list[tuple[str, int]]:
+        """The whole-set write (feed syncs and deltas, a received fleet batch): `plan()` changes the ban state
+        and returns the kernel ops that make the kernel follow, which go to the kernel thread as ONE
+        transaction (`now`: the kernel's clock for timeouts, wall seconds). Planning, writing and settling all
+        hold the enforcer's lock, so no other state change or kernel op comes between them.
+
+        Settling: the state forgets every element the kernel refused, each is counted (by errno in
+        nftblock_netlink_errors_total, a full set in nftblock_set_full_total, and a refused add as a ban
+        refused by the kernel; a refused delete is not one) and returned as (set, key). Nothing is written
+        when `plan()` returns no ops."""
+        async with self._lock:
+            groups = plan()
+            if not groups:
+                return []
+            res = await self.kernel(self._writer().write, groups, int(now * 1000))
+            self.generation = self._writer().last_generation
+            return self._settle_write(res, groups)
+
+    def _settle_write(self, res: WriteResult, groups: Sequence[Group]) -> list[tuple[str, int]]:
         refused: list[tuple[str, int]] = []
         for (name, key), (errno, _text) in res.failed.items():
             self.state.forget(name, key)
             refused.append((name, key))
             self._count_refusal(errno, name)
-        self._count_refused("kernel", sum(1 for name, key in refused if key not in removed.get(name, ())))
+        if refused:
+            failed = set(refused)
+            sets = {name for name, _key in refused}
+            deletes = sum(1 for g in groups if g.set_name in sets
+                          for key, spec in zip(g.keys, g.specs, strict=True)
+                          if not spec.add and (g.set_name, key) in failed)
+            self._count_refused("kernel", len(refused) - deletes)
         if self.metrics is not None and res.elements_sent:
             self.metrics.batch_seconds.observe(res.seconds)
             self.metrics.batch_elements.observe(res.elements_sent)
@@ -514,24 +535,23 @@ class Enforcer:
         feeds/delta.py): per set (added, removed, renewed) keys, ONE transaction of deletions, additions and
         timeout renewals; nothing at all when every delta is empty. Returns the result and the (set, key)
         pairs the kernel refused (forgotten by the state, as in `sync_sets`)."""
-        now = time.time()
-        groups: list[Group] = []
-        gone_keys: dict[str, list[int]] = {}
         until_ms = None if until is None else int(until * 1000)
         spec_new = OpSpec(True, until_ms, "")
         spec_kept = OpSpec(True, until_ms, "", True)
-        async with self._lock:
+
+        def plan() -> list[Group]:
+            groups: list[Group] = []
             for name, (added, removed, renewed) in deltas.items():
                 if not (added or removed or renewed):
                     continue
-                gone = gone_keys[name] = self.state.apply_delta(name, added, removed, renewed, until,
-                                                                origin=origin, reason=reason)
+                gone = self.state.apply_delta(name, added, removed, renewed, until, origin=origin, reason=reason)
                 if gone:
                     groups.append(Group(name, gone, [DELETE] * len(gone)))
                 if added or renewed:
                     groups.append(Group(name, added + renewed, [spec_new] * len(added) + [spec_kept] * len(renewed)))
-            res = await self.kernel(self._writer().write, groups, int(now * 1000)) if groups else None
-        refused = self._settle_set_write(res, {n: set(g) for n, g in gone_keys.items()})
+            return groups
+
+        refused = await self.write_sets(plan, time.time())
         return SyncResult(sum(len(d[0]) for d in deltas.values()), sum(len(d[1]) for d in deltas.values()),
                           len(refused)), refused
 
@@ -692,7 +712,7 @@ class Enforcer:
                 continue
             summary[kind] = summary.get(kind, 0) + 1
             items.append((d, r, kind))
-        shown = self._audit_budget.take(len(items))
+        shown = self.audit_lines(len(items))
         for d, r, kind in items[:shown]:
             fields = {"jail": getattr(d, "jail", "") or d.origin, "address": format_target(d.target),
                       "set": r.set_name, "origin": d.origin}

@@ -17,10 +17,11 @@ Rules, per element of the fleet's blocklist (one entry per address or range, loc
   detection this host made after it. When a local ban was made is known for bans made since the daemon
   started (`note_local`); a ban restored from the state database counts as made at the daemon's start,
   which is never later than the truth, so such a ban is only removed by an unban made after the start.
-- Everything one `apply_fleet` call changes goes to the kernel thread as one `write` (one transaction; an
-  element the kernel refuses is dropped from it and counted, as on every other path), then to the state
-  database (so a restart restores fleet bans, with their origin host), then to the audit log: one line per
-  ban or unban within the enforcer's audit budget, naming the origin host, and one summary line for the rest.
+- Everything one `apply_fleet` call changes goes to the kernel thread as one `write` (one transaction, through
+  `Enforcer.write_sets` as feed syncs go; an element the kernel refuses is dropped from it and counted, as on
+  every other path), then to the state database (so a restart restores fleet bans, with their origin host),
+  then to the audit log: one line per ban or unban within the enforcer's audit budget
+  (`Enforcer.audit_lines`), naming the origin host, and one summary line for the rest.
 
 This module never publishes anything: fleet bans never go back to the fleet (only the daemon's publish hooks,
 fed by jails and the CLI, do). It does not import the fleet package (which sits above kernel/).
@@ -98,13 +99,17 @@ class EnforcerFleetSink:
     async def apply_fleet(self, change: FleetChange) -> None:
         e = self.enforcer
         now = self.clock()
-        async with e._lock:
-            plan = self._plan(change, now)
-            failed = await self._write(plan.groups, now) if plan.groups else set()
-        ranges = [(b, absorbed) for b, absorbed in plan.ranges
-                  if (b.target.version, net_key(b.target)) not in failed]
-        hosts = [(name, v, [k for k in keys if (name, k) not in failed] if failed else keys, until, reason)
-                 for name, v, keys, until, reason in plan.hosts]
+        plan = _Plan()
+        refused_ops = await e.write_sets(lambda: self._plan(change, now, plan), now)
+        ranges, hosts = plan.ranges, plan.hosts
+        if refused_ops:  # the kernel refused them and the state forgot them: neither applied nor saved
+            failed = set(refused_ops)
+            failed_ranges = {(e.state.sets[name].spec.version, net_key(e.state.net_of(e.state.sets[name], key)))
+                             for name, key in refused_ops}
+            ranges = [(b, absorbed) for b, absorbed in ranges
+                      if (b.target.version, net_key(b.target)) not in failed_ranges]
+            hosts = [(name, v, [k for k in keys if (name, k) not in failed], until, reason)
+                     for name, v, keys, until, reason in hosts]
         applied = len(ranges) + sum(len(h[2]) for h in hosts)
         refused = plan.refused + plan.attempted - applied
         self.applied += applied
@@ -127,8 +132,9 @@ class EnforcerFleetSink:
         if plan.gone and self.on_removed is not None:
             self.on_removed(plan.gone)
 
-    def _plan(self, change: FleetChange, now: float) -> _Plan:
-        """The state changes and kernel ops of `change` (under the enforcer's lock).
+    def _plan(self, change: FleetChange, now: float, plan: _Plan) -> list[Group]:
+        """The state changes of `change`, into `plan`, and the kernel ops that follow them (under the
+        enforcer's lock, with the write, `Enforcer.write_sets`).
 
         Single addresses (nearly every fleet ban) take the bulk path, grouped by end and origin host: one set
         operation in the state per group (BanState.ban_hosts, same later-end rule), one shared op spec, one
@@ -136,7 +142,6 @@ class EnforcerFleetSink:
         values and database rows before."""
         e = self.enforcer
         state = e.state
-        plan = _Plan()
         ops: list[SetOp] = []
         self._plan_unbans(change, plan, ops)
         by_group: dict[tuple[int, float, str], list[int]] = {}
@@ -167,7 +172,7 @@ class EnforcerFleetSink:
             g.keys.append(op.key)
             g.specs.append(OpSpec(op.add, op.until_ms, op.comment, op.existed))
         plan.groups += by_set.values()
-        return plan
+        return plan.groups
 
     def _plan_unbans(self, change: FleetChange, plan: _Plan, ops: list[SetOp]) -> None:
         state = self.enforcer.state
@@ -215,26 +220,10 @@ class EnforcerFleetSink:
         plan.refused += len(drop)
         return [k for k in keys if k not in drop]
 
-    async def _write(self, groups: list[Group], now: float) -> set[tuple[str, int] | tuple[int, int]]:
-        """ONE kernel write; returns what the kernel refused, as (set, key) and as (version, net key), after
-        the state forgot it."""
-        e = self.enforcer
-        state = e.state
-        res = await e.kernel(e._writer().write, groups, int(now * 1000))
-        e.generation = e._writer().last_generation
-        failed: set[tuple[str, int] | tuple[int, int]] = set()
-        for (name, key), (errno, _text) in res.failed.items():
-            e._count_refusal(errno, name)
-            entries = state.sets[name]
-            failed.add((name, key))
-            failed.add((entries.spec.version, net_key(state.net_of(entries, key))))
-            state.forget(name, key)
-        return failed
-
     def _audit(self, ranges: list[tuple[Ban, tuple[IPNet, ...]]], hosts: list[_Hosts], gone: list[IPNet],
                now: float) -> None:
         n_bans = len(ranges) + sum(len(h[2]) for h in hosts)
-        budget = self.enforcer._audit_budget.take(n_bans + len(gone))
+        budget = self.enforcer.audit_lines(n_bans + len(gone))
         shown = 0
         lines: list[tuple[str, str, float | None]] = [(format_target(b.target), b.reason, b.until)
                                                       for b, _a in ranges[:budget]]

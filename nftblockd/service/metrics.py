@@ -217,6 +217,10 @@ class Metrics:
                                     registry=r)
         self.fleet_connected = Live("gauge", "nftblock_fleet_connected", "1 while connected to the fleet server",
                                     registry=r)
+        self.fleet_service_failures = Counter(
+            "nftblock_fleet_service_failures", "Times the fleet service stopped on an unexpected error (a bug, a "
+            "state database that fails; not the server going away, which it handles itself) and was started "
+            "again after a backoff", registry=r)
         self.up = Gauge("nftblock_up", "1 while the daemon runs", registry=r)
         self.start_time = Gauge("nftblock_start_time_seconds", "Unix time the daemon started", registry=r)
         self.up.set(1)

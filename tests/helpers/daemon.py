@@ -8,6 +8,7 @@ UNIX sockets are filesystem objects, so the CLI reaches it from outside the name
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -18,9 +19,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.netns import NetNS
+from tests.helpers.netns import NetNS, inside
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def scrape(ns: NetNS, port: int) -> str:
+    """One scrape of the metrics endpoint a daemon in `ns` listens on at 127.0.0.1:`port` (the connection is
+    made inside the namespace; the socket keeps working from outside it)."""
+    with inside(ns):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.connect()
+    conn.request("GET", "/metrics")
+    body = conn.getresponse().read().decode()
+    conn.close()
+    return body
 
 
 class DaemonProc:

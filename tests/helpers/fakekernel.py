@@ -1,7 +1,7 @@
 """An in-memory SetWriter (nftblockd.kernel.setwriter): the enforcer, the control API, the ban sink and the
-metrics run against it without root. It records every transaction, fails chosen elements with chosen
-errnos, fills sets to their configured size (ENFILE, as the kernel does) and can play the part of
-someone else changing the ruleset (a new generation, a set gone).
+metrics run against it without root (`running_enforcer` starts a real Enforcer on one). It records every
+transaction, fails chosen elements with chosen errnos, fills sets to their configured size (ENFILE, as the
+kernel does) and can play the part of someone else changing the ruleset (a new generation, a set gone).
 
 What it does not model: interval overlap rules (EEXIST) unless told to fail an element, and element
 expiry (elements stay until deleted; their expiry is recorded and `dump_keys` reports the remaining time).
@@ -9,16 +9,22 @@ expiry (elements stay until deleted; their expiry is recorded and `dump_keys` re
 
 from __future__ import annotations
 
+import asyncio
 import errno as E
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from nftblockd.addr import IPNet
+from nftblockd.allowlist import Allowlist, build_allowlist
+from nftblockd.config import Config
 from nftblockd.kernel.bans import OpSpec
 from nftblockd.kernel.batcher import Group
+from nftblockd.kernel.enforcer import Enforcer, Persist
 from nftblockd.kernel.ruleset import Ruleset, chains_for
 from nftblockd.kernel.setwriter import Features, IngressChange, WriteResult
+from nftblockd.service.metrics import Metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,3 +148,22 @@ class FakeSetWriter:
 
     def elements(self, set_name: str) -> set[int]:
         return set(self.sets.get(set_name, {}))
+
+
+@asynccontextmanager
+async def running_enforcer(cfg: Config, fake: FakeSetWriter, *, allow: Allowlist | None = None,
+                           metrics: Metrics | None = None, persist: Persist | None = None
+                           ) -> AsyncIterator[Enforcer]:
+    """A real Enforcer on `fake` (and its plan), started, its batcher running; closed on exit. The allowlist
+    is the config's without the host's own addresses (no netlink read) unless `allow` is given."""
+    allow = build_allowlist(cfg.allowlist, include_self=False) if allow is None else allow
+    enforcer = Enforcer(cfg, fake.plan, allow, lambda: fake, metrics=metrics, persist=persist)
+    await enforcer.start()
+    stop = asyncio.Event()
+    batcher = asyncio.create_task(enforcer.batcher.run(stop))
+    try:
+        yield enforcer
+    finally:
+        stop.set()
+        await batcher
+        await enforcer.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.daemon import DaemonProc
+from tests.helpers.daemon import DaemonProc, scrape
 from tests.helpers.netns import NetNS, wait_for
 
 CONFIG = """
@@ -164,19 +164,6 @@ def test_stop_leaves_bans_and_reload_keeps_running(netns: NetNS, daemon: DaemonP
     assert daemon.cli("status").returncode == 0  # the old config keeps running
     assert daemon.stop() == 0
     assert "203.0.113.80" in elems(netns, "default_ip4")
-
-
-def scrape(ns: NetNS, port: int) -> str:
-    import http.client
-
-    from tests.helpers.netns import inside
-    with inside(ns):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        conn.connect()
-    conn.request("GET", "/metrics")
-    body = conn.getresponse().read().decode()
-    conn.close()
-    return body
 
 
 def test_metrics_endpoint_reports_sets_batches_and_bans(netns: NetNS, tmp_path: Path) -> None:

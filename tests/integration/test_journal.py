@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,22 +11,10 @@ import pytest
 
 from nftblockd.sources.base import MemoryPositionStore, SourceError
 from nftblockd.sources.journal import JournalSource
-from tests.helpers.journald import Journald, skip_reason, unit_name
+from tests.helpers.journald import Journald, unit_name
 from tests.helpers.sources import running, wait_for_condition
 
 SSHD = [("SYSLOG_IDENTIFIER", "sshd")]
-
-
-@pytest.fixture
-async def jd(tmp_path: Path) -> AsyncIterator[Journald]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    j = Journald(tmp_path / "jd")
-    try:
-        yield await j.start()
-    finally:
-        j.stop()
 
 
 def source(jd: Journald, matches: list[tuple[str, str]] | None = None,

@@ -5,7 +5,6 @@ task; and `promtool check metrics` accepts the scrape."""
 
 from __future__ import annotations
 
-import http.client
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -14,22 +13,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers.daemon import DaemonProc
-from tests.helpers.netns import NetNS, inside, wait_for
+from tests.helpers.daemon import DaemonProc, scrape
+from tests.helpers.netns import NetNS, wait_for
 from tests.unit.test_metrics import promtool
 
 PORT = 9789
 Key = tuple[str, tuple[tuple[str, str], ...]]
-
-
-def scrape(ns: NetNS) -> str:
-    with inside(ns):
-        conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=10)
-        conn.connect()
-    conn.request("GET", "/metrics")
-    body = conn.getresponse().read().decode()
-    conn.close()
-    return body
 
 
 def parse(text: str) -> dict[Key, float]:
@@ -48,7 +37,7 @@ def value(samples: dict[Key, float], name: str, **labels: str) -> float | None:
 def scrape_until(ns: NetNS, ok: Callable[[dict[Key, float]], bool], what: str) -> dict[Key, float]:
     """Scrape until `ok` holds for the samples (log lines and feed files are read by the daemon's tasks)."""
     def once() -> dict[Key, float] | None:
-        s = parse(scrape(ns))
+        s = parse(scrape(ns, PORT))
         return s if ok(s) else None
     result: dict[Key, float] = wait_for(once, what=what)
     return result
@@ -93,13 +82,13 @@ def test_a_scrape_after_each_kind_of_event_shows_the_new_value(netns: NetNS, dae
 
     # a CLI ban of three addresses in one request: in the kernel set at once, three latency samples
     assert daemon.cli("ban", "203.0.113.1", "203.0.113.2", "203.0.113.3").returncode == 0
-    s = parse(scrape(netns))
+    s = parse(scrape(netns, PORT))
     assert value(s, "nftblock_set_elements", set="default_ip4") == 3
     assert value(s, "nftblock_ban_latency_seconds_count", origin="cli") == 3
     assert value(s, "nftblock_bans_total", origin="cli") == 3
 
     assert daemon.cli("unban", "203.0.113.2").returncode == 0
-    s = parse(scrape(netns))
+    s = parse(scrape(netns, PORT))
     assert value(s, "nftblock_set_elements", set="default_ip4") == 2
     assert value(s, "nftblock_unbans_total", origin="cli") == 1
 
@@ -145,7 +134,7 @@ def test_promtool_accepts_a_real_scrape(netns: NetNS, daemon: DaemonProc) -> Non
     if tool is None:
         pytest.skip("promtool not installed (make deps extracts it)")
     daemon.cli("ban", "203.0.113.1", "2001:db8:bad::/48")
-    text = scrape(netns)
+    text = scrape(netns, PORT)
     assert "nftblock_ban_latency_seconds_bucket" in text and "nftblock_feed_entries" in text
     r = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True, text=True, check=False)
     assert r.returncode == 0 and not r.stdout and not r.stderr, r.stdout + r.stderr

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.helpers.daemon import DaemonProc
-from tests.helpers.journald import Journald, skip_reason
+from tests.helpers.journald import Journald
 from tests.helpers.netns import NetNS, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,18 +22,6 @@ NOT_CLEAN = re.compile(r" (WARNING|ERROR|CRITICAL) ")
 def sshd_line(addr: str, n: int, daemon: str = "sshd") -> str:
     return (f"{time.strftime('%b %e %H:%M:%S')} host {daemon}[{4000 + n}]: Failed password for root from {addr} "
             f"port {40000 + n} ssh2\n")
-
-
-@pytest.fixture
-async def jd(tmp_path: Path) -> AsyncIterator[Journald]:
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    j = Journald(tmp_path / "jd")
-    try:
-        yield await j.start()
-    finally:
-        j.stop()
 
 
 async def test_the_example_config_bans_from_the_journal_and_starts_without_a_warning(

@@ -1,6 +1,7 @@
 """The metrics the daemon wires to figures other components own (Daemon._live_metrics), read back as a scrape
 shows them: tracker evictions by how many failures the evicted record held, and failures a jail refused to
-count by reason. The daemon is built, not run: nothing here touches the kernel."""
+count by reason, and the fleet service's unexpected failures. The daemon is built, not run: nothing here
+touches the kernel."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
+import nftblockd.daemon as daemon_mod
 from nftblockd.config import parse_config
 from nftblockd.daemon import Daemon
 from nftblockd.detect.jails import JailRunner, JailStats
@@ -62,3 +66,24 @@ def test_failures_a_jail_refused_to_count_show_by_reason(tmp_path: Path) -> None
     assert sample(d, "nftblock_failures_refused_total", jail="sshd", reason="allowlisted") == 4
     stats.never_ban += 1
     assert sample(d, "nftblock_failures_refused_total", jail="sshd", reason="never_ban") == 3
+
+
+async def test_a_fleet_service_that_fails_is_counted_shown_and_started_again(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # (a fake service in place of the fleet: the restart loop is service/restart.py's, tested there with a
+    # fake clock; here a zero backoff keeps it from waiting at all)
+    monkeypatch.setattr(daemon_mod, "FLEET_RESTART_BASE", 0.0)
+    d = daemon(tmp_path)
+    runs: list[int] = []
+
+    async def run() -> None:
+        runs.append(1)
+        if len(runs) <= 2:
+            raise RuntimeError(f"database is locked ({len(runs)})")
+
+    fake = SimpleNamespace(run=run, stats=SimpleNamespace(last_error=""))
+    d.fleet = cast(Any, fake)
+    await d._run_fleet()
+    assert len(runs) == 3
+    assert sample(d, "nftblock_fleet_service_failures_total") == 2
+    assert d.fleet_failure == fake.stats.last_error == "RuntimeError: database is locked (2)"

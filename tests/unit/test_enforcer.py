@@ -17,7 +17,7 @@ from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.state.change import PackedBans, StateChange
-from tests.helpers.fakekernel import Element, FakeSetWriter
+from tests.helpers.fakekernel import Element, FakeSetWriter, running_enforcer
 
 CONFIG = """
 blocklists:
@@ -51,23 +51,11 @@ class Rig:
 
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
-    import asyncio
-
     cfg = parse_config(CONFIG)
-    plan = plan_ruleset(cfg)
-    fake = FakeSetWriter(plan)
+    fake = FakeSetWriter(plan_ruleset(cfg))
     saved = Saved()
-    enforcer = Enforcer(cfg, plan, build_allowlist(cfg.allowlist, include_self=False), lambda: fake,
-                        persist=saved)
-    await enforcer.start()
-    stop = asyncio.Event()
-    runner = asyncio.create_task(enforcer.batcher.run(stop))
-    try:
+    async with running_enforcer(cfg, fake, persist=saved) as enforcer:
         yield Rig(enforcer, fake, saved)
-    finally:
-        stop.set()
-        await runner
-        await enforcer.close()
 
 
 def key(addr: str) -> int:
@@ -284,22 +272,13 @@ async def test_a_forward_clock_jump_does_not_unban_what_the_kernel_still_enforce
 
 
 async def test_feed_owned_sets_are_not_adopted_into() -> None:
-    import asyncio
-
     cfg = parse_config(CONFIG + "feeds:\n  f: {url: 'https://example.invalid/x', blocklist: small}\n")
-    plan = plan_ruleset(cfg)
-    fake = FakeSetWriter(plan)
-    enforcer = Enforcer(cfg, plan, build_allowlist(cfg.allowlist, include_self=False), lambda: fake)
-    await enforcer.start()
-    stop = asyncio.Event()
-    runner = asyncio.create_task(enforcer.batcher.run(stop))
-    fake.sets["small_ip4"][key("192.0.2.1")] = Element(None, "")
-    assert await enforcer.reconcile() == 1
-    assert fake.elements("small_ip4") == set()  # a feed set holds exactly its feed's entries
-    assert fake.idle_checks == 1  # and after the repairs, the rules of sets left empty are dropped
-    stop.set()
-    await runner
-    await enforcer.close()
+    fake = FakeSetWriter(plan_ruleset(cfg))
+    async with running_enforcer(cfg, fake) as enforcer:
+        fake.sets["small_ip4"][key("192.0.2.1")] = Element(None, "")
+        assert await enforcer.reconcile() == 1
+        assert fake.elements("small_ip4") == set()  # a feed set holds exactly its feed's entries
+        assert fake.idle_checks == 1  # and after the repairs, the rules of sets left empty are dropped
 
 
 async def test_ingress_chains_follow_devices_and_a_reload_replaces_the_chains() -> None:

@@ -14,6 +14,8 @@ import pytest
 
 from nftblockd.addr import parse_target
 from nftblockd.events import Ban, Origin, Unban
+from nftblockd.kernel.bans import DELETE, OpSpec
+from nftblockd.kernel.batcher import Group
 from nftblockd.service.metrics import Metrics
 from tests.helpers.apirig import NOW, ApiRig, api_rig
 from tests.helpers.fakekernel import Element
@@ -231,3 +233,43 @@ async def test_bans_refused_are_counted_by_reason_on_both_paths(rig: ApiRig) -> 
     assert sample(rig, "nftblock_bans_refused_total", reason="allowlisted") == 2
     assert sample(rig, "nftblock_bans_refused_total", reason="kernel") == 2
     assert sample(rig, "nftblock_bans_total", jail="", origin="cli") == 3  # .10, the /24 and .21
+
+
+async def test_write_sets_is_one_transaction_under_the_lock_settled_and_counted(rig: ApiRig) -> None:
+    """`Enforcer.write_sets`, the whole-set write that feed syncs and the fleet sink share: the plan runs under
+    the lock, its ops are one transaction, and what the kernel refuses is forgotten, returned and counted by
+    reason (a refused add is a ban refused by the kernel; a refused delete is not)."""
+    e = rig.enforcer
+    await e.sync_sets({"small_ip4": [k("198.18.0.1")], "default_ip4": [k("192.0.2.1")]}, None)
+    rig.fake.fail[("default_ip4", k("192.0.2.1"))] = E.ENOMEM  # the delete is refused
+    rig.fake.fail[("default_ip4", k("192.0.2.2"))] = E.EEXIST  # and one add
+    before = len(rig.fake.transactions)
+    locked: list[bool] = []
+
+    def plan() -> list[Group]:
+        locked.append(e._lock.locked())
+        adds = [k("192.0.2.2"), k("192.0.2.3")]
+        e.state.replace_set("default_ip4", adds, None, origin="feed", reason="test")
+        e.state.replace_set("small_ip4", [k("198.18.0.1"), k("198.18.0.2"), k("198.18.0.3")], None,
+                            origin="feed", reason="test")
+        spec = OpSpec(True, None, "")
+        return [Group("default_ip4", [k("192.0.2.1")], [DELETE]), Group("default_ip4", adds, [spec, spec]),
+                Group("small_ip4", [k("198.18.0.2"), k("198.18.0.3")], [spec, spec])]  # size 2: one too many
+
+    refused = await e.write_sets(plan, NOW)
+    assert locked == [True]
+    assert len(rig.fake.transactions) == before + 1
+    assert sorted(refused) == sorted([("default_ip4", k("192.0.2.1")), ("default_ip4", k("192.0.2.2")),
+                                      ("small_ip4", k("198.18.0.3"))])
+    assert k("192.0.2.2") not in e.state.sets["default_ip4"].entries  # refused: the state forgot it
+    assert k("198.18.0.3") not in e.state.sets["small_ip4"].entries
+    assert k("192.0.2.3") in e.state.sets["default_ip4"].entries and rig.fake.elements("default_ip4") == {
+        k("192.0.2.1"), k("192.0.2.3")}  # (the refused delete left the old element in the kernel)
+    assert sample(rig, "nftblock_netlink_errors_total", errno="ENOMEM") == 1
+    assert sample(rig, "nftblock_netlink_errors_total", errno="EEXIST") == 1
+    assert sample(rig, "nftblock_netlink_errors_total", errno="ENFILE") == 1
+    assert sample(rig, "nftblock_set_full_total", set="small_ip4") == 1
+    assert sample(rig, "nftblock_bans_refused_total", reason="kernel") == 2  # not the refused delete
+    assert e.generation == rig.fake.last_generation
+    # a plan with nothing to write sends nothing
+    assert await e.write_sets(lambda: [], NOW) == [] and len(rig.fake.transactions) == before + 1

@@ -4,7 +4,6 @@ fleet bans are saved with their origin host, and `fleet_view` splits fleet from 
 
 from __future__ import annotations
 
-import asyncio
 import errno as E
 import ipaddress
 import math
@@ -14,14 +13,13 @@ from dataclasses import dataclass
 import pytest
 
 from nftblockd.addr import IPNet
-from nftblockd.allowlist import build_allowlist
 from nftblockd.config import parse_config
 from nftblockd.events import Ban, FleetBan, FleetChange, FleetUnban, fleet_origin_host
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.fleetsink import EnforcerFleetSink
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.state.change import StateChange
-from tests.helpers.fakekernel import FakeSetWriter
+from tests.helpers.fakekernel import FakeSetWriter, running_enforcer
 
 T0 = 1_900_000_000.0
 CONFIG = "blocklists: {default: {}, other: {}}\nallowlist: [10.0.0.0/8]\nallowlist_self: false\n"
@@ -45,25 +43,14 @@ class Rig:
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
     cfg = parse_config(CONFIG)
-    plan = plan_ruleset(cfg)
-    fake = FakeSetWriter(plan, clock=lambda: T0)
+    fake = FakeSetWriter(plan_ruleset(cfg), clock=lambda: T0)
     saved: list[StateChange] = []
 
     async def persist(change: StateChange) -> None:
         saved.append(change)
 
-    enforcer = Enforcer(cfg, plan, build_allowlist(cfg.allowlist, include_self=False), lambda: fake,
-                        persist=persist)
-    await enforcer.start()
-    stop = asyncio.Event()
-    batcher = asyncio.create_task(enforcer.batcher.run(stop))
-    sink = EnforcerFleetSink(enforcer, "default", started=T0 - 100, clock=lambda: T0)
-    try:
-        yield Rig(enforcer, sink, fake, saved)
-    finally:
-        stop.set()
-        await batcher
-        await enforcer.close()
+    async with running_enforcer(cfg, fake, persist=persist) as enforcer:
+        yield Rig(enforcer, EnforcerFleetSink(enforcer, "default", started=T0 - 100, clock=lambda: T0), fake, saved)
 
 
 def key(text: str) -> int:
@@ -137,6 +124,8 @@ async def test_kernel_refusal_is_forgotten(rig: Rig) -> None:
     assert not rig.enforcer.state.covering(net("203.0.113.5"))
     assert rig.sink.applied == 1 and rig.sink.refused == 1
     assert rig.saved[-1].packed_saves[0][1] == [ipaddress.ip_address("203.0.113.6").packed]
+    # counted as on every other path to the kernel (Enforcer.write_sets settles it)
+    assert rig.enforcer.counters.kernel_errors == {E.ENFILE: 1} and rig.enforcer.counters.set_full == 1
 
 
 async def test_ranges_and_permanent(rig: Rig) -> None:

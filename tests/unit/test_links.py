@@ -27,16 +27,7 @@ from nftblockd.kernel.links import (
     parse,
     request,
 )
-
-
-def msg(kind: int, seq: int, body: bytes) -> bytes:
-    raw = struct.pack("=IHHII", 16 + len(body), kind, 2, seq, 0) + body
-    return raw + b"\0" * (-len(raw) % 4)
-
-
-def attr(kind: int, value: bytes) -> bytes:
-    raw = struct.pack("=HH", 4 + len(value), kind) + value
-    return raw + b"\0" * (-len(raw) % 4)
+from tests.helpers.rtnlmsg import attr, msg
 
 
 def link(kind: int, seq: int, index: int, name: str | None, *extra: bytes) -> bytes:

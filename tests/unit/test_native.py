@@ -27,14 +27,13 @@ from nftblockd.detect import native
 from nftblockd.detect.filterload import builtin_filters, load_filter, load_yaml_filter
 from nftblockd.detect.matcher import Filter, FilterDef, MatchContext, RegexSource, compile_filter
 from nftblockd.detect.rxlint import lint_regex
+from tests.helpers.samples import sample_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 UTC = ZoneInfo("UTC")
 ZURICH = ZoneInfo("Europe/Zurich")  # has DST: hours that do not exist or happen twice
 NOW = 1796205190.0  # 2026-12-02 09:53:10 UTC
 F2B = Path("/etc/fail2ban/filter.d")
-F2B_LOGS = Path("/usr/lib/python3/dist-packages/fail2ban/tests/files/logs")
-DATA = ROOT / "tests" / "data" / "logs"
 FILTERS = ROOT / "nftblockd" / "detect" / "filters"
 MODES = {"sshd": ["normal", "ddos", "extra", "aggressive"],
          "postfix": ["normal", "rbl", "auth", "errors", "ddos", "aggressive"],
@@ -74,15 +73,6 @@ def f2b_filters() -> list[Filter]:
     return out
 
 
-def sample_lines() -> list[str]:
-    lines: list[str] = []
-    for d in (F2B_LOGS, DATA):
-        if d.is_dir():
-            for p in sorted(d.iterdir()):
-                if p.is_file():
-                    text = p.read_text(errors="surrogateescape")
-                    lines += [x for x in text.splitlines() if not x.startswith("#")]
-    return lines
 
 
 def generated_lines() -> list[str]:

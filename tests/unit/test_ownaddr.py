@@ -29,18 +29,9 @@ from nftblockd.kernel.ownaddr import (
     parse_dump,
     request,
 )
+from tests.helpers.rtnlmsg import attr, msg
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def msg(kind: int, seq: int, body: bytes) -> bytes:
-    raw = struct.pack("=IHHII", 16 + len(body), kind, 2, seq, 0) + body
-    return raw + b"\0" * (-len(raw) % 4)
-
-
-def attr(kind: int, value: bytes) -> bytes:
-    raw = struct.pack("=HH", 4 + len(value), kind) + value
-    return raw + b"\0" * (-len(raw) % 4)
 
 
 def newaddr(seq: int, family: int, *attrs: bytes) -> bytes:

@@ -8,11 +8,7 @@ import pytest
 
 from nftblockd.kernel import links, ownaddr
 from nftblockd.kernel.rtnl import NLMSG_DONE, NLMSG_ERROR, DumpError, attributes, dump_request, messages
-
-
-def msg(kind: int, seq: int, body: bytes) -> bytes:
-    raw = struct.pack("=IHHII", 16 + len(body), kind, 2, seq, 0) + body
-    return raw + b"\0" * (-len(raw) % 4)
+from tests.helpers.rtnlmsg import msg
 
 
 def test_both_decoders_share_the_framing_and_its_error() -> None:

@@ -16,10 +16,9 @@ from nftblockd.allowlist import build_allowlist
 from nftblockd.config import parse_config
 from nftblockd.detect.tracker import JailPolicy, Kind, Tracker
 from nftblockd.events import Ban, Hit
-from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.kernel.sink import JailBanSink
-from tests.helpers.fakekernel import FakeSetWriter
+from tests.helpers.fakekernel import FakeSetWriter, running_enforcer
 
 T0 = 1_900_000_000.0
 CONFIG = "blocklists: {default: {}, long: {}}\nallowlist: [10.0.0.0/8]\nallowlist_self: false\n"
@@ -38,24 +37,14 @@ class Rig:
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
     cfg = parse_config(CONFIG)
-    plan = plan_ruleset(cfg)
-    fake = FakeSetWriter(plan, clock=lambda: T0)
+    fake = FakeSetWriter(plan_ruleset(cfg), clock=lambda: T0)
     allow = build_allowlist(cfg.allowlist, include_self=False)
-    enforcer = Enforcer(cfg, plan, allow, lambda: fake)
     tracker = Tracker([JailPolicy("sshd", maxretry=1, bantime=3600.0, blocklist="default"),
                        JailPolicy("sshd6", maxretry=1, bantime=3600.0, blocklist="default", ipv6_prefix=64),
                        JailPolicy("recidive", recidive=True, maxretry=2, findtime=86400.0, bantime=86400.0,
                                   blocklist="long")], allow)
-    sink = JailBanSink(enforcer, tracker, max_batches=4, clock=lambda: T0)
-    await enforcer.start()
-    stop = asyncio.Event()
-    batcher = asyncio.create_task(enforcer.batcher.run(stop))
-    try:
-        yield Rig(sink, tracker, fake)
-    finally:
-        stop.set()
-        await batcher
-        await enforcer.close()
+    async with running_enforcer(cfg, fake, allow=allow) as enforcer:
+        yield Rig(JailBanSink(enforcer, tracker, max_batches=4, clock=lambda: T0), tracker, fake)
 
 
 async def run_sink(rig: Rig, *batches: list[Ban]) -> None:
