@@ -88,6 +88,35 @@ def main() -> None:
     compare("unpack_hosts4", lambda: addr.unpack_hosts(blob, 4),
             lambda: [int.from_bytes(blob[i:i + 4], "big") for i in range(0, len(blob), 4)], N,
             "int.from_bytes per address")
+    # The bulk ban's never-ban and allowlist tests (100,000 addresses of `nftblock ban -` each pass through
+    # both): the first octets of all keys through a table at once (addr.flagged) against the per-key look-up
+    # the same table answers, on random public addresses with the default allowlist (loopback, a /16 and a /24
+    # of the machine's own) so a few hundred keys are looked at closely. Unicast addresses as bench_enforce.py
+    # bans them (1.0.0.0-223.255.255.255): random 32-bit keys would be 12 % multicast and reserved.
+    from nftblockd.allowlist import Allowlist
+    from nftblockd.neverban import _V4_SUSPECT, never_ban_keys, never_ban_range
+
+    public = [rnd.randrange(0x01000000, 0xE0000000) for _ in range(N)]
+    compare("never_ban_keys4", lambda: never_ban_keys(4, public),
+            lambda: [k for k in public if _V4_SUSPECT[k >> 24] and never_ban_range(4, k, k) is not None], N,
+            "first-octet table look-up per key", note="per address of a bulk ban (unicast addresses)")
+    allow = Allowlist.from_networks([ipaddress.ip_network(n) for n in ("127.0.0.0/8", "10.20.0.0/16",
+                                                                        "192.168.1.0/24")])
+    compare("allowlist_hosts_among4", lambda: allow.hosts_among(4, public),
+            lambda: [k for k in public if allow.v4.touched[k >> 16] and allow.v4.find(k, k) is not None], N,
+            "/16 table look-up per key", note="per address of a bulk ban (unicast addresses), 3 entries")
+    # A bulk ban's elements on the wire (the kernel thread encodes them between commits): the keys written into
+    # a repeated template against one `head + key + tail` concatenation per element.
+    from nftblockd.kernel import nfmsg
+
+    tail = nfmsg._timeout_attrs(3_600_000, True)
+    head = nfmsg.uniform_hash_messages(nfmsg.NFT_MSG_NEWSETELEM, nfmsg.NFPROTO_INET, "t", "s", [0], 4, 3_600_000,
+                                       True, 1, 0)[0][-(12 + 4 + len(tail)):-(4 + len(tail))]
+    compare("uniform_hash_messages4",
+            lambda: nfmsg.uniform_hash_messages(nfmsg.NFT_MSG_NEWSETELEM, nfmsg.NFPROTO_INET, "nftblock",
+                                                "default_ip4", public, 4, 3_600_000, True, 1, 0),
+            lambda: b"".join([head + k.to_bytes(4, "big") + tail for k in public]), N,
+            "head + key + tail per element", note="per element of a bulk ban's kernel batch")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import ipaddress
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -48,17 +49,34 @@ def addresses(n: int, seed: int = 1) -> list[str]:
     return [str(ipaddress.IPv4Address(a)) for a in out]
 
 
-def nft_reference(addrs: list[str], delete: list[str] | None = None) -> tuple[float, float | None]:
-    """Seconds for `nft -f` to add `addrs` (and then to delete `delete`) in a fresh namespace."""
+def children_cpu() -> float:
+    """CPU seconds (user + system) of every waited-for child process so far."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) of a running process."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def nft_reference(addrs: list[str], delete: list[str] | None = None,
+                  cpu: list[float] | None = None) -> tuple[float, float | None]:
+    """Seconds for `nft -f` to add `addrs` (and then to delete `delete`) in a fresh namespace; the add's CPU
+    seconds (the `nft` process's, kernel time included) are appended to `cpu` when given."""
     ns = NetNS("nbb")
     try:
         ns.run("nft", "-f", "-", input="table inet ref {\n set s { type ipv4_addr; size 2000000; flags timeout; }\n}\n")
         with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
             f.write("add element inet ref s { " + ", ".join(f"{a} timeout 3600s" for a in addrs) + " }\n")
             add_file = f.name
+        c0 = children_cpu()
         t0 = time.perf_counter()
         ns.run("nft", "-f", add_file)
         add_s = time.perf_counter() - t0
+        if cpu is not None:
+            cpu.append(children_cpu() - c0)
         del_s = None
         if delete:
             with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
@@ -133,25 +151,39 @@ def cli_bulk(d: DaemonProc, script: Path) -> None:
     """`nftblock ban -` of 100,000 addresses (parsed, in the kernel, saved with synchronous=full) against
     `nft -f` of the same elements into an identical set, alternating, median of the rounds. The command is
     the script the package installs (packaging/entry-script.sh) with this checkout as its library, as
-    bench_cli.py runs it; the daemon answers once the kernel acknowledged and the state database saved."""
+    bench_cli.py runs it; the daemon answers once the kernel acknowledged and the state database saved.
+    CPU seconds are reported beside the wall times (the machine may be shared): the CLI process's and the
+    daemon's (all its threads, kernel time of its commits included) against the `nft` process's."""
+    assert d.proc is not None  # `ip netns exec` execs the daemon: this pid is the daemon's
     ours, ref = [], []
+    cli_cpu: list[float] = []
+    daemon_cpu: list[float] = []
+    ref_cpu: list[float] = []
     for r in range(max(ROUNDS, 5)):
         addrs = addresses(100_000, seed=100 + r)
         text = "\n".join(addrs) + "\n"
         if r % 2:
-            ref.append(nft_reference(addrs)[0])
+            ref.append(nft_reference(addrs, cpu=ref_cpu)[0])
+        c0, dc0 = children_cpu(), proc_cpu(d.proc.pid)
         t0 = time.perf_counter()
         out = subprocess.run([str(script), "--socket", d.socket, "ban", "--timeout", "1h", "-"], input=text,
                              capture_output=True, text=True, timeout=120)
         ours.append(time.perf_counter() - t0)
+        cli_cpu.append(children_cpu() - c0)
+        daemon_cpu.append(proc_cpu(d.proc.pid) - dc0)
         assert out.returncode == 0 and out.stdout == "banned 100000 targets (for 1h)\n", (out.stdout, out.stderr)
         if r % 2 == 0:
-            ref.append(nft_reference(addrs)[0])
+            ref.append(nft_reference(addrs, cpu=ref_cpu)[0])
         assert d.cli("unban", "-", input=text).returncode == 0
-    record("cli ban - (stdin) 100k IPv4 with timeouts", statistics.median(ours), "s",
-           reference="nft -f", reference_value=statistics.median(ref), target="ratio <= 1.0",
+    med = statistics.median
+    record("cli ban - (stdin) 100k IPv4 with timeouts", med(ours), "s",
+           reference="nft -f", reference_value=med(ref), target="ratio <= 0.8",
            note=f"median of {len(ours)} alternating rounds; ours {min(ours):.3f}-{max(ours):.3f} s, nft -f "
-                f"{min(ref):.3f}-{max(ref):.3f} s")
+                f"{min(ref):.3f}-{max(ref):.3f} s; CPU (medians): nftblock {med(cli_cpu):.3f} s + daemon "
+                f"{med(daemon_cpu):.3f} s, nft {med(ref_cpu):.3f} s")
+    record("cli ban - (stdin) 100k IPv4, CPU seconds (CLI + daemon)", med(cli_cpu) + med(daemon_cpu), "s",
+           reference="nft -f process CPU", reference_value=med(ref_cpu),
+           note="the daemon's CPU includes the kernel's work for its commits, as the nft process's does")
 
 
 def daemon_benches() -> None:

@@ -353,6 +353,28 @@ def unpack_hosts(blob: bytes, version: int) -> list[int]:
     return [_FROM_BYTES(blob[i:i + 16], "big") for i in range(0, len(blob), 16)]
 
 
+_TOP = 3 if sys.byteorder == "little" else 0  # where an IPv4 key's first octet lies in its 4 array bytes
+
+
+def first_octets(keys: Sequence[int]) -> bytes:
+    """The first octet of every IPv4 host key, in order, as one bytes object: the keys into an array and one
+    strided slice, no Python per key (bulk tests where the first octet decides for nearly every address)."""
+    return array.array("I", keys).tobytes()[_TOP::4]
+
+
+def flagged(octets: bytes, table: bytes) -> list[int]:
+    """The indexes i, in order, where `table[octets[i]]` is 1 (`table`: 256 bytes, each 0 or 1). One C-level
+    translate over all of them, then one find per flagged index: for 100,000 keys of which few are flagged,
+    a fraction of a comprehension that looks each one up (bench/bench_addr.py)."""
+    marks = octets.translate(table)
+    out: list[int] = []
+    i = marks.find(1)
+    while i >= 0:
+        out.append(i)
+        i = marks.find(1, i + 1)
+    return out
+
+
 # -- net keys ---------------------------------------------------------------------------------------------
 
 

@@ -200,7 +200,7 @@ class Daemon:
         self._store_exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nftblockd-store")
         self.enforcer = Enforcer(cfg, self.plan, self.allow,
                                  lambda: KernelWriter(self.plan, protect=cfg.protect_table), metrics=self.metrics,
-                                 persist=self.persister.save, on_change=self._changed)
+                                 persist=self.persister.submit, on_change=self._changed)
         self.tracker = self._tracker(cfg)
         self.sink = JailBanSink(self.enforcer, self.tracker, on_applied=self._jail_bans_applied)
         # fleet mode: the kernel side is built here; the service (and with it the `redis` import) in run(),

@@ -11,7 +11,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from nftblockd import __version__
-from nftblockd.addr import AddressError, IPNet, format_host, format_target, host_net, parse_target, split_hosts
+from nftblockd.addr import (
+    AddressError,
+    IPNet,
+    format_host,
+    format_target,
+    host_net,
+    parse_target,
+    split_hosts,
+    unpack_hosts,
+)
 from nftblockd.control.protocol import (
     BanArgs,
     BanItem,
@@ -135,7 +144,8 @@ class ControlAPI:
 
     async def ban(self, a: BanArgs) -> dict[str, Any]:
         blocklist = self._blocklist(a.blocklist, writing=True)
-        if len(a.items) >= BULK_THRESHOLD and (a.uniform or len({(i.timeout, i.reason, i.jail) for i in a.items}) == 1):
+        if a.hosts4 or (len(a.items) >= BULK_THRESHOLD and
+                        (a.uniform or len({(i.timeout, i.reason, i.jail) for i in a.items}) == 1)):
             return _reply(await self.ban_bulk(a, blocklist), a.reply, "applied")
         return _reply(await self._ban_one_by_one(a.items, blocklist, a.origin), a.reply, "applied")
 
@@ -178,25 +188,30 @@ class ControlAPI:
 
         With `reply: counts` the applied targets are only counted (`applied` is then a count until `_reply`
         renames it): echoing 100,000 strings was a tenth of `nftblock ban -`'s time on both ends."""
-        first = a.items[0]
+        first = a.items if isinstance(a.items, UniformItems) else a.items[0]  # the one timeout, reason, jail
         default_timeout = self.enforcer.cfg.blocklist(blocklist).timeout
         now = self._clock()
         until = ban_end(resolve_timeout(first.timeout, default_timeout), now)
         given = a.items.targets if isinstance(a.items, UniformItems) else [item.target for item in a.items]
         keys, texts, rest_at = split_hosts(given, spelled=a.reply != "counts")
         rest = [a.items[i] for i in rest_at]
+        if a.hosts4:  # already packed by the client: no text to parse (duplicates are merged by the state)
+            packed = unpack_hosts(a.hosts4, 4)
+            keys[4] = packed + keys[4] if keys[4] else packed
+            if a.reply != "counts":
+                texts[4].update((k, format_host(k, 4)) for k in packed if k not in texts[4])
         origin = "fail2ban" if a.origin == "fail2ban" else "cli"
         res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=first.reason,
                                             jail=first.jail, comment=first.reason[:200], now=now)
         refused: list[dict[str, Any]] = []
         for version, never in res.never_ban.items():
-            for k in never:
+            for k in dict.fromkeys(never):  # a key given twice is refused once
                 t = format_host(k, version)
                 refused.append({"target": t, "code": "never_ban",
                                 "message": f"{t} is never banned: {never_ban_range(version, k, k)}"})
         allow = self.enforcer.allow
         for version, allowed in res.allowlisted.items():
-            for k in allowed:
+            for k in dict.fromkeys(allowed):
                 t = format_host(k, version)  # the entry is looked up again only for the refused
                 refused.append({"target": t, "code": "allowlisted",
                                 "message": f"{t} is allowlisted ({allow.contains_range(version, k, k)}); never banned"})

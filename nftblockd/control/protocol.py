@@ -20,6 +20,7 @@ read `ban`/`unban`/... arguments by the same rules the document states.
 
 from __future__ import annotations
 
+import binascii
 import enum
 import math
 from collections.abc import Sequence
@@ -275,6 +276,9 @@ class BanArgs:
     # every target was a plain string, so one timeout and reason for all (the bulk path); a hint, not content
     uniform: bool = field(default=False, compare=False)
     reply: str = "full"  # "counts": answer with counts and the refused targets only (docs/control-protocol.md)
+    # `hosts4`: IPv4 addresses packed 4 bytes each (network order), banned like `items` (which is then a
+    # UniformItems, possibly of no targets, carrying the request's timeout, comment and jail)
+    hosts4: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,11 +349,28 @@ def _req_str(cmd: str, args: dict[str, Any], key: str) -> str:
     return v
 
 
-def _targets(cmd: str, args: dict[str, Any]) -> list[Any]:
+def _targets(cmd: str, args: dict[str, Any], packed: bool = False) -> list[Any]:
+    """`targets`; with `packed` addresses (`hosts4`) it may be absent or empty."""
     t = args.get("targets")
-    if not isinstance(t, list) or not t:
+    if packed and t is None:
+        return []
+    if not isinstance(t, list) or (not t and not packed):
         raise ProtocolError(f"{cmd}: 'targets' must be a non-empty list")
     return t
+
+
+def _hosts4(cmd: str, args: dict[str, Any]) -> bytes:
+    """`hosts4`: base64 of IPv4 addresses packed 4 bytes each, or b"" when absent."""
+    v = args.get("hosts4")
+    if v is None:
+        return b""
+    try:
+        blob = binascii.a2b_base64(v, strict_mode=True) if isinstance(v, str) and v.isascii() else None
+    except binascii.Error:
+        blob = None
+    if blob is None or len(blob) % 4:
+        raise ProtocolError(f"{cmd}: 'hosts4' must be base64 of IPv4 addresses, 4 bytes each")
+    return blob
 
 
 def _bounded(where: str, text: str) -> str:
@@ -366,7 +387,7 @@ def _reply(cmd: str, args: dict[str, Any]) -> str:
 
 
 def _parse_ban(args: dict[str, Any]) -> BanArgs:
-    _check_keys("ban", args, ("targets", "timeout", "set", "comment", "origin", "jail", "reply"))
+    _check_keys("ban", args, ("targets", "hosts4", "timeout", "set", "comment", "origin", "jail", "reply"))
     timeout = parse_wire_timeout(args.get("timeout"))
     comment = args.get("comment") or ""
     if not isinstance(comment, str):
@@ -374,11 +395,15 @@ def _parse_ban(args: dict[str, Any]) -> BanArgs:
     _bounded("ban: 'comment'", comment)
     origin = _origin("ban", args)
     jail = _bounded("ban: 'jail'", _opt_str("ban", args, "jail") or "")
-    targets = _targets("ban", args)
+    hosts4 = _hosts4("ban", args)
+    targets = _targets("ban", args, bool(hosts4))
     reply = _reply("ban", args)
     if all(type(t) is str for t in targets):  # the bulk case: no per-target objects to check
         return BanArgs(UniformItems(targets, timeout, comment, jail), _opt_str("ban", args, "set"), origin, True,
-                       reply)
+                       reply, hosts4)
+    if hosts4:
+        raise ProtocolError("ban: 'hosts4' takes the request's timeout, comment and jail: its 'targets' must be "
+                            "strings")
     items: list[BanItem] = []
     for i, t in enumerate(targets):
         if isinstance(t, str):

@@ -88,6 +88,8 @@ class FleetState(Protocol):
     def fleet_enqueue(self, items: Iterable[OutboxItem]) -> list[int]: ...
     def fleet_pending(self, now: float, limit: int = ...) -> list[OutboxRow]: ...
     def fleet_mark_published(self, oseqs: Iterable[int]) -> None: ...
+    def fleet_round(self, published: Iterable[int], items: Iterable[OutboxItem], now: float,
+                    limit: int = ...) -> list[OutboxRow]: ...
     def fleet_forget(self, targets: Iterable[tuple[str, float]]) -> None: ...
     def fleet_own_active(self, now: float, since: float) -> list[OutboxRow]: ...
     def fleet_outbox_size(self) -> int: ...
@@ -217,11 +219,9 @@ class FleetService:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if self._queue:
-                items = list(self._queue)
-                self._queue.clear()
-                await asyncio.to_thread(self.state.fleet_enqueue, items)
             if not self._online.is_set():
+                if self._queue:  # kept durably until the server is back
+                    await self._store_round(None)
                 self.stats.outbox = await asyncio.to_thread(self.state.fleet_outbox_size)
                 continue
             try:
@@ -237,18 +237,43 @@ class FleetService:
                 delay = min(delay * 2, BACKOFF_CAP)
                 self._wake.set()
 
+    async def _store_round(self, sent: list[int] | None, now: float = 0.0) -> list[OutboxRow]:
+        """One call on the store thread, one transaction: mark `sent` published, queue what was submitted, and
+        (unless `sent` is None: offline, only queue) read what is pending. Submissions taken from the queue
+        go back to its head if the store fails, to be queued with the next attempt."""
+        items = list(self._queue)
+        self._queue.clear()
+        try:
+            if sent is None:
+                await asyncio.to_thread(self.state.fleet_enqueue, items)
+                return []
+            return await asyncio.to_thread(self.state.fleet_round, sent, items, now, PUBLISH_BATCH)
+        except BaseException:
+            self._queue.extendleft(reversed(items))
+            raise
+
     async def _publish_pending(self) -> None:
+        """Publish until nothing is pending. A round is one store call (mark the previous round's events
+        published, queue what was submitted since, read what is pending: one transaction) and one MULTI; what
+        is submitted during a round's publish goes out, many events at once, with the next round. At 1,000
+        bans/s the four store calls a round made before (queue, read, mark, read again, each its own commit)
+        were most of a ban's way from A's kernel to the stream (bench/bench_fleet.py)."""
+        sent: list[int] = []
         while True:
             now = self.clock()
-            rows = await asyncio.to_thread(self.state.fleet_pending, now, PUBLISH_BATCH)
+            rows = await self._store_round(sent, now)
             if not rows:
                 self.stats.outbox = 0
                 return
             ts = int(now * 1000)
             events = [self._event(r, ts) for r in rows]
             await self.link.publish([e for e in events if e is not None], now)
-            await asyncio.to_thread(self.state.fleet_mark_published, [r.oseq for r in rows])
+            sent = [r.oseq for r in rows]
             self.stats.published += len(rows)
+            if not self._queue and len(rows) < PUBLISH_BATCH:  # nothing else waits: mark them now, alone
+                await asyncio.to_thread(self.state.fleet_mark_published, sent)
+                self.stats.outbox = 0
+                return
 
     def _event(self, r: OutboxRow, ts: int) -> FleetEvent | None:
         net = parse_net(r.target)

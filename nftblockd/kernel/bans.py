@@ -314,10 +314,10 @@ class BanState:
         self._due(until_ms)
         d = entries.entries
         clash = d.keys() & keys if d else set()
-        if not clash:
-            new = list(dict.fromkeys(keys))
-            d.update(dict.fromkeys(new, packed))
-            return BulkChange(name, new, [], [], spec_new, spec_ext)
+        if not clash:  # one dict of the keys, merged in (cloned when the set is empty), not two
+            fresh = dict.fromkeys(keys, packed)
+            d.update(fresh)
+            return BulkChange(name, list(fresh), [], [], spec_new, spec_ext)
         new, extended, unchanged = [], [], []
         for k in dict.fromkeys(keys):
             old = d.get(k)

@@ -4,6 +4,9 @@ visible and retried instead of logged once and forgotten.
 Rules:
 - `save(change)` queues the change and returns once a write that included it was attempted. Changes that
   arrive while a write is in progress share the next transaction (one fsync for many requests under load).
+  `submit(change)` is the same without the wait: the change is queued when it is called (so calls keep their
+  order) and the returned future resolves when `save` would return. A bulk ban queues its save as it hands
+  its ops to the kernel and awaits both, so the fsync runs while the kernel commits (enforcer.ban_hosts).
   A change that deletes starts a new transaction (the store deletes before it saves within one call).
 - Order is kept: a change is never written before one queued earlier. When a write fails (disk full, I/O
   error, a read-only file system), the change stays at the head of the queue, the persister is *degraded*
@@ -52,12 +55,17 @@ class Persister:
         return PersistStatus(self._error is not None, len(self._queue), self._error, self._since)
 
     async def save(self, change: StateChange) -> None:
-        if not change:
-            return
+        await self.submit(change)
+
+    def submit(self, change: StateChange) -> asyncio.Future[None]:
+        """Queue `change` now; the future resolves once a write that included it was attempted."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not change:
+            fut.set_result(None)
+            return fut
         self._queue.append((change, fut))
         self._kick()
-        await fut
+        return fut
 
     async def retry(self) -> None:
         """Try the unsaved changes again (no-op when nothing waits)."""

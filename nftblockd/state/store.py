@@ -628,16 +628,8 @@ class Store:
         rows = list(items)
 
         def run(conn: sqlite3.Connection) -> list[int]:
-            out = []
             with transaction(conn):
-                for op, target, until, src, created in rows:
-                    if op == "unban":
-                        conn.execute("UPDATE fleet_outbox SET state = 2 WHERE target = ? AND op = 'ban'"
-                                     " AND state < 2", (target,))
-                    cur = conn.execute("INSERT INTO fleet_outbox(op, target, until, src, created) VALUES"
-                                       " (?, ?, ?, ?, ?)", (op, target, until, src, created))
-                    out.append(int(cur.lastrowid or 0))
-            return out
+                return _fleet_enqueue(conn, rows)
 
         return self._run("queue fleet events", run)
 
@@ -646,11 +638,7 @@ class Store:
 
         def run(conn: sqlite3.Connection) -> list[OutboxRow]:
             with transaction(conn):
-                conn.execute("UPDATE fleet_outbox SET state = 2 WHERE state = 0 AND op = 'ban' AND until <= ?",
-                             (now,))
-                return [OutboxRow(*r) for r in conn.execute(
-                    "SELECT oseq, op, target, until, src, created FROM fleet_outbox WHERE state = 0"
-                    " ORDER BY oseq LIMIT ?", (limit,))]
+                return _fleet_pending(conn, now, limit)
 
         return self._run("read the fleet outbox", run)
 
@@ -660,10 +648,26 @@ class Store:
 
         def run(conn: sqlite3.Connection) -> None:
             with transaction(conn):
-                conn.executemany("UPDATE fleet_outbox SET state = CASE op WHEN 'ban' THEN 1 ELSE 2 END"
-                                 " WHERE oseq = ? AND state = 0", keys)
+                _fleet_mark_published(conn, keys)
 
         self._run("mark fleet events published", run)
+
+    def fleet_round(self, published: Iterable[int], items: Iterable[OutboxItem], now: float,
+                    limit: int = 10000) -> list[OutboxRow]:
+        """A publish round's store work in ONE transaction (one commit, one call on the store thread):
+        `fleet_mark_published(published)`, then `fleet_enqueue(items)`, then `fleet_pending(now, limit)`."""
+        keys = [(o,) for o in published]
+        rows = list(items)
+
+        def run(conn: sqlite3.Connection) -> list[OutboxRow]:
+            with transaction(conn):
+                if keys:
+                    _fleet_mark_published(conn, keys)
+                if rows:
+                    _fleet_enqueue(conn, rows)
+                return _fleet_pending(conn, now, limit)
+
+        return self._run("queue and read fleet events", run)
 
     def fleet_forget(self, targets: Iterable[tuple[str, float]]) -> None:
         """A fleet-wide unban of `target` at `at`: own bans of it made before then are over."""
@@ -818,6 +822,29 @@ class StorePositions:
 
     def set(self, key: str, value: str) -> None:
         self._store.set_positions({key: value})
+
+
+def _fleet_enqueue(conn: sqlite3.Connection, rows: list[OutboxItem]) -> list[int]:
+    out = []
+    for op, target, until, src, created in rows:
+        if op == "unban":
+            conn.execute("UPDATE fleet_outbox SET state = 2 WHERE target = ? AND op = 'ban' AND state < 2", (target,))
+        cur = conn.execute("INSERT INTO fleet_outbox(op, target, until, src, created) VALUES (?, ?, ?, ?, ?)",
+                           (op, target, until, src, created))
+        out.append(int(cur.lastrowid or 0))
+    return out
+
+
+def _fleet_pending(conn: sqlite3.Connection, now: float, limit: int) -> list[OutboxRow]:
+    conn.execute("UPDATE fleet_outbox SET state = 2 WHERE state = 0 AND op = 'ban' AND until <= ?", (now,))
+    return [OutboxRow(*r) for r in conn.execute(
+        "SELECT oseq, op, target, until, src, created FROM fleet_outbox WHERE state = 0 ORDER BY oseq LIMIT ?",
+        (limit,))]
+
+
+def _fleet_mark_published(conn: sqlite3.Connection, keys: list[tuple[int]]) -> None:
+    conn.executemany("UPDATE fleet_outbox SET state = CASE op WHEN 'ban' THEN 1 ELSE 2 END"
+                     " WHERE oseq = ? AND state = 0", keys)
 
 
 def _rows_or_bulk(save_packed: Iterable[PackedBans]) -> tuple[list[PackedBans], list[PackedBans]]:

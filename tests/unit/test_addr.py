@@ -14,6 +14,8 @@ from nftblockd.addr import (
     V6_TAG,
     AddressError,
     IPNet,
+    first_octets,
+    flagged,
     format_host,
     format_target,
     host_net,
@@ -265,6 +267,13 @@ def test_packed_hosts_round_trip(keys4: list[int], keys6: list[int]) -> None:
     assert blob4 == b"".join(struct.pack(">I", k) for k in keys4)  # the plain version: one int at a time
     assert unpack_hosts(blob4, 4) == [int.from_bytes(blob4[i:i + 4], "big") for i in range(0, len(blob4), 4)]
     assert unpack_hosts(blob4, 4) == keys4 and unpack_hosts(blob6, 6) == keys6
+
+
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=60), st.binary(min_size=256, max_size=256))
+def test_flagged_first_octets_are_the_per_key_look_up(keys: list[int], raw: bytes) -> None:
+    table = bytes(b & 1 for b in raw)
+    assert first_octets(keys) == bytes(k >> 24 for k in keys)  # the plain version: one key at a time
+    assert flagged(first_octets(keys), table) == [i for i, k in enumerate(keys) if table[k >> 24]]
 
 
 # -- net keys and tagged keys -----------------------------------------------------------------------------

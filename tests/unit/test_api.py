@@ -330,6 +330,52 @@ async def test_reply_counts_answers_with_counts_and_the_failures_only(rig: ApiRi
     assert r == {"removed_count": 1, "not_found": []}
 
 
+def packed(hosts: list[str]) -> str:
+    """`hosts4` as `nftblock ban -` sends it: the addresses packed 4 bytes each, base64."""
+    import base64
+
+    return base64.b64encode(b"".join(ipaddress.IPv4Address(h).packed for h in hosts)).decode()
+
+
+async def test_packed_hosts_are_banned_as_their_text_would_be(rig: ApiRig) -> None:
+    # `hosts4` (what `nftblock ban -` sends for plain IPv4 lines) against the same addresses as strings, into
+    # two blocklists: the same answer, state and kernel; duplicates, across both fields too, count once
+    hosts = [v4(i) for i in range(BULK_THRESHOLD + 6)]
+    others = ["198.51.100.0/24", "bogus", hosts[5]]
+    bad = ["10.9.9.9", "127.0.0.1", "127.0.0.1"]
+    rig.fake.fail[("default_ip4", k(hosts[3]))] = E.ENOMEM
+    rig.fake.fail[("web_ip4", k(hosts[3]))] = E.ENOMEM
+    for reply in ("counts", "full"):
+        as_text = await rig.api("ban", {**stdin_request(hosts + bad + others, set="web"), "reply": reply}, PEER)
+        as_packed = await rig.api("ban", {**stdin_request(others), "hosts4": packed(hosts + bad + hosts[:2]),
+                                          "reply": reply}, PEER)
+        if reply == "full":
+            as_text["applied"].sort()
+            as_packed["applied"].sort()
+        as_text["refused"].sort(key=str)
+        as_packed["refused"].sort(key=str)
+        assert as_packed == as_text
+    assert as_packed["refused"] and as_packed["applied"]
+    assert rig.in_kernel("default_ip4") == rig.in_kernel("web_ip4") == set(hosts) - {hosts[3]}
+    assert {t for t, _bl in rig.bans()} >= set(hosts) - {hosts[3]}
+    # alone, with no `targets` at all, and with few addresses: still the bulk path
+    r = await rig.api("ban", {"hosts4": packed(["203.0.113.9"]), "timeout": "2h", "comment": "scan",
+                              "reply": "counts"}, PEER)
+    assert r == {"applied_count": 1, "refused": []}
+    ban = rig.bans()["203.0.113.9", "default"]
+    assert (ban.until, ban.reason) == (NOW + 7200, "scan")
+
+
+async def test_packed_hosts_that_are_not_packed_addresses_are_refused(rig: ApiRig) -> None:
+    for hosts4 in ("AAAA", "not base64!", 12, "QUJDREVG"):  # 3 bytes; garbage; a number; 6 bytes
+        assert await refused_with(rig, "ban", hosts4=hosts4) == (
+            "bad_request", "ban: 'hosts4' must be base64 of IPv4 addresses, 4 bytes each")
+    assert await refused_with(rig, "ban", hosts4="") == ("bad_request", "ban: 'targets' must be a non-empty list")
+    assert await refused_with(rig, "ban", hosts4=packed(["192.0.2.1"]), targets=[{"target": "192.0.2.2"}]) == (
+        "bad_request", "ban: 'hosts4' takes the request's timeout, comment and jail: its 'targets' must be strings")
+    assert rig.in_kernel("default_ip4") == set()
+
+
 async def test_reply_full_is_the_default_and_anything_else_is_refused(rig: ApiRig) -> None:
     hosts = [v4(i) for i in range(BULK_THRESHOLD)]
     full = await rig.api("ban", {**stdin_request(hosts), "reply": "full"}, PEER)

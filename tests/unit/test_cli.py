@@ -463,7 +463,7 @@ async def test_console_script_bans_a_million_addresses_from_stdin(sock_dir: Path
 
     async def accept_all(cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
         received.append((cmd, args))  # the fake daemon's per-target parsing would dominate: not under test
-        return {"applied": args["targets"], "refused": []}
+        return {"applied_count": len(args["hosts4"]) * 3 // 16, "refused": []}  # base64: 4 chars per 3 bytes
 
     addrs = [f"{100 + (i >> 16)}.{(i >> 8) & 255}.{i & 255}.1" for i in range(1_000_000)]
     srv = ControlServer(sock_dir / "big.sock", accept_all)
@@ -477,7 +477,12 @@ async def test_console_script_bans_a_million_addresses_from_stdin(sock_dir: Path
         await srv.close()
     assert (proc.returncode, out, err) == (0, b"banned 1000000 targets (permanently)\n", b"")
     assert len(received) == 1
-    assert received[0][1]["targets"] == addrs and received[0][1]["timeout"] == "permanent"
+    args = received[0][1]  # the addresses packed as the CLI's check left them, in order: no text to parse
+    assert "targets" not in args and args["timeout"] == "permanent" and args["reply"] == "counts"
+    import binascii
+    import socket
+
+    assert binascii.a2b_base64(args["hosts4"]) == b"".join(socket.inet_aton(a) for a in addrs)
 
 
 @pytest.mark.skipif(not SCRIPT.exists(), reason="the nftblock console script is not installed")
@@ -663,8 +668,14 @@ def test_stdin_read_by_blocks_gives_what_the_line_reader_gives(lines: list[tuple
             return str(exc)
 
     want = outcome(lambda: _targets_from_lines(io.TextIOWrapper(io.BytesIO(text.encode()))))
-    assert outcome(lambda: _targets_from_stream(io.TextIOWrapper(io.BytesIO(text.encode())), block)) == want
+    got = outcome(lambda: _targets_from_stream(io.TextIOWrapper(io.BytesIO(text.encode())), block))
+    assert got == want
     assert outcome(lambda: _targets_from_stream(io.StringIO(text), block)) == want
+    if not isinstance(got, str):  # what is sent (packed addresses and text) is every target, nothing else
+        import socket
+
+        sent = [socket.inet_ntoa(got.hosts4[i:i + 4]) for i in range(0, len(got.hosts4), 4)] + got.slow
+        assert sorted(set(sent)) == sorted(got.strings()) and len(got.slow) == len(set(got.slow))
 
 
 def test_stdin_that_is_not_text_is_refused_with_its_line_number() -> None:
@@ -675,6 +686,12 @@ def test_stdin_that_is_not_text_is_refused_with_its_line_number() -> None:
         with pytest.raises(UsageError) as exc:
             _targets_from_stream(io.TextIOWrapper(io.BytesIO(data)), block)
         assert str(exc.value) == "stdin line 4: not text (invalid start byte); nothing was sent"
+
+
+async def test_stdin_repeating_a_few_addresses_is_a_few_targets(sock: Path, rig: ApiRig) -> None:
+    r = await nftblock("ban", "-", sock=sock, stdin="198.18.0.1\n198.18.0.2\n" * 8)
+    assert (r.code, r.out, r.err) == (0, "banned 2 targets: 198.18.0.1, 198.18.0.2\n", "")
+    assert rig.calls[-1][1]["targets"] == ["198.18.0.1", "198.18.0.2"] and "hosts4" not in rig.calls[-1][1]
 
 
 async def test_a_bulk_ban_asks_for_counts_and_an_older_daemon_is_asked_again(sock: Path, rig: ApiRig,
@@ -690,23 +707,33 @@ async def test_a_bulk_ban_asks_for_counts_and_an_older_daemon_is_asked_again(soc
     assert "reply" not in rig.calls[-1][1]
 
     seen: list[dict[str, Any]] = []
+    known = {"targets", "timeout", "set", "comment", "origin", "jail"}
 
-    async def older(cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:  # before `reply` existed
+    async def older(cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
         seen.append(args)
-        if "reply" in args:
+        unknown = sorted(k for k in args if k not in known)  # as protocol._check_keys names them: the first
+        if unknown:
             from nftblockd.control.protocol import ControlError
-            raise ControlError("bad_request", f"{cmd}: unknown argument 'reply' (allowed: targets, timeout)")
+            raise ControlError("bad_request", f"{cmd}: unknown argument {unknown[0]!r} (allowed: targets, timeout)")
         return {"applied": args["targets"], "refused": []} if cmd == "ban" else \
             {"removed": args["targets"], "not_found": []}
 
     srv = ControlServer(sock_dir / "old.sock", older)
     await srv.start()
     try:
+        # before `reply` and `hosts4`: asked three times, the last time as every daemon understands
         r = await nftblock("ban", "-", sock=sock_dir / "old.sock", stdin="\n".join(hosts) + "\n")
         assert (r.code, r.out, r.err) == (0, "banned 20 targets\n", "")
-        assert ["reply" in a for a in seen] == [True, False]
+        assert [sorted(set(a) - known) for a in seen] == [["hosts4", "reply"], ["reply"], []]
+        assert seen[1]["targets"] == seen[2]["targets"] == hosts
         r = await nftblock("unban", "-", sock=sock_dir / "old.sock", stdin="\n".join(hosts) + "\n")
         assert (r.code, r.out, r.err) == (0, "unbanned 20 targets\n", "")
+        # with `reply` but before `hosts4`: twice
+        seen.clear()
+        known.add("reply")
+        r = await nftblock("ban", "-", sock=sock_dir / "old.sock", stdin="\n".join(hosts) + "\n")
+        assert (r.code, r.out, r.err) == (0, "banned 20 targets\n", "")
+        assert [sorted(set(a) - known) for a in seen] == [["hosts4"], []]
     finally:
         await srv.close()
 

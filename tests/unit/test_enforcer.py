@@ -136,8 +136,36 @@ async def test_bulk_bans_skip_the_allowlist_and_report_refusals(rig: Rig) -> Non
     assert res.allowlisted == {4: [key("10.9.9.9")]}
     assert set(res.failed) == {("default_ip4", key("192.0.2.2"))}
     assert rig.fake.elements("default_ip4") == {key("192.0.2.1")}
+    # The save was queued before the kernel answered; what it refused is deleted again after it.
     [(blocklist, blobs, _until, _origin, _reason, _jail)] = rig.saved.packed
-    assert blocklist == "default" and blobs == [ipaddress.IPv4Address("192.0.2.1").packed]
+    assert blocklist == "default" and blobs == [ipaddress.IPv4Address(a).packed for a in ("192.0.2.1", "192.0.2.2")]
+    assert rig.saved.packed_deletes == [("default", [ipaddress.IPv4Address("192.0.2.2").packed])]
+
+
+async def test_a_bulk_ban_is_saved_while_the_kernel_commits_and_answered_after_both(rig: Rig) -> None:
+    import asyncio
+
+    seen: list[set[int]] = []
+    written = asyncio.get_running_loop().create_future()
+
+    def persist(change: StateChange) -> asyncio.Future[None]:  # as Persister.submit: queued when called
+        seen.append(set(rig.fake.elements("default_ip4")))
+        return written
+
+    rig.enforcer.persist = persist
+    task = asyncio.create_task(rig.enforcer.ban_hosts("default", {4: [key("192.0.2.1")]}, None))
+    for _ in range(100_000):  # until the kernel thread has it (bounded loop turns, no clock)
+        if rig.fake.elements("default_ip4"):
+            break
+        await asyncio.sleep(0)
+    assert seen == [set()]  # queued before the kernel committed
+    assert rig.fake.elements("default_ip4") == {key("192.0.2.1")}
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not task.done()  # committed, but not saved yet: no answer
+    written.set_result(None)
+    res = await task
+    assert not res.failed
 
 
 async def test_bulk_ban_into_an_unknown_blocklist_raises_key_error(rig: Rig) -> None:

@@ -100,3 +100,13 @@ def test_v6_ranges_agree_with_ipaddress(base: int, offset: int, plen: int) -> No
     addr = (base + offset) % 2**128
     net = ipaddress.IPv6Network((addr >> (128 - plen) << (128 - plen), plen))
     assert (never_ban_range(6, int(net.network_address), int(net.broadcast_address)) is not None) == _slow(net)
+
+
+@given(st.lists(st.integers(0, 2**32 - 1) | st.sampled_from(
+    [0, 1, 0x7F000001, 0x7EFFFFFF, 0x80000000, 0xA9FE0000, 0xA9FDFFFF, 0xE0000000, 0xDFFFFFFF, 0xFFFFFFFF]),
+    max_size=60))
+def test_bulk_filter_is_the_per_key_check_in_order(keys: list[int]) -> None:
+    # the vectorised first-octet pass (addr.flagged) against never_ban_range per key; an iterator works too
+    want = [k for k in keys if never_ban_range(4, k, k) is not None]
+    assert never_ban_keys(4, keys) == want
+    assert never_ban_keys(4, iter(keys)) == want

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import struct
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -33,6 +34,26 @@ def test_uniform_hash_messages_match_the_general_splitter(keys: list[int], timeo
     general = [sm.data for sm in m.split_set_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, "t", "s", blobs, 100,
                                                       m.NLM_F_REQUEST)]
     assert fast == general
+
+
+@given(st.sampled_from([4, 16]).flatmap(lambda n: st.tuples(st.just(n), st.lists(
+    st.integers(0, 2 ** (8 * n) - 1), min_size=1, max_size=2500, unique=True))),
+    st.one_of(st.none(), st.integers(1, 10**9)), st.booleans())
+def test_uniform_hash_messages_are_the_per_element_concatenation(case: tuple[int, list[int]], timeout: int | None,
+                                                                   refresh: bool) -> None:
+    # the keys written into a repeated template against one `head + key + tail` per element (the plain version)
+    klen, keys = case
+    fast = m.uniform_hash_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, "t", "s", keys, klen, timeout, refresh, 7,
+                                   m.NLM_F_REQUEST)
+    tail = b"" if timeout is None else m._timeout_attrs(timeout, refresh)
+    nla = struct.Struct("=HH")
+    head = nla.pack(4 + 8 + klen + len(tail), m.NFTA_LIST_ELEM | m.NLA_F_NESTED) + nla.pack(
+        8 + klen, m.NFTA_SET_ELEM_KEY | m.NLA_F_NESTED) + nla.pack(4 + klen, m.NFTA_DATA_VALUE)
+    plain = b"".join(head + k.to_bytes(klen, "big") + tail for k in keys)
+    got = b""
+    for msg in fast:  # nlmsghdr and nfgenmsg (20 bytes), then table, set and the ELEMENTS nest
+        got += m.attrs_dict(msg[20:])[m.NFTA_SET_ELEM_LIST_ELEMENTS]
+    assert got == plain
 
 
 @given(st.sampled_from([4, 16]).flatmap(lambda n: st.tuples(st.just(n), st.lists(

@@ -70,3 +70,15 @@ async def test_nothing_to_save_writes_nothing() -> None:
     store = FlakyStore()
     await Persister(store.write).save(StateChange())
     assert store.writes == []
+
+
+async def test_submit_queues_when_called_and_resolves_once_written() -> None:
+    store = FlakyStore()
+    p = Persister(store.write)
+    first = p.submit(StateChange([ban("192.0.2.1")]))  # queued now, before anything else runs
+    second = p.save(StateChange(deletes=[("default", parse_target("192.0.2.1"))]))
+    assert not first.done()
+    await asyncio.gather(first, second)
+    assert [len(w.saves) for w in store.writes] == [1, 0] and len(store.writes[1].deletes) == 1
+    empty = p.submit(StateChange())
+    assert empty.done() and len(store.writes) == 2

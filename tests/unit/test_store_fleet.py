@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from nftblockd.state.schema import SCHEMA_VERSION
-from nftblockd.state.store import Store
+from nftblockd.state.store import OutboxItem, Store, StoreError
 from tests.helpers.store import memory_store
 
 NOW = 1_700_000_000.0
@@ -36,6 +39,35 @@ def test_outbox_order_expiry_and_unbans(tmp_path: Path) -> None:
         assert [r.target for r in st.fleet_own_active(NOW + 30, NOW - 60)] == ["203.0.113.3"]
         # past the horizon even a permanent ban is no longer "recent"
         assert st.fleet_prune(NOW + 7200, 3600) == 1
+
+
+def test_a_publish_round_is_mark_then_queue_then_read_in_one_transaction(tmp_path: Path) -> None:
+    # fleet_round against the three calls it stands for, on two stores fed the same events
+    batches: list[list[OutboxItem]] = [
+        [("ban", "203.0.113.1", NOW + 100, "jail:sshd", NOW), ("ban", "203.0.113.2", NOW + 5, "cli", NOW)],
+        [("unban", "203.0.113.1", None, "cli", NOW + 1), ("ban", "203.0.113.3", None, "cli", NOW + 1)],
+        [],
+        [("ban", "203.0.113.4", NOW + 100, "cli", NOW + 2)],
+    ]
+    with Store.open(tmp_path / "a.db") as a, Store.open(tmp_path / "b.db") as b:
+        sent_a: list[int] = []
+        sent_b: list[int] = []
+        for i, items in enumerate(batches):
+            now = NOW + 3 + 4 * i  # the 5-second ban ends on the way
+            got = a.fleet_round(sent_a, items, now, limit=2)
+            b.fleet_mark_published(sent_b)
+            b.fleet_enqueue(items)
+            want = b.fleet_pending(now, limit=2)
+            assert got == want
+            sent_a, sent_b = [r.oseq for r in got], [r.oseq for r in want]
+        assert a.fleet_outbox_size() == b.fleet_outbox_size() == 1  # the last round's read is not marked yet
+        assert a.fleet_round(sent_a, [], NOW + 20) == [] and a.fleet_outbox_size() == 0
+    # one transaction: a failure leaves nothing of the round behind (the queued items are not written)
+    with Store.open(tmp_path / "c.db") as c:
+        bad: Any = ("ban", None, None, "cli", NOW)  # a NULL target: the table refuses it
+        with pytest.raises(StoreError):
+            c.fleet_round([], [("ban", "203.0.113.9", NOW + 100, "cli", NOW), bad], NOW)
+        assert c.fleet_outbox_size() == 0
 
 
 def test_oseq_is_never_reused_and_survives_restart(tmp_path: Path) -> None:

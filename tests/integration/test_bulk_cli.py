@@ -1,0 +1,46 @@
+"""`nftblock ban -` through the real daemon, with input that takes both of its ways: plain IPv4 blocks sent
+packed (`hosts4`), the rest as text. The kernel, the answer and the saved state must be what the lines say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.helpers.daemon import DaemonProc
+from tests.helpers.netns import NetNS
+
+CONFIG = """
+blocklists: {default: {timeout: 1h, size: 200000}}
+allowlist: [192.0.2.0/24]
+allowlist_self: false
+reconcile: {interval: 1h}
+"""
+
+
+def counts(d: DaemonProc) -> dict[str, int]:
+    return {s["name"]: s["elements"] for s in d.cli_json("status")["sets"]}
+
+
+def test_bulk_ban_of_packed_blocks_and_text_lines(netns: NetNS, tmp_path: Path) -> None:
+    # 80,000 plain lines fill the CLI's first 1 MiB block (checked at once, sent packed); the rest of the
+    # input needs the line-by-line check (a comment, a range, IPv6) and repeats an address of the first block
+    plain = [f"198.{18 + (i >> 16)}.{(i >> 8) & 255}.{i & 255}" for i in range(80_000)]
+    rest = ["# and a few more", "203.0.113.0/24", "2001:db8:1::7", plain[5], " 198.51.100.7  # why",
+            "224.0.0.1", "192.0.2.9"]
+    d = DaemonProc(netns, tmp_path / "d", CONFIG).start()
+    try:
+        r = d.cli("ban", "--timeout", "1h", "-", input="\n".join(plain + rest) + "\n")
+        assert r.returncode == 1  # two refused: said on stderr, the rest banned
+        assert r.stdout == "banned 80003 targets (for 1h)\n", r.stdout
+        assert "refused 224.0.0.1: 224.0.0.1 is never banned" in r.stderr
+        assert "refused 192.0.2.9: 192.0.2.9 is allowlisted (192.0.2.0/24)" in r.stderr
+        want = {"default_ip4": 80_001, "default_net4": 1, "default_ip6": 1}
+        assert {k: v for k, v in counts(d).items() if k in want} == want
+        [ban] = d.cli_json("check", plain[-1])["bans"]
+        assert 3500 < ban["expires_in"] <= 3600 and ban["origin"] == "cli"
+        # saved before the answer: a reboot (the table gone) and a restart bring back every one
+        assert d.stop() == 0
+        netns.nft("delete", "table", "inet", "nftblock")
+        d.start(timeout=60)
+        assert {k: v for k, v in counts(d).items() if k in want} == want
+    finally:
+        d.close()
