@@ -97,11 +97,14 @@ __all__ = [
     "PackedBans",
     "PruneStats",
     "Row",
+    "SavedBans",
     "Store",
     "StoreError",
     "StorePositions",
     "StoreProblem",
+    "ends_ms",
     "group_rows",
+    "hex_ends_ms",
     "pack_ends",
     "unpack_ends",
 ]
@@ -161,6 +164,18 @@ class CompactBans:
     bulk: list[tuple[int, float | None, int, bytes, bytes | None]] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class SavedBans:
+    """Active bans as a restart reads them: see `Store.load_saved`."""
+
+    labels: dict[int, tuple[str, str, str, str]]  # label id -> (blocklist, origin, reason, jail)
+    # (label id, key length 4|16, packed addresses end to end, the end of each in ms since the epoch or None =
+    # permanent): the single-address rows, one entry per label and key length, each address once
+    hosts: list[tuple[int, int, bytes, list[int | None]]]
+    others: list[Row]  # the rows of ranges (label id, packed target, until or None), as SQLite returns them
+    bulk: list[tuple[int, float | None, int, bytes, bytes | None]]  # as `CompactBans.bulk`
+
+
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     # Building a million row tuples triggers the cyclic GC hundreds of times for nothing (tuples of atoms hold
@@ -177,6 +192,20 @@ def _gc_paused() -> Iterator[None]:
 _UPSERT_HEAD = "INSERT INTO bans(blocklist, target, until, label, created) VALUES "
 _UPSERT_TAIL = " ON CONFLICT(blocklist, target) DO UPDATE SET until = excluded.until, label = excluded.label"
 _SQL_ACTIVE = "SELECT label, target, until FROM bans WHERE until IS NULL OR until > ?"
+# A restart's read of single-address rows: per (label, key length) the keys end to end and each end as 16 hex
+# digits of whole ms (truncated as Python's int(until * 1000) truncates; -1 = permanent). One aggregate step
+# inside SQLite, with the GIL released, instead of a tuple, a bytes and a float per row (~0.9 s for a
+# million rows, grouped and joined). A BLOB given to group_concat is taken byte for byte (as TEXT in the
+# database's UTF-8, with its length: a NUL does not end it); CAST back to BLOB gives those bytes.
+_ACTIVE = "(until IS NULL OR until > ?)"
+_SQL_GROUPS = f"SELECT DISTINCT label, length(target) FROM bans WHERE {_ACTIVE}"
+_AGG = ("CAST(group_concat(target, '') AS BLOB),"
+        " group_concat(printf('%016x', coalesce(CAST(until * 1000 AS INTEGER), -1)), '')")
+_SQL_HOSTS_ONE = f"SELECT {_AGG} FROM bans WHERE {_ACTIVE} AND label = ? AND length(target) = ?"
+_SQL_HOSTS_ALL = (f"SELECT label, length(target), {_AGG} FROM bans WHERE {_ACTIVE} AND length(target) IN (4, 16)"
+                  " GROUP BY label, length(target)")
+_SQL_OTHERS = f"SELECT label, target, until FROM bans WHERE {_ACTIVE} AND length(target) NOT IN (4, 16)"
+_ONE_SCAN_EACH = 3  # up to this many host groups: a scan each; more: one scan and a sort by group
 _BAN_KEY = operator.itemgetter(0, 1)
 _FIRST, _SECOND, _THIRD = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
 COMPACT_ROWS = 10_000  # compact_rows moves single-address rows into bulk rows from this many rows on ...
@@ -193,6 +222,24 @@ def pack_ends(untils: Sequence[float | None]) -> bytes:
     return arr.tobytes()
 
 
+def hex_ends_ms(text: str) -> list[int | None]:
+    """The ends of `_AGG` (16 hex digits of ms each, -1 = permanent) as ints, None for permanent."""
+    arr = array.array("q", bytes.fromhex(text))
+    if sys.byteorder == "little":
+        arr.byteswap()
+    ends: list[int | None] = arr.tolist()  # type: ignore[assignment]
+    if -1 in arr:
+        ends = [None if x == -1 else x for x in ends]
+    return ends
+
+
+def ends_ms(untils: Sequence[float | None]) -> list[int | None]:
+    """Ends in seconds as whole ms (truncated), None kept."""
+    if None in untils:
+        return [None if u is None else int(u * 1000) for u in untils]
+    return list(map(int, map((1000.0).__mul__, cast("Sequence[float]", untils))))
+
+
 def unpack_ends(blob: bytes) -> list[float | None]:
     """Inverse of `pack_ends`."""
     arr = array.array("d")
@@ -205,8 +252,9 @@ def unpack_ends(blob: bytes) -> list[float | None]:
     return ends
 
 
-HostGroups: TypeAlias = dict[tuple[int, int], tuple[list[int], list[float | None]]]
-"""(label id, address length) -> (host keys, their ends): saved single-address bans ready to restore."""
+HostGroups: TypeAlias = dict[tuple[int, int], tuple[list[int], list[int | None]]]
+"""(label id, address length) -> (host keys, their ends in ms since the epoch, None = permanent): saved
+single-address bans ready to restore."""
 
 
 def drop_shadowed(groups: HostGroups, blocklist_of: Mapping[int, str]) -> int:
@@ -517,6 +565,47 @@ class Store:
                 for lid, blocklist in conn.execute(sql, tuple(missing)):
                     labels.setdefault(lid, (blocklist, "store", "", ""))
             return CompactBans(labels, rows, self._load_bulk(conn, now, labels))
+
+        return self._run("load bans", run)
+
+    def load_saved(self, now: float) -> SavedBans:
+        """Every ban with no end or ending after `now`, as a restart wants them: the single-address rows
+        grouped by (label, key length) into packed keys and ends in ms (`SavedBans.hosts`), the rows of ranges
+        as `load_active_compact` gives them, and the bulk rows.
+
+        Compared with `load_active_compact` plus grouping, a million single-address rows cost ~0.25 s of
+        SQLite (GIL released) and ~0.04 s of Python instead of ~0.9 s of Python."""
+        def run(conn: sqlite3.Connection) -> SavedBans:
+            labels = {i: k for k, i in self._read_labels(conn).items()}
+            hosts: list[tuple[int, int, bytes, list[int | None]]] = []
+            others: list[Row] = []
+            conn.execute("BEGIN")  # one snapshot for the few statements below
+            try:
+                groups = conn.execute(_SQL_GROUPS, (now,)).fetchall()
+                host_groups = sorted(g for g in groups if g[1] in (4, 16))
+                if len(host_groups) <= _ONE_SCAN_EACH:
+                    found = [(lid, size, *conn.execute(_SQL_HOSTS_ONE, (now, lid, size)).fetchone())
+                             for lid, size in host_groups]
+                else:
+                    found = conn.execute(_SQL_HOSTS_ALL, (now,)).fetchall()
+                for lid, size, keys, ends in found:
+                    if keys:
+                        hosts.append((lid, size, bytes(keys), hex_ends_ms(ends)))
+                if len(host_groups) < len(groups):
+                    others = conn.execute(_SQL_OTHERS, (now,)).fetchall()
+                missing = {g[0] for g in groups} - labels.keys()
+                if missing:  # only after damage quick_check did not see, or a hand edit: keep the bans anyway
+                    marks = ",".join("?" * len(missing))
+                    sql = f"SELECT DISTINCT label, blocklist FROM bans WHERE label IN ({marks})"
+                    for lid, blocklist in conn.execute(sql, tuple(missing)):
+                        labels.setdefault(lid, (blocklist, "store", "", ""))
+                bulk = self._load_bulk(conn, now, labels)
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return SavedBans(labels, hosts, others, bulk)
 
         return self._run("load bans", run)
 
