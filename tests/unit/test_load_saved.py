@@ -1,0 +1,71 @@
+"""Store.load_saved (a restart's read: rows grouped, keys and ends in ms decoded from one SQLite aggregate) against
+the plain read it replaces: `load_active_compact`'s rows, grouped in Python, each end as int(until * 1000)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import nftblockd.state.store as store_mod
+from nftblockd.state.store import Store, ends_ms, hex_ends_ms
+
+NOW = 1_790_000_000.25
+LABELS = [("a", "jail", "5 failures", "sshd"), ("a", "cli", "manual", ""), ("b", "jail", "x", "recidive"),
+          ("a", "jail", "y", "nginx"), ("b", "cli", "", ""), ("a", "feed", "z", "")]
+# keys of every length a row may hold, with the bytes that text handling could break (0x00 ends C strings,
+# 0x80-0xff are not UTF-8 on their own)
+_key = st.one_of(st.binary(min_size=4, max_size=4), st.binary(min_size=16, max_size=16),
+                 st.binary(min_size=5, max_size=5), st.binary(min_size=17, max_size=17),
+                 st.sampled_from([b"\x00\x00\x00\x00", b"\xff\xff\xff\xff", b"\x00\xff\x00\xff", b"\xc3\x28\x00\x80"]))
+# ended, ending within a ms of now, sub-ms ends, permanent, far ahead
+_until = st.one_of(st.none(), st.floats(NOW - 1000, NOW + 10 * 86400),
+                   st.sampled_from([NOW, NOW + 0.0005, NOW + 0.001]), st.just(4102444800.0))
+_rows = st.lists(st.tuples(st.integers(0, len(LABELS) - 1), _key, _until), max_size=60)
+
+
+Hosts = dict[tuple[str, int], set[tuple[bytes, int | None]]]  # (label, key length) -> {(key, end in ms)}
+
+
+def plain(store: Store) -> tuple[Hosts, list[tuple[str, bytes, float | None]]]:
+    compact = store.load_active_compact(NOW)
+    hosts: Hosts = {}
+    others = []
+    for lid, target, until in compact.rows:
+        label = compact.labels[lid]
+        if len(target) in (4, 16):
+            hosts.setdefault((repr(label), len(target)), set()).add(
+                (target, None if until is None else int(until * 1000)))
+        else:
+            others.append((repr(label), target, until))
+    return hosts, sorted(others, key=repr)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_rows)
+def test_load_saved_is_the_plain_read(rows: list[tuple[int, bytes, float | None]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp, Store.open(Path(tmp) / "state.db") as store:
+        for i, target, until in rows:  # one row each, as jail bans are saved (a later save of a key wins)
+            store.commit(save_packed=[(LABELS[i][0], [target], until, *LABELS[i][1:])], created=NOW - 5)
+        want_hosts, want_others = plain(store)
+        for one_scan_each in (0, 100):  # one aggregate with GROUP BY, and one scan per group
+            with mock.patch.object(store_mod, "_ONE_SCAN_EACH", one_scan_each):
+                saved = store.load_saved(NOW)
+            hosts: Hosts = {}
+            for lid, size, blob, ends in saved.hosts:
+                keys = [blob[i:i + size] for i in range(0, len(blob), size)]
+                assert len(keys) == len(ends) and (repr(saved.labels[lid]), size) not in hosts
+                hosts[(repr(saved.labels[lid]), size)] = set(zip(keys, ends, strict=True))
+            assert hosts == want_hosts
+            assert sorted(((repr(saved.labels[lid]), t, u) for lid, t, u in saved.others), key=repr) == want_others
+            assert saved.bulk == []
+
+
+def test_end_codecs() -> None:
+    assert ends_ms([NOW, None, NOW + 0.0009]) == [1_790_000_000_250, None, 1_790_000_000_250]
+    assert ends_ms([]) == []
+    assert hex_ends_ms("") == []
+    assert hex_ends_ms("000001a0c7c2a9fa" + "ffffffffffffffff") == [0x1A0C7C2A9FA, None]
