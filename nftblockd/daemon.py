@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from nftblockd.addr import IPAddr, IPNet, host_net, unpack_hosts, unpack_target
 from nftblockd.allowlist import Allowlist, build_allowlist
@@ -54,7 +54,7 @@ from nftblockd.state.store import (
     drop_shadowed,
     ends_ms,
     group_rows,
-    unpack_ends,
+    unpack_ends_ms,
 )
 
 log = logging.getLogger("nftblockd")
@@ -651,7 +651,7 @@ class Daemon:
             keys, untils = hosts.setdefault((label, size), ([], []))
             new_keys = unpack_hosts(blob, 4 if size == 4 else 6)
             keys += new_keys
-            untils += ends_ms([until]) * len(new_keys) if ends is None else ends_ms(unpack_ends(ends))
+            untils += ends_ms([until]) * len(new_keys) if ends is None else unpack_ends_ms(ends)
         for label, size, blob, row_ends in saved.hosts:
             if saved.labels[label][0] not in blocklists:
                 continue
@@ -690,7 +690,10 @@ class Daemon:
         """The tracker learns which restored jail bans are in force (their offenders answer ALREADY_BANNED):
         `keys`, whose ends are `ms` (ms since the epoch, None = permanent)."""
         blocklist, origin, reason, jail = label
-        untils = [None if x is None else x / 1000 for x in ms]
+        if jail not in self.tracker.jails:  # a jail no longer configured: nothing to note (~0.1 s per million)
+            return
+        untils: list[float | None] = ([None if x is None else x / 1000 for x in ms] if None in ms
+                                      else list(map(_MS.__rtruediv__, cast("list[int]", ms))))
         if version == 4:  # the bulk form: no Ban object per restored ban (~2.8 s for a million)
             self.tracker.note_hosts(jail, keys, untils, now, blocklist=blocklist, origin=_origin(origin), reason=reason)
             return
@@ -905,6 +908,7 @@ def _fleet_key(cfg: Config) -> FleetConfig | None:
 
 
 GC_THRESHOLDS = (50_000, 20, 50)
+_MS = 1000  # ms per second: `_MS.__rtruediv__(x)` is x / 1000 in one C call per element
 
 
 

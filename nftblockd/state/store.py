@@ -107,6 +107,7 @@ __all__ = [
     "hex_ends_ms",
     "pack_ends",
     "unpack_ends",
+    "unpack_ends_ms",
 ]
 
 log = logging.getLogger("nftblockd.store")
@@ -238,6 +239,17 @@ def ends_ms(untils: Sequence[float | None]) -> list[int | None]:
     if None in untils:
         return [None if u is None else int(u * 1000) for u in untils]
     return list(map(int, map((1000.0).__mul__, cast("Sequence[float]", untils))))
+
+
+def unpack_ends_ms(blob: bytes) -> list[int | None]:
+    """`ends_ms(unpack_ends(blob))` without the list of floats between (a restart's million ends)."""
+    arr = array.array("d")
+    arr.frombytes(blob)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    if math.inf in arr:
+        return [None if u == math.inf else int(u * 1000) for u in arr]
+    return list(map(int, map((1000.0).__mul__, arr)))
 
 
 def unpack_ends(blob: bytes) -> list[float | None]:

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nftblockd.state.store as store_mod
-from nftblockd.state.store import Store, ends_ms, hex_ends_ms
+from nftblockd.state.store import Store, ends_ms, hex_ends_ms, pack_ends, unpack_ends, unpack_ends_ms
 
 NOW = 1_790_000_000.25
 LABELS = [("a", "jail", "5 failures", "sshd"), ("a", "cli", "manual", ""), ("b", "jail", "x", "recidive"),
@@ -69,3 +69,9 @@ def test_end_codecs() -> None:
     assert ends_ms([]) == []
     assert hex_ends_ms("") == []
     assert hex_ends_ms("000001a0c7c2a9fa" + "ffffffffffffffff") == [0x1A0C7C2A9FA, None]
+
+
+@given(st.lists(st.none() | st.floats(0, 4102444800.0), max_size=50))
+def test_unpack_ends_ms_is_ends_ms_of_unpack_ends(untils: list[float | None]) -> None:
+    blob = pack_ends(untils)
+    assert unpack_ends_ms(blob) == ends_ms(unpack_ends(blob))
