@@ -51,8 +51,8 @@ def test_load_saved_is_the_plain_read(rows: list[tuple[int, bytes, float | None]
         for i, target, until in rows:  # one row each, as jail bans are saved (a later save of a key wins)
             store.commit(save_packed=[(LABELS[i][0], [target], until, *LABELS[i][1:])], created=NOW - 5)
         want_hosts, want_others = plain(store)
-        for one_scan_each in (0, 100):  # one aggregate with GROUP BY, and one scan per group
-            with mock.patch.object(store_mod, "_ONE_SCAN_EACH", one_scan_each):
+        for filter_labels in (0, 100):  # one aggregate with GROUP BY, and one scan with a FILTER per group
+            with mock.patch.object(store_mod, "_FILTER_LABELS", filter_labels):
                 saved = store.load_saved(NOW)
             hosts: Hosts = {}
             for lid, size, blob, ends in saved.hosts:
@@ -75,3 +75,21 @@ def test_end_codecs() -> None:
 def test_unpack_ends_ms_is_ends_ms_of_unpack_ends(untils: list[float | None]) -> None:
     blob = pack_ends(untils)
     assert unpack_ends_ms(blob) == ends_ms(unpack_ends(blob))
+
+
+def test_rows_whose_label_is_gone_are_kept(tmp_path: Path) -> None:
+    # damage quick_check does not see, or a hand edit: a label row deleted under its bans
+    path = tmp_path / "state.db"
+    with Store.open(path) as store:
+        for i, label in enumerate(LABELS[:3]):
+            store.commit(save_packed=[(label[0], [bytes([10, 0, 0, i]), bytes(16)], NOW + 60, *label[1:]),
+                                      (label[0], [bytes([10, 1, 0, 0, 16])], None, *label[1:])], created=NOW)
+        store._run("hand edit", lambda c: c.execute("DELETE FROM labels WHERE origin = 'cli'"))
+    with Store.open(path) as store:
+        saved, compact = store.load_saved(NOW), store.load_active_compact(NOW)
+    assert saved.labels == compact.labels and ("a", "store", "", "") in saved.labels.values()
+    got = {(saved.labels[lid], size, blob, tuple(ends)) for lid, size, blob, ends in saved.hosts}
+    want = {(compact.labels[lid], len(t), t, (int((NOW + 60) * 1000),)) for lid, t, _u in compact.rows
+            if len(t) in (4, 16)}
+    assert got == want
+    assert sorted(saved.others) == sorted(r for r in compact.rows if len(r[1]) not in (4, 16))
