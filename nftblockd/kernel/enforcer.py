@@ -2,7 +2,8 @@
 
 Every source of decisions (log jails, the CLI, feeds, fail2ban, later a fleet stream) calls `apply()` with
 plain `Ban`/`Unban` values; nothing else touches the ban state or the kernel. All kernel IO runs on one
-worker thread (the netlink socket owns the table and must not be shared between threads).
+worker thread (the netlink socket owns the table and must not be shared between threads); a restore only
+encodes its messages on the event loop's thread, for that worker to send (docs/restart.md).
 
 Staying true to the kernel:
 - `watch()` reads the ruleset generation every `watch_interval` seconds (one tiny GETGEN). Our own commits

@@ -35,9 +35,12 @@ multi-row statements (`_CHUNK` rows each), so the B-tree fills page after page; 
 during bulk work. `save_bans` is an upsert: the last call wins for a (blocklist, target); `created` keeps its
 first value.
 
-Reads for a restart: `load_active_compact(now)` (rows as SQLite returns them plus a label table) is the fast
-path; `load_active_rows(now)` gives flat tuples (no `ipaddress` object per row). Expired rows are filtered
-out, and deleted by `prune`.
+Reads for a restart: `load_saved(now)` is what the daemon uses: the single-address rows come out of SQLite
+already grouped by (label, key length), as packed keys end to end and ends in whole ms (one aggregate,
+computed with the GIL released; no Python object per row until the keys are unpacked), plus the rows of
+ranges and the bulk rows. `load_active_compact(now)` (rows as SQLite returns them plus a label table) is the
+plain form it is tested against; `load_active_rows(now)` gives flat tuples (no `ipaddress` object per row).
+Expired rows are filtered out, and deleted by `prune`.
 
 Durability: WAL journal. `synchronous="full"` (the default) fsyncs the WAL at each commit, so an acknowledged
 write survives power loss, at ~0.3-1 ms per commit on SSD/virtio (batched calls make that negligible);
