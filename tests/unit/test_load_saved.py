@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 from unittest import mock
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import nftblockd.state.store as store_mod
@@ -46,6 +46,8 @@ def plain(store: Store) -> tuple[Hosts, list[tuple[str, bytes, float | None]]]:
 
 @settings(max_examples=60, deadline=None)
 @given(_rows)
+@example([(0, b"\x00\x01\x02\x03", NOW + 5), (0, b"\xff\x00\xff\x00", None), (0, b"\x80" * 4, NOW - 1)])  # one group
+@example([(0, b"\x01" * 4, NOW + 5), (0, b"\x02" * 16, NOW + 6), (1, b"\x03" * 5, None)])  # two groups and a range
 def test_load_saved_is_the_plain_read(rows: list[tuple[int, bytes, float | None]]) -> None:
     with tempfile.TemporaryDirectory() as tmp, Store.open(Path(tmp) / "state.db") as store:
         # one row each (fewer than BULK_ROWS per save), all in one transaction: the reference below reads back
@@ -53,8 +55,9 @@ def test_load_saved_is_the_plain_read(rows: list[tuple[int, bytes, float | None]
         store.commit(save_packed=[(LABELS[i][0], [target], until, *LABELS[i][1:]) for i, target, until in rows],
                      created=NOW - 5)
         want_hosts, want_others = plain(store)
-        for filter_labels in (0, 100):  # one aggregate with GROUP BY, and one scan with a FILTER per group
-            with mock.patch.object(store_mod, "_FILTER_LABELS", filter_labels):
+        # one group: a WHERE; several: a GROUP BY, or one scan with a FILTER per group
+        for filter_groups in (0, 100):
+            with mock.patch.object(store_mod, "_FILTER_GROUPS", filter_groups):
                 saved = store.load_saved(NOW)
             hosts: Hosts = {}
             for lid, size, blob, ends in saved.hosts:
