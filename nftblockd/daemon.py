@@ -13,14 +13,13 @@ import dataclasses
 import functools
 import gc
 import logging
-import operator
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from nftblockd.addr import IPAddr, IPNet, host_net, unpack_hosts, unpack_target
 from nftblockd.allowlist import Allowlist, build_allowlist
@@ -47,14 +46,15 @@ from nftblockd.sources.base import MemoryPositionStore, PositionStore
 from nftblockd.state.change import StateChange
 from nftblockd.state.persister import Persister, PersistStatus
 from nftblockd.state.store import (
-    CompactBans,
     HostGroups,
+    SavedBans,
     Store,
     StoreError,
     StoreProblem,
     drop_shadowed,
+    ends_ms,
     group_rows,
-    unpack_ends,
+    unpack_ends_ms,
 )
 
 log = logging.getLogger("nftblockd")
@@ -196,7 +196,7 @@ class Daemon:
         self.reload_changes = ""
         self.store: Store | None = None
         self.persister = Persister(self._write_change, on_state=self._persist_state)
-        self._saved: tuple[CompactBans, float, float] | None = None
+        self._saved: tuple[SavedBans, float, float] | None = None
         self._store_exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nftblockd-store")
         self.enforcer = Enforcer(cfg, self.plan, self.allow,
                                  lambda: KernelWriter(self.plan, protect=cfg.protect_table), metrics=self.metrics,
@@ -627,23 +627,21 @@ class Daemon:
     def _runner(self, j: JailConfig) -> JailRunner:
         return JailRunner(j, self.filters[j.name], self.tracker, self.sink, self._positions, self.metrics)
 
-    async def _load_saved(self) -> tuple[CompactBans, float, float] | None:
+    async def _load_saved(self) -> tuple[SavedBans, float, float] | None:
         if self.store is None:
             return None
         t0 = time.perf_counter()
-        saved = await self.store_call(self.store.load_active_compact, time.time())
+        saved = await self.store_call(self.store.load_saved, time.time())
         return saved, t0, time.perf_counter()
 
-    async def _restore_rows(self, saved: CompactBans, now: float) -> int:
+    async def _restore_rows(self, saved: SavedBans, now: float) -> int:
         """Saved bans back into state and kernel, grouped by label (blocklist, origin, reason, jail) and
         family; every ban keeps its own end."""
         blocklists = {b.name for b in self.cfg.blocklists} - (self.feeds.blocklists() if self.feeds else set())
-        # One (keys, ends) list per label and family: its bulk saves oldest first, then its rows, so that of an
-        # address given twice the later save wins (restore_hosts keeps the later; a row is newer than any bulk
-        # save it overlaps). Across labels, the save that ends last (drop_shadowed).
-        by_group = group_rows(saved.rows)
-        hosts: HostGroups = {g: ([], []) for g in by_group if g[1] in (4, 16)}
-        others: list[Ban] = []
+        # One (keys, ends in ms) list per label and family: its bulk saves oldest first, then its rows, so that
+        # of an address given twice the later save wins (restore_plan keeps the later; a row is newer than any
+        # bulk save it overlaps). Across labels, the save that ends last (drop_shadowed).
+        hosts: HostGroups = {}
         for label, until, size, blob, ends in saved.bulk:
             blocklist, origin, reason, jail = saved.labels[label]
             if blocklist not in blocklists:
@@ -651,16 +649,17 @@ class Daemon:
             keys, untils = hosts.setdefault((label, size), ([], []))
             new_keys = unpack_hosts(blob, 4 if size == 4 else 6)
             keys += new_keys
-            untils += [until] * len(new_keys) if ends is None else unpack_ends(ends)
-        for (label, size), rows in by_group.items():
-            blocklist, origin, reason, jail = saved.labels[label]
-            if blocklist not in blocklists:
+            untils += ends_ms([until]) * len(new_keys) if ends is None else unpack_ends_ms(ends)
+        for label, size, blob, row_ends in saved.hosts:
+            if saved.labels[label][0] not in blocklists:
                 continue
-            if size in (4, 16):
-                keys, untils = hosts[(label, size)]
-                keys += unpack_hosts(b"".join(map(_TARGET, rows)), 4 if size == 4 else 6)
-                untils += map(_UNTIL, rows)
-            else:
+            keys, untils = hosts.setdefault((label, size), ([], []))
+            keys += unpack_hosts(blob, 4 if size == 4 else 6)
+            untils += row_ends
+        others: list[Ban] = []
+        for (label, _size), rows in group_rows(saved.others).items():
+            blocklist, origin, reason, jail = saved.labels[label]
+            if blocklist in blocklists:
                 others += [Ban(unpack_target(r[1]), blocklist, r[2], _origin(origin), reason, jail) for r in rows]
         drop_shadowed(hosts, {g[0]: saved.labels[g[0]][0] for g in hosts})
         n = 0
@@ -668,8 +667,8 @@ class Daemon:
             if not keys:
                 continue
             blocklist, origin, reason, jail = saved.labels[label]
-            note = functools.partial(self._note_restored, saved.labels[label], 4 if size == 4 else 6, keys=keys,
-                                     untils=untils, now=now) if jail else None
+            note = functools.partial(self._note_restored, saved.labels[label], 4 if size == 4 else 6,
+                                     now=now) if jail else None
             r = await self.enforcer.restore_hosts(blocklist, 4 if size == 4 else 6, keys, untils, origin=origin,
                                                   reason=reason, jail=jail, meanwhile=note)
             if r is None:
@@ -684,18 +683,19 @@ class Daemon:
                     self.tracker.note_ban(b, now)
         return n
 
-    def _note_restored(self, label: tuple[str, str, str, str], version: int, new: list[int], *, keys: list[int],
-                       untils: list[float | None], now: float) -> None:
+    def _note_restored(self, label: tuple[str, str, str, str], version: int, keys: list[int],
+                       ms: list[int | None], *, now: float) -> None:
         """The tracker learns which restored jail bans are in force (their offenders answer ALREADY_BANNED):
-        `new` of `keys`, whose ends are `untils`."""
+        `keys`, whose ends are `ms` (ms since the epoch, None = permanent)."""
         blocklist, origin, reason, jail = label
-        if len(new) != len(keys):  # some were skipped (ended, or held already): look their ends up
-            ends = dict(zip(keys, untils, strict=True))
-            untils = list(map(ends.__getitem__, new))
-        if version == 4:  # the bulk form: no Ban object per restored ban (~2.8 s for a million)
-            self.tracker.note_hosts(jail, new, untils, now, blocklist=blocklist, origin=_origin(origin), reason=reason)
+        if jail not in self.tracker.jails:  # a jail no longer configured: nothing to note (~0.1 s per million)
             return
-        for k, u in zip(new, untils, strict=True):
+        untils: list[float | None] = ([None if x is None else x / 1000 for x in ms] if None in ms
+                                      else list(map(_MS.__rtruediv__, cast("list[int]", ms))))
+        if version == 4:  # the bulk form: no Ban object per restored ban (~2.8 s for a million)
+            self.tracker.note_hosts(jail, keys, untils, now, blocklist=blocklist, origin=_origin(origin), reason=reason)
+            return
+        for k, u in zip(keys, untils, strict=True):
             self.tracker.note_ban(Ban(host_net(k, version), blocklist, u, _origin(origin), reason, jail), now)
 
     async def _after_ready(self, store: Store) -> None:
@@ -906,9 +906,8 @@ def _fleet_key(cfg: Config) -> FleetConfig | None:
 
 
 GC_THRESHOLDS = (50_000, 20, 50)
+_MS = 1000  # ms per second: `_MS.__rtruediv__(x)` is x / 1000 in one C call per element
 
-
-_TARGET, _UNTIL = operator.itemgetter(1), operator.itemgetter(2)
 
 
 def tune_gc() -> None:

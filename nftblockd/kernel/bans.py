@@ -35,7 +35,6 @@ import bisect
 import enum
 import gc
 import itertools
-import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import cast
@@ -331,47 +330,62 @@ class BanState:
             d[k] = packed
         return BulkChange(name, new, extended, unchanged, spec_new, spec_ext)
 
-    def restore_hosts(self, blocklist: str, version: int, keys: list[int], untils: list[float | None], now: float,
+    def restore_hosts(self, blocklist: str, version: int, keys: list[int], ends_ms: list[int | None], now: float,
                       *, origin: str, reason: str, jail: str) -> tuple[str, list[int], list[int | None]] | None:
-        """Saved single-address bans back into the state, each with its own end: (set, keys to add, their ends
-        in ms, None = permanent).
+        """Saved single-address bans back into the state, each with its own end (ms since the epoch, None =
+        permanent): (set, keys to add, their ends). `restore_plan` then `restore_commit`."""
+        plan = self.restore_plan(blocklist, version, keys, ends_ms, now)
+        if plan is not None:
+            self.restore_commit(*plan, origin=origin, reason=reason, jail=jail)
+        return plan
 
-        Ends are kept to the millisecond. Ended bans and keys already held are skipped (of one key given twice,
-        the later wins). This runs once per saved ban: a few list passes in C-level comprehensions, no object
-        per ban (a million restored jail bans have nearly a million different ends).
+    def restore_plan(self, blocklist: str, version: int, keys: list[int], ends_ms: list[int | None], now: float
+                     ) -> tuple[str, list[int], list[int | None]] | None:
+        """Which of these saved bans go back (the state is not changed): (set, keys, their ends in ms), or None
+        for an unknown blocklist. Ended bans and keys already held are skipped.
+
+        Split from `restore_commit` so that a restart can send the kernel its transactions first and fill the
+        state while the kernel works (the state's dict of a million entries is ~0.5 s of the GIL). Between the
+        two nothing may change the set: the caller holds the enforcer's lock. A few list passes in C-level
+        comprehensions, no object per ban (a million restored jail bans have nearly a million different ends).
         """
         entries = self.sets.get(set_name(blocklist, version, False))
         if entries is None:
             return None
-        meta = self._intern((origin, reason, jail, ""))
         d = entries.entries
+        now_ms = int(now * 1000)
+        # the usual restore: every end ahead (the store filtered them) and nothing held yet: C-level checks
+        if None in ends_ms:
+            ended = any(x is not None and x <= now_ms for x in ends_ms)
+        else:
+            ended = min(cast("list[int]", ends_ms), default=now_ms + 1) <= now_ms
+        if ended or (d and not d.keys().isdisjoint(keys)):
+            keep = [x is None or x > now_ms for x in ends_ms]
+            if d:
+                keep = [ok and k not in d for k, ok in zip(keys, keep, strict=True)]
+            if not all(keep):
+                keys = list(itertools.compress(keys, keep))
+                ends_ms = list(itertools.compress(ends_ms, keep))
+        return entries.spec.name, keys, ends_ms
+
+    def restore_commit(self, set_name_: str, keys: list[int], ends_ms: list[int | None], *, origin: str,
+                       reason: str, jail: str) -> None:
+        """Enter what `restore_plan` returned into the state."""
+        d = self.sets[set_name_].entries
+        meta = self._intern((origin, reason, jail, ""))
         gc_was = gc.isenabled()
         gc.disable()  # a million small allocations would trigger the collector hundreds of times
         try:
-            permanent = None in untils
-            # the usual restore: every end ahead (the store filtered them) and nothing held yet: C-level checks
-            if permanent or min(cast("list[float]", untils), default=math.inf) <= now \
-                    or (d and not d.keys().isdisjoint(keys)):
-                keep = [u is None or u > now for u in untils]
-                if d:
-                    keep = [ok and k not in d for k, ok in zip(keys, keep, strict=True)]
-                if not all(keep):
-                    keys = list(itertools.compress(keys, keep))
-                    untils = list(itertools.compress(untils, keep))
-            ms: list[int | None]
-            if permanent:
-                ms = [None if u is None else int(u * 1000) for u in untils]
+            if None in ends_ms:
                 low = _NEVER << META_BITS | meta  # pack_end, inlined: once per restored ban
-                packed = [low if x is None else max(1, x) << META_BITS | meta for x in ms]
-                timed = [x for x in ms if x is not None]
-            else:  # every end is ahead of now, so positive: no max(1, ...) needed
-                timed = list(map(int, map((1000.0).__mul__, cast("list[float]", untils))))
+                packed = [low if x is None else max(1, x) << META_BITS | meta for x in ends_ms]
+                timed = [x for x in ends_ms if x is not None]
+            else:  # every end is ahead of now (restore_plan), so positive: no max(1, ...) needed
+                timed = cast("list[int]", ends_ms)
                 packed = list(map(meta.__or__, map(META_BITS.__rlshift__, timed)))
-                ms = cast("list[int | None]", timed)
             if timed:
                 self._due(min(timed))
             d.update(zip(keys, packed, strict=True))
-            return entries.spec.name, list(keys), ms
         finally:
             if gc_was:
                 gc.enable()

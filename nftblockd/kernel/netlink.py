@@ -87,6 +87,7 @@ class NftSocket:
         self._sndbuf = 0
         self._ensure_sndbuf(4 * 1024 * 1024)
         self._seq = int.from_bytes(os.urandom(2), "big") << 8
+        self._seq_lock = threading.Lock()
         self._buf = bytearray(RECV_CHUNK)
         self._owner_thread: int | None = None
         self.generation = 0
@@ -110,8 +111,11 @@ class NftSocket:
             self._sndbuf = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
 
     def next_seq(self, n: int = 1) -> int:
-        seq = self._seq
-        self._seq = (self._seq + n) & 0x7FFFFFFF or 1
+        # under a lock: a restore encodes its messages on the event loop's thread while the kernel thread
+        # sends earlier ones (writer.encode_timed_hosts), and both number them
+        with self._seq_lock:
+            seq = self._seq
+            self._seq = (self._seq + n) & 0x7FFFFFFF or 1
         return seq
 
     def _check_thread(self) -> None:

@@ -85,10 +85,17 @@ class SetWriter(Protocol):
         A set's next first element brings its rule back in the transaction that adds it."""
         ...
 
+    def encode_timed_hosts(self, set_name: str, keys: Sequence[int], until_ms: Sequence[int | None],
+                           now_ms: int) -> list[bytes] | None:
+        """The element messages `write_timed_hosts` would send for these, made on the caller's thread (it
+        touches nothing the kernel thread changes), or None when they need `write`'s general path."""
+        ...
+
     def write_timed_hosts(self, set_name: str, keys: Sequence[int], until_ms: Sequence[int | None],
-                          now_ms: int) -> WriteResult:
+                          now_ms: int, encoded: list[bytes] | None = None) -> WriteResult:
         """Add single addresses to a hash set, each with its own end (None: permanent): saved bans going back
-        after a restart. Same guarantees as `write`; ends already past are reported in `expired`."""
+        after a restart. Same guarantees as `write`; ends already past are reported in `expired`. `encoded`:
+        what `encode_timed_hosts` made of the same arguments (None: encode here)."""
         ...
 
     def generation(self) -> int:

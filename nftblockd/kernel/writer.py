@@ -346,21 +346,32 @@ class KernelWriter:
         self.filled = filled
         return sorted(idle)
 
+    def encode_timed_hosts(self, set_name: str, keys: Sequence[int], until_ms: Sequence[int | None],
+                           now_ms: int) -> list[bytes] | None:
+        """The element messages of `write_timed_hosts`, or None when these need the general path (no timeout
+        updates, an interval set, a permanent ban or an end already past). Reads only what `setup` fixed
+        (specs, features, table) and numbers the messages through the socket's locked counter, so a restore
+        encodes on the event loop's thread while the kernel thread sends earlier chunks."""
+        spec = self._specs.get(set_name)
+        if spec is None or spec.interval or not self.features.timeout_update or None in until_ms:
+            return None
+        remaining = [u - now_ms for u in until_ms]  # type: ignore[operator]  # none is None: checked above
+        if min(remaining, default=1) <= 0:
+            return None
+        return m.timed_hash_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, self.plan.table, set_name, keys,
+                                     spec.key_len, remaining, self.sock.next_seq(len(keys) + 1), ADD_FLAGS)
+
     def write_timed_hosts(self, set_name: str, keys: Sequence[int], until_ms: Sequence[int | None],
-                          now_ms: int) -> WriteResult:
+                          now_ms: int, encoded: list[bytes] | None = None) -> WriteResult:
         """Restored bans, each with its own end, in one transaction of `timed_hash_messages` (one struct pack
         per element; a million restored jail bans have nearly a million different ends, and `write`'s
         per-end templates cost ~3 s for them). Anything unusual (no timeout updates, an interval set, a
-        refusal) goes through `write`, which finds and reports the offenders."""
+        refusal) goes through `write`, which finds and reports the offenders. `encoded`: what
+        `encode_timed_hosts` made of the same arguments (None: encode here)."""
         t0 = time.perf_counter()
-        spec = self._specs.get(set_name)
-        if spec is None or spec.interval or not self.features.timeout_update or None in until_ms:
+        msgs = encoded if encoded is not None else self.encode_timed_hosts(set_name, keys, until_ms, now_ms)
+        if msgs is None:
             return self._write_timed_general(set_name, keys, until_ms, now_ms)
-        remaining = [u - now_ms for u in until_ms]  # type: ignore[operator]  # none is None: checked above
-        if min(remaining, default=1) <= 0:
-            return self._write_timed_general(set_name, keys, until_ms, now_ms)
-        msgs = m.timed_hash_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, self.plan.table, set_name, keys,
-                                     spec.key_len, remaining, self.sock.next_seq(len(keys) + 1), ADD_FLAGS)
         if not msgs:
             return WriteResult()
         # the set's first elements bring its drop rule in the same transaction, as in `write`

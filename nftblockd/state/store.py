@@ -35,9 +35,12 @@ multi-row statements (`_CHUNK` rows each), so the B-tree fills page after page; 
 during bulk work. `save_bans` is an upsert: the last call wins for a (blocklist, target); `created` keeps its
 first value.
 
-Reads for a restart: `load_active_compact(now)` (rows as SQLite returns them plus a label table) is the fast
-path; `load_active_rows(now)` gives flat tuples (no `ipaddress` object per row). Expired rows are filtered
-out, and deleted by `prune`.
+Reads for a restart: `load_saved(now)` is what the daemon uses: the single-address rows come out of SQLite
+already grouped by (label, key length), as packed keys end to end and ends in whole ms (one aggregate,
+computed with the GIL released; no Python object per row until the keys are unpacked), plus the rows of
+ranges and the bulk rows. `load_active_compact(now)` (rows as SQLite returns them plus a label table) is the
+plain form it is tested against; `load_active_rows(now)` gives flat tuples (no `ipaddress` object per row).
+Expired rows are filtered out, and deleted by `prune`.
 
 Durability: WAL journal. `synchronous="full"` (the default) fsyncs the WAL at each commit, so an acknowledged
 write survives power loss, at ~0.3-1 ms per commit on SSD/virtio (batched calls make that negligible);
@@ -71,6 +74,7 @@ import math
 import operator
 import os
 import sqlite3
+import struct
 import sys
 import threading
 import time
@@ -97,13 +101,17 @@ __all__ = [
     "PackedBans",
     "PruneStats",
     "Row",
+    "SavedBans",
     "Store",
     "StoreError",
     "StorePositions",
     "StoreProblem",
+    "ends_ms",
     "group_rows",
+    "hex_ends_ms",
     "pack_ends",
     "unpack_ends",
+    "unpack_ends_ms",
 ]
 
 log = logging.getLogger("nftblockd.store")
@@ -161,6 +169,18 @@ class CompactBans:
     bulk: list[tuple[int, float | None, int, bytes, bytes | None]] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class SavedBans:
+    """Active bans as a restart reads them: see `Store.load_saved`."""
+
+    labels: dict[int, tuple[str, str, str, str]]  # label id -> (blocklist, origin, reason, jail)
+    # (label id, key length 4|16, packed addresses end to end, the end of each in ms since the epoch or None =
+    # permanent): the single-address rows, one entry per label and key length, each address once
+    hosts: list[tuple[int, int, bytes, list[int | None]]]
+    others: list[Row]  # the rows of ranges (label id, packed target, until or None), as SQLite returns them
+    bulk: list[tuple[int, float | None, int, bytes, bytes | None]]  # as `CompactBans.bulk`
+
+
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     # Building a million row tuples triggers the cyclic GC hundreds of times for nothing (tuples of atoms hold
@@ -177,6 +197,35 @@ def _gc_paused() -> Iterator[None]:
 _UPSERT_HEAD = "INSERT INTO bans(blocklist, target, until, label, created) VALUES "
 _UPSERT_TAIL = " ON CONFLICT(blocklist, target) DO UPDATE SET until = excluded.until, label = excluded.label"
 _SQL_ACTIVE = "SELECT label, target, until FROM bans WHERE until IS NULL OR until > ?"
+# A restart's read of single-address rows: per (label, key length) the keys end to end and each end as 16 hex
+# digits of whole ms (truncated as Python's int(until * 1000) truncates; -1 = permanent). Aggregates inside
+# SQLite, with the GIL released, instead of a tuple, a bytes and a float per row (~0.9 s for a million rows,
+# grouped and joined). A BLOB given to group_concat is taken byte for byte (as TEXT in the database's UTF-8,
+# with its length: a NUL does not end it); CAST back to BLOB gives those bytes.
+_ACTIVE = "(until IS NULL OR until > ?)"
+_KEYS, _ENDS = "CAST(group_concat(target, ''){} AS BLOB)", \
+    "group_concat(printf('%016x', coalesce(CAST(until * 1000 AS INTEGER), -1)), ''){}"
+_SQL_GROUPS = f"SELECT DISTINCT label, length(target) FROM bans WHERE {_ACTIVE}"
+_SQL_HOSTS_ONE = (f"SELECT {_KEYS.format('')}, {_ENDS.format('')} FROM bans"
+                  f" WHERE {_ACTIVE} AND label = ? AND length(target) = ?")
+_SQL_HOSTS_ALL = (f"SELECT label, length(target), {_KEYS.format('')}, {_ENDS.format('')} FROM bans"
+                  f" WHERE {_ACTIVE} AND length(target) IN (4, 16) GROUP BY label, length(target)")
+_SQL_OTHERS = f"SELECT label, target, until FROM bans WHERE {_ACTIVE} AND length(target) NOT IN (4, 16)"
+_FILTER_GROUPS = 4  # 2 to this many groups: one scan, a FILTER per group; more: one scan and a sort by group
+
+
+def _sql_hosts_by_filter(groups: Sequence[tuple[int, int]]) -> tuple[str, list[int]]:
+    """One scan for all these (label, key length) groups, keys and ends of each (no sort, unlike GROUP BY;
+    but each FILTER is evaluated for every row: for one group a WHERE is cheaper)."""
+    cols = []
+    params = []
+    for lid, size in groups:
+        where = " FILTER (WHERE label = ? AND length(target) = ?)"
+        cols += [_KEYS.format(where), _ENDS.format(where)]
+        params += [lid, size, lid, size]
+    return f"SELECT {', '.join(cols)} FROM bans WHERE {_ACTIVE} AND length(target) IN (4, 16)", params
+
+
 _BAN_KEY = operator.itemgetter(0, 1)
 _FIRST, _SECOND, _THIRD = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
 COMPACT_ROWS = 10_000  # compact_rows moves single-address rows into bulk rows from this many rows on ...
@@ -193,6 +242,38 @@ def pack_ends(untils: Sequence[float | None]) -> bytes:
     return arr.tobytes()
 
 
+def hex_ends_ms(text: str) -> list[int | None]:
+    """The ends of `_ENDS` (16 hex digits of ms each, -1 = permanent) as ints, None for permanent."""
+    arr = array.array("q", bytes.fromhex(text))
+    if sys.byteorder == "little":
+        arr.byteswap()
+    ends: list[int | None] = arr.tolist()  # type: ignore[assignment]
+    if "ffffffffffffffff" in text:  # a C-level search (`-1 in arr` makes an int per element: ~45 ms a million)
+        ends = [None if x == -1 else x for x in ends]
+    return ends
+
+
+def ends_ms(untils: Sequence[float | None]) -> list[int | None]:
+    """Ends in seconds as whole ms (truncated), None kept."""
+    if None in untils:
+        return [None if u is None else int(u * 1000) for u in untils]
+    return list(map(int, map((1000.0).__mul__, cast("Sequence[float]", untils))))
+
+
+_INF_LE = struct.pack("<d", math.inf)  # a permanent ban's end in `pack_ends`
+
+
+def unpack_ends_ms(blob: bytes) -> list[int | None]:
+    """`ends_ms(unpack_ends(blob))` without the list of floats between (a restart's million ends)."""
+    arr = array.array("d")
+    arr.frombytes(blob)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    if _INF_LE in blob:  # a C-level search (`math.inf in arr` makes a float per element); rarely a false hit
+        return [None if u == math.inf else int(u * 1000) for u in arr]
+    return list(map(int, map((1000.0).__mul__, arr)))
+
+
 def unpack_ends(blob: bytes) -> list[float | None]:
     """Inverse of `pack_ends`."""
     arr = array.array("d")
@@ -205,8 +286,9 @@ def unpack_ends(blob: bytes) -> list[float | None]:
     return ends
 
 
-HostGroups: TypeAlias = dict[tuple[int, int], tuple[list[int], list[float | None]]]
-"""(label id, address length) -> (host keys, their ends): saved single-address bans ready to restore."""
+HostGroups: TypeAlias = dict[tuple[int, int], tuple[list[int], list[int | None]]]
+"""(label id, address length) -> (host keys, their ends in ms since the epoch, None = permanent): saved
+single-address bans ready to restore."""
 
 
 def drop_shadowed(groups: HostGroups, blocklist_of: Mapping[int, str]) -> int:
@@ -519,6 +601,61 @@ class Store:
             return CompactBans(labels, rows, self._load_bulk(conn, now, labels))
 
         return self._run("load bans", run)
+
+    def load_saved(self, now: float) -> SavedBans:
+        """Every ban with no end or ending after `now`, as a restart wants them: the single-address rows
+        grouped by (label, key length) into packed keys and ends in ms (`SavedBans.hosts`), the rows of ranges
+        as `load_active_compact` gives them, and the bulk rows.
+
+        Compared with `load_active_compact` plus grouping, a million single-address rows cost ~0.25 s of
+        SQLite (GIL released) and ~0.04 s of Python instead of ~0.9 s of Python."""
+        def run(conn: sqlite3.Connection) -> SavedBans:
+            labels = {i: k for k, i in self._read_labels(conn).items()}
+            hosts: list[tuple[int, int, bytes, list[int | None]]] = []
+            others: list[Row] = []
+            conn.execute("BEGIN")  # one snapshot for the few statements below
+            try:
+                found, others = self._saved_rows(conn, now)
+                for lid, size, keys, ends in found:
+                    if keys and ends is not None:
+                        hosts.append((lid, size, bytes(keys), hex_ends_ms(ends)))
+                missing = ({h[0] for h in hosts} | {r[0] for r in others}) - labels.keys()
+                if missing:  # only after damage quick_check did not see, or a hand edit: keep the bans anyway
+                    marks = ",".join("?" * len(missing))
+                    sql = f"SELECT DISTINCT label, blocklist FROM bans WHERE label IN ({marks})"
+                    for lid, blocklist in conn.execute(sql, tuple(missing)):
+                        labels.setdefault(lid, (blocklist, "store", "", ""))
+                bulk = self._load_bulk(conn, now, labels)
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return SavedBans(labels, hosts, others, bulk)
+
+        return self._run("load bans", run)
+
+    @staticmethod
+    def _saved_rows(conn: sqlite3.Connection, now: float
+                    ) -> tuple[list[tuple[int, int, bytes | None, str | None]], list[Row]]:
+        """`load_saved`'s reads of the rows: (label id, key length, keys, ends) per group of single addresses,
+        and the rows of ranges. First the groups (a DISTINCT scan, ~0.13 s for a million rows), then one
+        aggregate scan: a WHERE for one group (~0.45 s for a million rows), a FILTER per group for a few (one
+        group's FILTERs cost ~0.63 s: each is evaluated for every row), a GROUP BY for more (a sort)."""
+        groups = conn.execute(_SQL_GROUPS, (now,)).fetchall()
+        host_groups = sorted(g for g in groups if g[1] in (4, 16))
+        found: list[tuple[int, int, bytes | None, str | None]]
+        if len(host_groups) == 1:
+            (lid, size), = host_groups
+            found = [(lid, size, *conn.execute(_SQL_HOSTS_ONE, (now, lid, size)).fetchone())]
+        elif len(host_groups) <= _FILTER_GROUPS:
+            sql, params = _sql_hosts_by_filter(host_groups)
+            row = conn.execute(sql, (*params, now)).fetchone() if host_groups else ()
+            found = [(lid, size, row[2 * i], row[2 * i + 1]) for i, (lid, size) in enumerate(host_groups)]
+        else:
+            found = conn.execute(_SQL_HOSTS_ALL, (now,)).fetchall()
+        others = conn.execute(_SQL_OTHERS, (now,)).fetchall() if len(host_groups) < len(groups) else []
+        return found, others
 
     @staticmethod
     def _load_bulk(conn: sqlite3.Connection, now: float, labels: dict[int, tuple[str, str, str, str]]

@@ -44,6 +44,7 @@ class FakeSetWriter:
     fail: dict[tuple[str, int], int] = field(default_factory=dict)  # (set, key) -> errno, every time
     setups: int = 0
     timed_writes: int = 0  # write_timed_hosts calls (restores)
+    timed_encodes: int = 0  # encode_timed_hosts calls (restores, before their writes)
     devices: set[str] = field(default_factory=set)  # the network devices that exist (for ingress chains)
     chains: set[str] = field(default_factory=set)  # the chains installed
     closed: bool = False
@@ -114,8 +115,13 @@ class FakeSetWriter:
         self._commit()
         return res
 
+    def encode_timed_hosts(self, set_name: str, keys: Sequence[int], until_ms: Sequence[int | None],
+                           now_ms: int) -> list[bytes] | None:
+        self.timed_encodes += 1
+        return None  # nothing to encode for a model: write_timed_hosts applies the ops
+
     def write_timed_hosts(self, set_name: str, keys: Sequence[int], until_ms: Sequence[int | None],
-                          now_ms: int) -> WriteResult:
+                          now_ms: int, encoded: list[bytes] | None = None) -> WriteResult:
         self.timed_writes += 1
         return self.write([Group(set_name, list(keys), [OpSpec(True, u) for u in until_ms])], now_ms)
 

@@ -230,8 +230,9 @@ async def test_saved_bans_no_ban_may_cover_are_removed_not_restored(rig: Rig) ->
     # loose end of issue 13: a state database written before never-ban space or the allowlist said otherwise
     now = rig.fake.clock()
     keys = [key("0.0.0.0"), key("10.1.2.3"), key("203.0.113.1"), key("224.0.0.1")]
-    r = await rig.enforcer.restore_hosts("default", 4, keys, [now + 60, None, now + 60, now + 60], origin="jail",
-                                         reason="r", jail="sshd")
+    end = int((now + 60) * 1000)  # ms
+    r = await rig.enforcer.restore_hosts("default", 4, keys, [end, None, end, end], origin="jail", reason="r",
+                                         jail="sshd")
     assert r is not None and r[1] == [key("203.0.113.1")]
     assert rig.fake.elements("default_ip4") == {key("203.0.113.1")}
     [(blocklist, gone)] = rig.saved.packed_deletes
