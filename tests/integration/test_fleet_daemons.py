@@ -124,13 +124,16 @@ def test_server_down_bans_wait_in_the_outbox(lab: FleetLab) -> None:
 
 
 def test_a_daemon_restart_keeps_fleet_bans(lab: FleetLab) -> None:
+    # its own fleet ban, so the test runs alone too (`-k`), not only after the fan-out test
+    r = lab.daemons["a"].cli("ban", "203.0.113.40")
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: "203.0.113.40" in lab.banned("b"), 20, 0.02, "A's ban on B")
     b = lab.daemons["b"]
-    assert "203.0.113.11" in lab.banned("b")
     assert b.stop() == 0
     lab.nss["b"].nft("delete", "table", "inet", "nftblock")  # a reboot: the kernel forgot everything
     b.start()  # restored from the state database before READY=1
-    assert "203.0.113.11" in lab.banned("b")
-    assert b.cli_json("check", "203.0.113.11")["bans"][0]["origin_host"] == "a"
+    assert "203.0.113.40" in lab.banned("b")
+    assert b.cli_json("check", "203.0.113.40")["bans"][0]["origin_host"] == "a"
 
 
 def test_metrics_and_status_show_the_fleet(lab: FleetLab) -> None:
