@@ -12,12 +12,19 @@ from collections.abc import Awaitable, Callable
 log = logging.getLogger("nftblockd")
 
 
+async def wait_or_stop(seconds: float, stop: asyncio.Event) -> None:
+    """Wait `seconds`, or until `stop` is set, whichever comes first: every pause of a loop here, so a loop
+    never sleeps past the daemon's stop."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+
+
 async def every(period: Callable[[], float], stop: asyncio.Event, step: Callable[[], Awaitable[None]],
                 what: str) -> None:
     """Run `step` every `period()` seconds (read anew each round, so a reload can change it) until `stop`."""
     while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), period())
+        await wait_or_stop(period(), stop)
         if stop.is_set():
             return
         try:

@@ -23,12 +23,13 @@ means for status (the caller's `on_failure` does).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+from nftblockd.service.loops import wait_or_stop
 
 log = logging.getLogger("nftblockd")
 
@@ -53,13 +54,6 @@ class Backoff:
         """The pause after the `in_a_row`-th failure in a row (1: the first)."""
         doublings = min(max(in_a_row, 1) - 1, 30)  # (bounded: the pause is capped long before, and no overflow)
         return min(self.cap, self.base * float(1 << doublings))
-
-
-async def wait_or_stop(seconds: float, stop: asyncio.Event) -> None:
-    """The real pause: `seconds`, or until `stop` is set, whichever comes first."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await stop.wait()
 
 
 async def keep_running(run: Callable[[], Awaitable[None]], stop: asyncio.Event, *, what: str,
@@ -90,4 +84,4 @@ async def keep_running(run: Callable[[], Awaitable[None]], stop: asyncio.Event, 
         await pause(delay, stop)
 
 
-__all__ = ["RESTART_BASE", "RESTART_HEALTHY", "RESTART_MAX", "Backoff", "Counts", "keep_running", "wait_or_stop"]
+__all__ = ["RESTART_BASE", "RESTART_HEALTHY", "RESTART_MAX", "Backoff", "Counts", "keep_running"]

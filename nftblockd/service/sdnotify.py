@@ -20,6 +20,8 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
+from nftblockd.service.loops import wait_or_stop
+
 log = logging.getLogger("nftblockd.sdnotify")
 
 # Bound on a blocked send (systemd's socket buffer full): an event-loop stall, never a hang.
@@ -150,11 +152,7 @@ async def watchdog_loop(notifier: Notifier, stop_event: asyncio.Event, health: C
                 log.error("health check failed%s; withholding watchdog pings, so systemd restarts nftblockd "
                           "unless it recovers", f" ({error!r})" if error else "", exc_info=error)
             healthy = ok
-        try:
-            async with asyncio.timeout(interval):
-                await stop_event.wait()
-        except TimeoutError:
-            pass
+        await wait_or_stop(interval, stop_event)
 
 
 __all__ = ["Notifier", "monotonic_usec", "watchdog_loop"]
