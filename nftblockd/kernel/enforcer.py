@@ -100,10 +100,10 @@ class Counters:
     last_batch_seconds: float = 0.0
 
 
-def describe_errno(errno: int, text: str, set_name: str, size: int | None) -> str:
+def describe_errno(errno: int, text: str, set_name: str, size: int | None, blocklist: str | None = None) -> str:
     """An operator's sentence for an element the kernel refused. The control code is always `unavailable`."""
     if errno == E.ENFILE:
-        return f"set {set_name} is full (size {size}); raise blocklists.<name>.size"
+        return f"set {set_name} is full (size {size}); raise blocklists.{blocklist or '<name>'}.size"
     if errno == E.EEXIST:
         return f"overlaps a range already in set {set_name}" + (f" ({text})" if text else "")
     import os
@@ -159,7 +159,7 @@ class Enforcer:
         self._on_change = on_change
         self.batcher = Batcher(self._apply_ops, max_ops=cfg.batch.max_ops, delay=cfg.batch.delay,
                                on_flush=self._flushed)
-        self._sizes = {s.name: s.size for s in plan.sets}
+        self._set_specs = {s.name: s for s in plan.sets}
         self.generation = 0
         self._lock = asyncio.Lock()  # serialises state changes that must stay in order with their kernel ops
 
@@ -287,6 +287,10 @@ class Enforcer:
         writes them, AuditBudget); the caller summarises the rest in one line."""
         return self._audit_budget.take(wanted)
 
+    def _describe(self, errno: int, text: str, set_name: str) -> str:
+        spec = self._set_specs.get(set_name)
+        return describe_errno(errno, text, set_name, spec.size if spec else None, spec.blocklist if spec else None)
+
     def _count_refused(self, reason: str, n: int) -> None:
         if n and self.metrics is not None:
             self.metrics.bans_refused.labels(reason).inc(n)
@@ -403,7 +407,7 @@ class Enforcer:
         for f in failures:
             self.state.forget(f.set_name, f.key)
             out.failed[(f.set_name, f.key)] = (
-                "unavailable", describe_errno(f.errno, f.text, f.set_name, self._sizes.get(f.set_name)))
+                "unavailable", self._describe(f.errno, f.text, f.set_name))
         if saving is not None:
             if out.failed:  # saved before the kernel refused them: deleted again, as the state forgot them
                 await self._queue_delete(blocklist, out.failed)
@@ -659,7 +663,7 @@ class Enforcer:
                 d = decisions[i]
                 if isinstance(d, Ban):
                     self.state.forget(f.set_name, f.key)
-                msg = describe_errno(f.errno, f.text, f.set_name, self._sizes.get(f.set_name))
+                msg = self._describe(f.errno, f.text, f.set_name)
                 results[i] = DecisionResult(d.target, BanOutcome.CONFLICT, "unavailable", msg, f.set_name)
         final = [r for r in results if r is not None]
         self._audit(decisions, final)

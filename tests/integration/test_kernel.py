@@ -178,6 +178,27 @@ def test_full_set_reports_enfile(netns: NetNS, writer: KernelWriter) -> None:
     assert len(res.failed) == 79 - 64
     assert all(e == errno.ENFILE for e, _ in res.failed.values())
     assert len(netns.set_elements("nftblock", "default_ip4")) == 64
+    # found in one refused transaction, not one per refused element (the kernel reports one error per
+    # message: a `ban -` of 300k into a 262,144-element set took minutes of transactions)
+    assert res.transactions == 2
+
+
+def test_a_full_set_still_refreshes_its_elements_and_takes_what_a_delete_frees(netns: NetNS,
+                                                                               writer: KernelWriter) -> None:
+    writer.write_ops([SetOp("default_ip4", ip4(f"10.9.0.{i}"), True, now_ms() + 60_000) for i in range(1, 65)])
+    later = now_ms() + 3_600_000
+    ops = [SetOp("default_ip4", ip4("10.9.1.1"), True, later),  # new: takes the slot the delete frees
+           SetOp("default_ip4", ip4("10.9.0.1"), True, later, existed=True),  # a refresh: done
+           SetOp("default_ip4", ip4("10.9.1.2"), True, later),  # new: refused, and so is the next
+           SetOp("default_ip4", ip4("10.9.1.3"), True, later),
+           SetOp("default_ip4", ip4("10.9.0.2"), True, later, existed=True),  # a refresh after them: done
+           SetOp("default_ip4", ip4("10.9.0.3"), False, None)]  # a delete (sent before the set's adds)
+    res = writer.write_ops(ops)
+    assert set(res.failed) == {("default_ip4", ip4("10.9.1.2")), ("default_ip4", ip4("10.9.1.3"))}
+    assert all(e == errno.ENFILE for e, _ in res.failed.values())
+    elements = netns.set_elements("nftblock", "default_ip4")
+    assert len(elements) == 64 and "10.9.0.3" not in elements and "10.9.1.1" in elements
+    assert all(elements[a]["expires"] > 3000 for a in ("10.9.0.1", "10.9.0.2"))
 
 
 def test_foreign_table_left_untouched(netns: NetNS) -> None:

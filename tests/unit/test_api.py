@@ -166,7 +166,7 @@ async def test_a_full_set_refuses_the_adds_beyond_its_size(rig: ApiRig) -> None:
     r = await call(rig, "ban", targets=["203.0.113.1", "203.0.113.2", "203.0.113.3"], set="small")
     assert r["applied"] == ["203.0.113.1", "203.0.113.2"]
     assert r["refused"] == [{"target": "203.0.113.3", "code": "unavailable",
-                             "message": "set small_ip4 is full (size 2); raise blocklists.<name>.size"}]
+                             "message": "set small_ip4 is full (size 2); raise blocklists.small.size"}]
     assert rig.bans("small").keys() == {("203.0.113.1", "small"), ("203.0.113.2", "small")}  # forgotten
 
 
@@ -250,7 +250,7 @@ async def test_bulk_ban_into_a_full_set_refuses_the_overflow(rig: ApiRig) -> Non
     r = await rig.api("ban", stdin_request(hosts, set="small"), PEER)
     assert len(r["applied"]) == 2 and len(r["refused"]) == BULK_THRESHOLD - 2
     assert {x["code"] for x in r["refused"]} == {"unavailable"}
-    assert r["refused"][0]["message"] == "set small_ip4 is full (size 2); raise blocklists.<name>.size"
+    assert r["refused"][0]["message"] == "set small_ip4 is full (size 2); raise blocklists.small.size"
     assert set(r["applied"]) == rig.in_kernel("small_ip4")
     assert len(rig.bans("small")) == 2  # the refused ones are forgotten
     assert rig.enforcer.counters.set_full == BULK_THRESHOLD - 2
