@@ -21,7 +21,8 @@ import errno as E
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -226,24 +227,28 @@ class Enforcer:
         if mx is not None and report.ops:
             mx.batch_seconds.observe(report.seconds)
             mx.batch_elements.observe(report.ops)
-        for f in report.failures:
-            self._count_refusal(f.errno, f.set_name)
+        self._count_refusals((f.errno, f.set_name) for f in report.failures)
         if report.missing_sets:
             log.warning("sets missing in the kernel: %s; repairing", ", ".join(sorted(report.missing_sets)))
         if self._on_flush is not None:
             self._on_flush(report)
 
-    def _count_refusal(self, errno: int, set_name: str) -> None:
-        """One element op the kernel refused, on any path to the kernel (batcher, feed sync, restore): the
-        status counters and the metrics count it alike."""
-        self.counters.kernel_errors[errno] = self.counters.kernel_errors.get(errno, 0) + 1
-        full = errno == E.ENFILE
-        if full:
-            self.counters.set_full += 1
-        if self.metrics is not None:
-            self.metrics.netlink_errors.labels(E.errorcode.get(errno, str(errno))).inc()
+    def _count_refusals(self, refusals: Iterable[tuple[int, str]]) -> None:
+        """Element ops the kernel refused, as (errno, set), on any path to the kernel (batcher, feed sync,
+        restore): the status counters and the metrics count them alike. One metric update per distinct
+        (errno, set): per refusal, `labels().inc()` was ~0.9 s of the 5.3 s a 400k IPv6 bulk ban spent on
+        its 137,856 refusals (a full set)."""
+        by_kind = Counter(refusals)
+        errors = self.counters.kernel_errors
+        for (errno, set_name), n in by_kind.items():
+            errors[errno] = errors.get(errno, 0) + n
+            full = errno == E.ENFILE
             if full:
-                self.metrics.set_full.labels(set_name).inc()
+                self.counters.set_full += n
+            if self.metrics is not None:
+                self.metrics.netlink_errors.labels(E.errorcode.get(errno, str(errno))).inc(n)
+                if full:
+                    self.metrics.set_full.labels(set_name).inc(n)
 
     def unbannable(self, version: int, interval: bool, keys: Sequence[int]) -> dict[int, tuple[str, str]]:
         """Among `keys` (host keys, or net keys of an interval set), those no ban may cover: key -> (reason,
@@ -519,10 +524,10 @@ class Enforcer:
 
     def _settle_write(self, res: WriteResult, groups: Sequence[Group]) -> list[tuple[str, int]]:
         refused: list[tuple[str, int]] = []
-        for (name, key), (errno, _text) in res.failed.items():
+        for (name, key), (_errno, _text) in res.failed.items():
             self.state.forget(name, key)
             refused.append((name, key))
-            self._count_refusal(errno, name)
+        self._count_refusals((errno, name) for (name, _key), (errno, _text) in res.failed.items())
         if refused:
             failed = set(refused)
             sets = {name for name, _key in refused}
@@ -616,7 +621,7 @@ class Enforcer:
                 self.generation = self.writer.last_generation
         for f in failures:
             self.state.forget(f.set_name, f.key)
-            self._count_refusal(f.errno, f.set_name)
+        self._count_refusals((f.errno, f.set_name) for f in failures)
         self._count_refused("kernel", len(failures))
         return name, restored, failures
 

@@ -273,3 +273,15 @@ async def test_write_sets_is_one_transaction_under_the_lock_settled_and_counted(
     assert e.generation == rig.fake.last_generation
     # a plan with nothing to write sends nothing
     assert await e.write_sets(lambda: [], NOW) == [] and len(rig.fake.transactions) == before + 1
+
+
+async def test_refusals_count_once_each_in_counters_and_metrics(rig: ApiRig) -> None:
+    """Refusals are counted per (errno, set) in one update each: the totals stay per element."""
+    keys = [k(f"192.0.2.{i}") for i in range(1, 8)]
+    rig.fake.fail[("small_ip4", keys[0])] = E.ENOMEM
+    await rig.enforcer.ban_hosts("small", {4: keys}, NOW + 60, origin="cli", now=NOW)
+    assert sample(rig, "nftblock_set_full_total", set="small_ip4") == 4  # 7 - 2 held - 1 refused otherwise
+    assert sample(rig, "nftblock_netlink_errors_total", errno="ENFILE") == 4
+    assert sample(rig, "nftblock_netlink_errors_total", errno="ENOMEM") == 1
+    c = rig.enforcer.counters
+    assert c.set_full == 4 and c.kernel_errors == {E.ENFILE: 4, E.ENOMEM: 1}
