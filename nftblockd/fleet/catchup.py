@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from nftblockd.addr import IPNet
-from nftblockd.events import FleetBan, FleetChange, FleetUnban, LocalBan  # values shared with kernel/
+from nftblockd.events import FleetBan, FleetChange, FleetHosts, FleetUnban, LocalBan  # values shared with kernel/
 
 StreamId: TypeAlias = tuple[int, int]  # (milliseconds, sequence)
 
@@ -154,6 +154,6 @@ def reassert(own: Iterable[OwnBan], active: Mapping[IPNet, float], tombstones: M
 
 
 __all__ = [
-    "Cursor", "FleetBan", "FleetChange", "FleetUnban", "LocalBan", "OwnBan", "Replay", "ServerView", "Snapshot",
-    "StreamId", "decide", "format_id", "parse_id", "reassert", "reconcile",
+    "Cursor", "FleetBan", "FleetChange", "FleetHosts", "FleetUnban", "LocalBan", "OwnBan", "Replay", "ServerView",
+    "Snapshot", "StreamId", "decide", "format_id", "parse_id", "reassert", "reconcile",
 ]
