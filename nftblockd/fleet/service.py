@@ -9,7 +9,10 @@ Rules (the receive side is a small state machine: offline -> catching up -> foll
 - Receive. One dedicated connection loops `XREAD BLOCK` from the cursor. Every entry is decoded and passes
   the trust gate; events whose origin is this host only move the cursor. The accepted events of one reply
   become ONE `FleetSink.apply_fleet` call (one kernel transaction); within a reply, the last event for an
-  address wins. The cursor is saved after the kernel commit (at most every `cursor_interval` seconds, and at
+  address wins. A reply of nothing but plain single-address bans (a catch-up) takes the batch path
+  (`_apply_plain`: `codec.plain_bans`, `Gate.check_hosts`, `FleetChange.hosts`), which must come to exactly
+  what the entry-by-entry path does (`batch=False`; tests/unit/test_fleet_batch.py); any other reply goes
+  entry by entry. The cursor is saved after the kernel commit (at most every `cursor_interval` seconds, and at
   close), so a crash replays a little: bans keep the later end and unbans delete if present, so
   re-applying is harmless.
 - Catch-up, on every connect: read the server's run id and stream bounds and `catchup.decide`. Replay just
