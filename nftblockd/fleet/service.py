@@ -68,6 +68,9 @@ log = logging.getLogger("nftblockd.fleet")
 READ_COUNT = 1000  # entries per XREAD: one kernel transaction each
 CATCHUP_COUNT = 10000  # ... while a backlog is replayed (the previous read came back full)
 PUBLISH_BATCH = 10000  # outbox rows per publish round
+# reads shorter than this go entry by entry: the batch path's fixed cost makes a one-entry read 22 us instead
+# of 12 (in-process); it is 0.66x at 4 entries, 0.30x at 16
+BATCH_MIN = 2
 QUEUE_LIMIT = 1_000_000  # submitted events waiting for the outbox write; beyond, counted and dropped
 BACKOFF_FIRST = 0.5
 BACKOFF_CAP = 30.0
@@ -386,7 +389,7 @@ class FleetService:
 
     async def _apply(self, entries: Sequence[Entry], run_id: str) -> None:
         now = self.clock()
-        plain = plain_bans(entries, self._own_origin) if self.batch else None
+        plain = plain_bans(entries, self._own_origin) if self.batch and len(entries) >= BATCH_MIN else None
         if plain is not None:
             await self._apply_plain(plain, now)
             self._move(Cursor(run_id, entries[-1][0]))
