@@ -206,7 +206,7 @@ class PlainBans(NamedTuple):
 
 
 class _NotPlain(Exception):
-    pass
+    """An entry `plain_bans` does not take (the read goes entry by entry, through `decode`)."""
 
 
 def _checked_name(raw: Any, pattern: re.Pattern[str]) -> str:

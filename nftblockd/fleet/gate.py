@@ -156,7 +156,6 @@ class Gate:
             return clamped
         return Accepted(ev, clamped[0], clamped[1])
 
-
     def check_hosts(self, origins: Sequence[str], ats: Sequence[float], versions: Sequence[int],
                     keys: Sequence[int], untils: Sequence[float], now: float) -> HostVerdict:
         """`check` for many single-address bans at once, in order: ban i is of address `keys[i]` (IP version
