@@ -362,11 +362,23 @@ def first_octets(keys: Sequence[int]) -> bytes:
     return array.array("I", keys).tobytes()[_TOP::4]
 
 
+def top_halves(keys: Sequence[int]) -> array.array[int]:
+    """The top 16 bits (`k >> 16`) of every IPv4 host key, in order: the keys into an array, read back as
+    16-bit halves, every other one (no Python per key)."""
+    halves = array.array("H")
+    halves.frombytes(array.array("I", keys).tobytes())
+    return halves[1::2] if sys.byteorder == "little" else halves[0::2]
+
+
 def flagged(octets: bytes, table: bytes) -> list[int]:
     """The indexes i, in order, where `table[octets[i]]` is 1 (`table`: 256 bytes, each 0 or 1). One C-level
     translate over all of them, then one find per flagged index: for 100,000 keys of which few are flagged,
     a fraction of a comprehension that looks each one up (bench/bench_addr.py)."""
-    marks = octets.translate(table)
+    return ones(octets.translate(table))
+
+
+def ones(marks: bytes) -> list[int]:
+    """The indexes i, in order, where `marks[i]` is 1 (one find per index found)."""
     out: list[int] = []
     i = marks.find(1)
     while i >= 0:

@@ -165,14 +165,28 @@ class FleetUnban:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetHosts:
+    """Many `FleetBan`s of single addresses at once, all of one IP version, end and origin host: the host keys
+    (ints, as `addr.net_key` of the /32 or /128). The receive loop's fast form for a catch-up of plain bans:
+    no network object per address on the way from the stream to the kernel (fleet/service.py `_apply`)."""
+
+    version: int
+    until: float  # absolute; math.inf permanent
+    origin: str
+    keys: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class FleetChange:
-    """What one kernel transaction does for the fleet."""
+    """What one kernel transaction does for the fleet. An address appears at most once across `bans`, `hosts`
+    and `unbans`."""
 
     bans: tuple[FleetBan, ...] = ()
     unbans: tuple[FleetUnban, ...] = ()
+    hosts: tuple[FleetHosts, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.bans or self.unbans)
+        return bool(self.bans or self.unbans or self.hosts)
 
 
 @dataclass(frozen=True, slots=True)

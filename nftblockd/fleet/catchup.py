@@ -43,13 +43,17 @@ from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
 from nftblockd.addr import IPNet
-from nftblockd.events import FleetBan, FleetChange, FleetUnban, LocalBan  # values shared with kernel/
+from nftblockd.events import FleetBan, FleetChange, FleetHosts, FleetUnban, LocalBan  # values shared with kernel/
 
 StreamId: TypeAlias = tuple[int, int]  # (milliseconds, sequence)
 
 
 def parse_id(text: str | bytes) -> StreamId:
     """`"1700000000000-3"` -> (1700000000000, 3); raises ValueError for anything else."""
+    if type(text) is bytes:  # what the server sends, once per entry read: no decode (~0.7x the time)
+        ms_b, sep_b, seq_b = text.partition(b"-")
+        if sep_b and ms_b.isdigit() and seq_b.isdigit():
+            return int(ms_b), int(seq_b)
     s = text.decode() if isinstance(text, bytes) else text
     ms, sep, seq = s.partition("-")
     if not ms.isdigit() or (sep and not seq.isdigit()):
@@ -154,6 +158,6 @@ def reassert(own: Iterable[OwnBan], active: Mapping[IPNet, float], tombstones: M
 
 
 __all__ = [
-    "Cursor", "FleetBan", "FleetChange", "FleetUnban", "LocalBan", "OwnBan", "Replay", "ServerView", "Snapshot",
-    "StreamId", "decide", "format_id", "parse_id", "reassert", "reconcile",
+    "Cursor", "FleetBan", "FleetChange", "FleetHosts", "FleetUnban", "LocalBan", "OwnBan", "Replay", "ServerView",
+    "Snapshot", "StreamId", "decide", "format_id", "parse_id", "reassert", "reconcile",
 ]

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import ipaddress
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from nftblockd.addr import IPNet
+from nftblockd.addr import IPNet, first_octets, flagged, host_net
 from nftblockd.allowlist import Allowlist
 from nftblockd.fleet.codec import FleetEvent, Rejection
 
@@ -92,16 +94,19 @@ class Gate:
         self.max_origins = max_origins
         self._buckets: dict[str, _Bucket] = {}
 
-    def _rate_ok(self, origin: str, at: float) -> bool:
-        lim = self.limits
+    def _bucket(self, origin: str, at: float) -> _Bucket:
         b = self._buckets.get(origin)
         if b is None:
             if len(self._buckets) >= self.max_origins:
                 # bounded memory: forget the origin seen longest ago (dicts keep insertion order)
                 del self._buckets[next(iter(self._buckets))]
-            b = self._buckets[origin] = _Bucket(float(lim.burst), at)
-        elif at > b.at:
-            b.tokens = min(float(lim.burst), b.tokens + (at - b.at) * lim.rate)
+            b = self._buckets[origin] = _Bucket(float(self.limits.burst), at)
+        return b
+
+    def _rate_ok(self, origin: str, at: float) -> bool:
+        b = self._bucket(origin, at)
+        if at > b.at:  # (a new bucket was made at `at`: nothing to refill)
+            b.tokens = min(float(self.limits.burst), b.tokens + (at - b.at) * self.limits.rate)
             b.at = at
         if b.tokens < 1.0:
             return False
@@ -151,5 +156,98 @@ class Gate:
             return clamped
         return Accepted(ev, clamped[0], clamped[1])
 
+    def check_hosts(self, origins: Sequence[str], ats: Sequence[float], versions: Sequence[int],
+                    keys: Sequence[int], untils: Sequence[float], now: float) -> HostVerdict:
+        """`check` for many single-address bans at once, in order: ban i is of address `keys[i]` (IP version
+        `versions[i]`) until `untils[i]`, from `origins[i]`, received at server time `ats[i]`.
 
-__all__ = ["NEVER_BAN", "Accepted", "Gate", "TrustLimits", "never_ban"]
+        The same answers as `check` called on each in turn (tests/unit/test_fleet_batch.py), the same bucket
+        state after: every ban takes its origin's token in order (a ban the later steps refuse has taken one,
+        as in `check`). Steps 2-4 find candidates over the whole batch (the never-ban space by first octet, the
+        allowlist's `hosts_among`) and ask `check_net` only about those; step 5 runs once per distinct end."""
+        refused = self._take_tokens(origins, ats)
+        for i in sorted(set(self._net_candidates(versions, keys))):
+            if i not in refused:
+                bad = self.check_net(host_net(keys[i], versions[i]))
+                if bad is not None:
+                    refused[i] = bad
+        end: dict[float, float] = {}
+        expired: dict[float, Rejection] = {}
+        for u in set(untils):
+            c = self.clamp(u, now)
+            if isinstance(c, Rejection):
+                expired[u] = c
+                end[u] = math.nan
+            else:
+                end[u] = c[0]
+        if expired:
+            for i, u in enumerate(untils):
+                if u in expired and i not in refused:
+                    refused[i] = expired[u]
+        return HostVerdict(list(map(end.__getitem__, untils)), refused)
+
+    def _take_tokens(self, origins: Sequence[str], ats: Sequence[float]) -> dict[int, Rejection]:
+        """Step 6 for events i = 0, 1, ... in order: the `rate` refusals (`_rate_ok` each, inline: a method call
+        per event was a third of this loop)."""
+        refused: dict[int, Rejection] = {}
+        burst, rate = float(self.limits.burst), self.limits.rate
+        origin: str | None = None
+        b = _Bucket(0.0, 0.0)
+        for i, (o, at) in enumerate(zip(origins, ats, strict=True)):
+            if o != origin:  # a batch is a few long runs of one origin: one bucket look-up per run
+                b = self._bucket(o, at)
+                origin = o
+            if at > b.at:
+                b.tokens = min(burst, b.tokens + (at - b.at) * rate)
+                b.at = at
+            if b.tokens < 1.0:
+                refused[i] = Rejection("rate", o)
+                continue
+            b.tokens -= 1.0
+        return refused
+
+    def _net_candidates(self, versions: Sequence[int], keys: Sequence[int]) -> list[int]:
+        """Indexes of the addresses steps 2-4 may refuse (a superset: `check_net` decides): all of a family
+        whose minimum prefix is longer than an address, those in a first octet a never-ban range touches (IPv4)
+        or in a never-ban range (IPv6), those the allowlist holds."""
+        lim = self.limits
+        n = len(keys)
+        out: list[int] = []
+        for version, bits, minimum in ((4, 32, lim.min_prefix_v4), (6, 128, lim.min_prefix_v6)):
+            if version == 4 and 6 not in versions:
+                idx: Sequence[int] = range(n)
+                fam: Sequence[int] = keys
+            else:
+                idx = [i for i in range(n) if versions[i] == version]
+                fam = [keys[i] for i in idx]
+            if not idx:
+                continue
+            if bits < max(1, minimum):
+                out += idx
+                continue
+            if version == 4:
+                out += map(idx.__getitem__, flagged(first_octets(fam), _NEVER_OCTETS))
+            else:
+                for lo, hi, _text in _NEVER_RANGES[6]:
+                    out += [idx[j] for j, k in enumerate(fam) if lo <= k <= hi]
+            if len(self.allow):
+                hit = set(self.allow.hosts_among(version, fam))
+                if hit:
+                    out += [idx[j] for j, k in enumerate(fam) if k in hit]
+        return out
+
+
+class HostVerdict(NamedTuple):
+    """`Gate.check_hosts`' answer: `refused[i]` says why ban i is refused; `ends[i]` is the clamped end of
+    every other one (math.inf only for an allowed permanent ban)."""
+
+    ends: list[float]
+    refused: dict[int, Rejection]
+
+
+# First octets of IPv4 addresses a never-ban range may hold (`addr.flagged`'s table): the candidates to check.
+_NEVER_OCTETS = bytes(1 if any(lo >> 24 <= o <= hi >> 24 for lo, hi, _t in _NEVER_RANGES[4]) else 0
+                      for o in range(256))
+
+
+__all__ = ["NEVER_BAN", "Accepted", "Gate", "HostVerdict", "TrustLimits", "never_ban"]

@@ -9,7 +9,10 @@ Rules (the receive side is a small state machine: offline -> catching up -> foll
 - Receive. One dedicated connection loops `XREAD BLOCK` from the cursor. Every entry is decoded and passes
   the trust gate; events whose origin is this host only move the cursor. The accepted events of one reply
   become ONE `FleetSink.apply_fleet` call (one kernel transaction); within a reply, the last event for an
-  address wins. The cursor is saved after the kernel commit (at most every `cursor_interval` seconds, and at
+  address wins. A reply of nothing but plain single-address bans (a catch-up) takes the batch path
+  (`_apply_plain`: `codec.plain_bans`, `Gate.check_hosts`, `FleetChange.hosts`), which must come to exactly
+  what the entry-by-entry path does (`batch=False`; tests/unit/test_fleet_batch.py); any other reply goes
+  entry by entry. The cursor is saved after the kernel commit (at most every `cursor_interval` seconds, and at
   close), so a crash replays a little: bans keep the later end and unbans delete if present, so
   re-applying is harmless.
 - Catch-up, on every connect: read the server's run id and stream bounds and `catchup.decide`. Replay just
@@ -37,13 +40,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from nftblockd.addr import IPNet, format_target
+from nftblockd.addr import IPNet, format_host, format_target
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import FleetConfig
 from nftblockd.fleet.catchup import (
     Cursor,
     FleetBan,
     FleetChange,
+    FleetHosts,
     FleetUnban,
     LocalBan,
     OwnBan,
@@ -54,7 +58,7 @@ from nftblockd.fleet.catchup import (
     reassert,
     reconcile,
 )
-from nftblockd.fleet.codec import FleetEvent, Rejection, decode, parse_net
+from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net, plain_bans
 from nftblockd.fleet.gate import Gate, TrustLimits
 from nftblockd.fleet.link import Engine, Entry, LinkError
 from nftblockd.state.store import OutboxItem, OutboxRow
@@ -64,6 +68,9 @@ log = logging.getLogger("nftblockd.fleet")
 READ_COUNT = 1000  # entries per XREAD: one kernel transaction each
 CATCHUP_COUNT = 10000  # ... while a backlog is replayed (the previous read came back full)
 PUBLISH_BATCH = 10000  # outbox rows per publish round
+# reads shorter than this go entry by entry: the batch path's fixed cost makes a one-entry read 22 us instead
+# of 12 (in-process); it is 0.66x at 4 entries, 0.30x at 16
+BATCH_MIN = 2
 QUEUE_LIMIT = 1_000_000  # submitted events waiting for the outbox write; beyond, counted and dropped
 BACKOFF_FIRST = 0.5
 BACKOFF_CAP = 30.0
@@ -165,7 +172,7 @@ class FleetService:
     def __init__(self, cfg: FleetConfig, link: Engine, state: FleetState, sink: FleetSink, allow: Allowlist, *,
                  clock: Callable[[], float] = time.time, cursor_interval: float = 1.0,
                  on_lag: Callable[[float], None] | None = None, read_count: int = READ_COUNT,
-                 catchup_count: int = CATCHUP_COUNT) -> None:
+                 catchup_count: int = CATCHUP_COUNT, batch: bool = True) -> None:
         self.cfg = cfg
         self.link = link
         self.state = state
@@ -176,6 +183,7 @@ class FleetService:
         self.on_lag = on_lag
         self.read_count = read_count
         self.catchup_count = max(read_count, catchup_count)
+        self.batch = batch  # False: every read entry by entry (the reference the batch path is tested against)
         self._own_origin = cfg.host_id.encode()
         self.stats = FleetStats()
         self._cursor: Cursor | None = None
@@ -381,6 +389,11 @@ class FleetService:
 
     async def _apply(self, entries: Sequence[Entry], run_id: str) -> None:
         now = self.clock()
+        plain = plain_bans(entries, self._own_origin) if self.batch and len(entries) >= BATCH_MIN else None
+        if plain is not None:
+            await self._apply_plain(plain, now)
+            self._move(Cursor(run_id, entries[-1][0]))
+            return
         latest: dict[IPNet, tuple[FleetEvent, float]] = {}
         received = self.stats.received
         own = self._own_origin
@@ -419,6 +432,57 @@ class FleetService:
                 await asyncio.to_thread(self.state.fleet_forget,
                                         [(format_target(u.net), u.at or now) for u in unbans])
         self._move(Cursor(run_id, entries[-1][0]))
+
+    async def _apply_plain(self, plain: PlainBans, now: float) -> None:
+        """`_apply`'s per-entry loop for a read of plain single-address bans, over the whole read at once:
+        the same counters, the same last-wins rule per address, the same change for the sink (its addresses
+        as host keys grouped by end and origin, `FleetHosts`), without a network object, event or verdict per
+        entry. A 100k catch-up spent two thirds of its receive loop in those (`decode` ~10 us and
+        `Gate.check` ~6 us per entry)."""
+        received = self.stats.received
+        for op, n in plain.own.items():
+            received[(op, "own")] += n
+        versions, keys, origins = plain.versions, plain.keys, plain.origins
+        ends, refused = self.gate.check_hosts(origins, plain.ats, versions, keys, plain.untils, now)
+        for i, rej in refused.items():
+            received[("ban", rej.reason)] += 1
+            log.debug("fleet: refused ban %s from %s: %s", format_host(keys[i], versions[i]), origins[i],
+                      rej.detail)
+        n = len(keys)
+        if n > len(refused):
+            received[("ban", "applied")] += n - len(refused)
+        # the last accepted entry per address wins (dicts keep an address where it first came, as `latest`)
+        if not refused and 6 not in versions:
+            last: list[dict[int, int]] = [dict(zip(keys, range(n), strict=True)), {}]
+        else:
+            last = [{}, {}]
+            for i in range(n):
+                if i not in refused:
+                    last[versions[i] == 6][keys[i]] = i
+        groups: dict[tuple[int, float, str], list[int]] = {}
+        for version, chosen in zip((4, 6), last, strict=True):
+            if not chosen:
+                continue
+            first = next(iter(chosen.values()))
+            if (all(ends[i] == ends[first] for i in chosen.values())
+                    and all(origins[i] == origins[first] for i in chosen.values())):
+                groups[(version, ends[first], origins[first])] = list(chosen)  # one end, one origin: a batch
+            else:
+                for k, i in chosen.items():
+                    g = (version, ends[i], origins[i])
+                    grp = groups.get(g)
+                    if grp is None:
+                        grp = groups[g] = []
+                    grp.append(k)
+        if not groups:
+            return
+        await self.sink.apply_fleet(FleetChange(hosts=tuple(FleetHosts(v, end, origin, tuple(ks))
+                                                            for (v, end, origin), ks in groups.items())))
+        newest = max(map(int, map(plain.ts.__getitem__, [i for chosen in last for i in chosen.values()])))
+        if newest:
+            self.stats.lag_last = self.clock() - newest / 1000
+            if self.on_lag is not None:
+                self.on_lag(self.stats.lag_last)
 
     # -- catch-up ------------------------------------------------------------------------------------
 

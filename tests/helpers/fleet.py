@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from nftblockd.addr import IPNet
+from nftblockd.addr import IPNet, host_net
 from nftblockd.allowlist import Allowlist, build_allowlist
 from nftblockd.config import FleetConfig
-from nftblockd.fleet.catchup import FleetChange, LocalBan
+from nftblockd.fleet.catchup import FleetBan, FleetChange, LocalBan
 from nftblockd.fleet.link import RedisLink
 from nftblockd.fleet.service import FleetService
 from nftblockd.state.store import Store
@@ -33,7 +33,9 @@ class FakeSink:
 
     async def apply_fleet(self, change: FleetChange) -> None:
         self.calls.append(change)
-        for b in change.bans:
+        bans = list(change.bans)
+        bans += [FleetBan(host_net(k, h.version), h.until, h.origin) for h in change.hosts for k in h.keys]
+        for b in bans:
             lb = self.local.get(b.net)
             if lb is not None and lb.until >= b.until:
                 continue

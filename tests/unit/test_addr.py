@@ -35,6 +35,7 @@ from nftblockd.addr import (
     tagged_key,
     tagged_net,
     target_text,
+    top_halves,
     unpack_hosts,
     unpack_target,
 )
@@ -274,6 +275,7 @@ def test_flagged_first_octets_are_the_per_key_look_up(keys: list[int], raw: byte
     table = bytes(b & 1 for b in raw)
     assert first_octets(keys) == bytes(k >> 24 for k in keys)  # the plain version: one key at a time
     assert flagged(first_octets(keys), table) == [i for i, k in enumerate(keys) if table[k >> 24]]
+    assert list(top_halves(keys)) == [k >> 16 for k in keys]
 
 
 # -- net keys and tagged keys -----------------------------------------------------------------------------

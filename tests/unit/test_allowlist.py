@@ -174,3 +174,13 @@ def test_hosts_among_is_contains_range_per_key(data: st.DataObject, entries: lis
     keys = data.draw(_keys(version, entries))
     assert allow.hosts_among(version, keys) == [k for k in keys if allow.contains_range(version, k, k) is not None]
     assert EMPTY.hosts_among(version, keys) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_wide_nets(), max_size=12), st.lists(st.integers(0, 2**24 - 1), max_size=200),
+       st.sampled_from([10, 127, 192]))
+def test_hosts_among_many_keys_in_one_touched_octet(entries: list[IPNet], low: list[int], octet: int) -> None:
+    # most keys in a first octet some entry touches: the /16 table for all of them, not a find per key
+    allow = Allowlist.from_networks([*entries, ipaddress.ip_network(f"{octet}.210.3.1/32")])
+    keys = [octet << 24 | k for k in low]
+    assert allow.hosts_among(4, keys) == [k for k in keys if allow.contains_range(4, k, k) is not None]

@@ -38,6 +38,20 @@ def test_ids() -> None:
             parse_id(bad)
 
 
+@given(st.text(alphabet="0123456789-a ", max_size=30))
+def test_an_id_in_bytes_reads_as_in_text(text: str) -> None:
+    # the bytes path (no decode) against the text path it shortcuts
+    try:
+        want: tuple[int, int] | None = parse_id(text)
+    except ValueError:
+        want = None
+    try:
+        got: tuple[int, int] | None = parse_id(text.encode())
+    except ValueError:
+        got = None
+    assert got == want
+
+
 V = ServerView("R1", first_id=(100, 0), last_generated=(200, 5))
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from nftblockd.addr import IPNet
 from nftblockd.config import parse_config
-from nftblockd.events import Ban, FleetBan, FleetChange, FleetUnban, fleet_origin_host
+from nftblockd.events import Ban, FleetBan, FleetChange, FleetHosts, FleetUnban, fleet_origin_host
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.fleetsink import EnforcerFleetSink
 from nftblockd.kernel.ruleset import plan_ruleset
@@ -157,3 +157,20 @@ async def test_removed_targets_are_reported(rig: Rig) -> None:
     await rig.sink.apply_fleet(FleetChange(unbans=(FleetUnban(net("203.0.113.1"), None),
                                                    FleetUnban(net("203.0.113.2"), None))))
     assert removed == [net("203.0.113.1")]
+
+
+async def test_host_keys_are_applied_as_the_same_bans_would_be(rig: Rig) -> None:
+    """`FleetChange.hosts` (the receive loop's batch form) does what the equivalent `FleetBan`s do: one
+    transaction, the later end per address, the allowlist and never-ban space refused again, one packed row."""
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.1"), T0 + 600, "web-01"),)))
+    keys = (key("203.0.113.1"), key("203.0.113.2"), key("10.1.2.3"), key("127.0.0.1"))
+    before = len(rig.fake.transactions)
+    await rig.sink.apply_fleet(FleetChange(hosts=(FleetHosts(4, T0 + 60, "web-02", keys),
+                                                  FleetHosts(6, math.inf, "web-02", (key("2001:db8::1"),)))))
+    assert len(rig.fake.transactions) == before + 1
+    assert rig.kernel() == {key("203.0.113.1"): int((T0 + 600) * 1000), key("203.0.113.2"): int((T0 + 60) * 1000)}
+    assert list(rig.kernel("default_ip6")) == [key("2001:db8::1")]
+    assert rig.sink.refused == 2  # 10.1.2.3 (allowlisted) and 127.0.0.1 (never banned)
+    info = rig.enforcer.state.covering(net("203.0.113.2"))[0]
+    assert fleet_origin_host(info.origin, info.reason) == "web-02"
+    assert [(p[2], len(p[1])) for p in rig.saved[-1].packed_saves] == [(T0 + 60, 1), (None, 1)]
