@@ -328,11 +328,16 @@ class RedisLink:
 
 
 async def _close_client(c: Redis) -> None:
-    """Close a client and every connection of its pool, in use or idle (a failing close is not an error)."""
+    """Close a client and every connection of its pool, in use or idle, and for a client of the primary the
+    Sentinels name, the Sentinel clients it asks: a call that outlived the link's close reconnects through
+    them too (`RedisLink._done_with`). A failing close is not an error."""
     with contextlib.suppress(rexc.RedisError, OSError):
         await c.aclose()
     with contextlib.suppress(rexc.RedisError, OSError):
         await c.connection_pool.disconnect()
+    manager = getattr(c.connection_pool, "sentinel_manager", None)
+    for sentinel in list(getattr(manager, "sentinels", ())):
+        await _close_client(sentinel)
 
 
 def chunk_commands(events: Sequence[FleetEvent], k: Keys, minid: str, now: float, history: float
