@@ -5,7 +5,7 @@ Any host holding write access to the stream can ban on every host, so before an 
 1. the codec has parsed it (schema version, address with host bits zero, a sane end time);
 2. a ban's prefix is no wider than the configured minimum of its family (no /0, no /8 by default);
 3. never-ban space is refused: unspecified, loopback, link-local, multicast, reserved and limited broadcast
-   (`never_ban`, swappable for the project's shared check);
+   (the project's shared table, `neverban.py`);
 4. the allowlist wins, and it includes this host's own addresses: a ban that overlaps either is refused;
 5. the remaining time is clamped to [1 s, max_ban]; a ban already over is refused as `expired`; permanent is
    kept only when the operator allows it, otherwise it becomes max_ban;
@@ -19,43 +19,21 @@ The gate is pure: time is an argument, the only state is the per-origin buckets 
 
 from __future__ import annotations
 
-import ipaddress
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from nftblockd.addr import IPNet, first_octets, flagged, host_net
+from nftblockd.addr import IPNet, host_net
 from nftblockd.allowlist import Allowlist
 from nftblockd.fleet.codec import FleetEvent, Rejection
-
-# Addresses no host should ever drop traffic from, whatever a peer says. Private and documentation ranges are
-# not here: a fleet may well need to ban an internal host.
-NEVER_BAN: tuple[IPNet, ...] = tuple(ipaddress.ip_network(n) for n in (
-    "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
-    "::/128", "::1/128", "fe80::/10", "ff00::/8",
-))
-
-
-_NEVER_RANGES: dict[int, tuple[tuple[int, int, str], ...]] = {
-    v: tuple((int(n.network_address), int(n.broadcast_address), str(n)) for n in NEVER_BAN if n.version == v)
-    for v in (4, 6)
-}
+from nftblockd.neverban import never_ban_keys, never_ban_range
 
 
 def span(net: IPNet) -> tuple[int, int]:
     """First and last address of `net` as ints (without ipaddress's cached broadcast_address)."""
     first = int(net.network_address)
     return first, first + (1 << (net.max_prefixlen - net.prefixlen)) - 1
-
-
-def never_ban(net: IPNet) -> str | None:
-    """The never-ban range `net` overlaps, as text, or None. (To be replaced by the shared check.)"""
-    first, last = span(net)
-    for lo, hi, text in _NEVER_RANGES[net.version]:
-        if first <= hi and lo <= last:
-            return text
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +97,10 @@ class Gate:
         minimum = lim.min_prefix_v4 if net.version == 4 else lim.min_prefix_v6
         if net.prefixlen < max(1, minimum):
             return Rejection("too_wide", f"{net} is wider than /{minimum}")
-        special = never_ban(net)
-        if special is not None:
-            return Rejection("never_ban", f"{net} overlaps {special}")
         first, last = span(net)
+        special = never_ban_range(net.version, first, last)
+        if special is not None:
+            return Rejection("never_ban", f"{net}: {special}")
         entry = self.allow.contains_range(net.version, first, last)
         if entry is not None:
             return Rejection("allowlisted", f"{net} overlaps allowlist entry {entry}")
@@ -208,8 +186,8 @@ class Gate:
 
     def _net_candidates(self, versions: Sequence[int], keys: Sequence[int]) -> list[int]:
         """Indexes of the addresses steps 2-4 may refuse (a superset: `check_net` decides): all of a family
-        whose minimum prefix is longer than an address, those in a first octet a never-ban range touches (IPv4)
-        or in a never-ban range (IPv6), those the allowlist holds."""
+        whose minimum prefix is longer than an address, those never to be banned (`neverban.never_ban_keys`),
+        those the allowlist holds."""
         lim = self.limits
         n = len(keys)
         out: list[int] = []
@@ -225,15 +203,11 @@ class Gate:
             if bits < max(1, minimum):
                 out += idx
                 continue
-            if version == 4:
-                out += map(idx.__getitem__, flagged(first_octets(fam), _NEVER_OCTETS))
-            else:
-                for lo, hi, _text in _NEVER_RANGES[6]:
-                    out += [idx[j] for j, k in enumerate(fam) if lo <= k <= hi]
+            hit = set(never_ban_keys(version, fam))
             if len(self.allow):
-                hit = set(self.allow.hosts_among(version, fam))
-                if hit:
-                    out += [idx[j] for j, k in enumerate(fam) if k in hit]
+                hit.update(self.allow.hosts_among(version, fam))
+            if hit:
+                out += [idx[j] for j, k in enumerate(fam) if k in hit]
         return out
 
 
@@ -245,9 +219,4 @@ class HostVerdict(NamedTuple):
     refused: dict[int, Rejection]
 
 
-# First octets of IPv4 addresses a never-ban range may hold (`addr.flagged`'s table): the candidates to check.
-_NEVER_OCTETS = bytes(1 if any(lo >> 24 <= o <= hi >> 24 for lo, hi, _t in _NEVER_RANGES[4]) else 0
-                      for o in range(256))
-
-
-__all__ = ["NEVER_BAN", "Accepted", "Gate", "HostVerdict", "TrustLimits", "never_ban"]
+__all__ = ["Accepted", "Gate", "HostVerdict", "TrustLimits"]
