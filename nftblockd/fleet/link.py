@@ -156,7 +156,6 @@ class RedisLink:
         self.block_ms = block_ms
         self.cmd: Redis | None = None
         self.reader: Redis | None = None
-        self.sentinels: list[Redis] = []  # the Sentinel clients of the current connection, closed with it
         self.server = ""  # host:port we talk to, for status
 
     def _clients(self) -> tuple[Redis, Redis]:
@@ -174,8 +173,8 @@ class RedisLink:
         for k in ("ssl", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
             if k in kw:
                 skw[k] = kw[k]
+        # its Sentinel clients are closed with the primary's clients (`_close_client`)
         sentinel = Sentinel(list(self.cfg.sentinel_hosts), sentinel_kwargs=skw)
-        self.sentinels = list(sentinel.sentinels)
         svc = self.cfg.sentinel_service
         return (sentinel.master_for(svc, socket_timeout=COMMAND_TIMEOUT, **kw),
                 sentinel.master_for(svc, socket_timeout=read_timeout, **kw))
@@ -204,9 +203,8 @@ class RedisLink:
             raise _error(exc) from None
 
     async def close(self) -> None:
-        clients = [c for c in (self.cmd, self.reader, *self.sentinels) if c is not None]
+        clients = [c for c in (self.cmd, self.reader) if c is not None]
         self.cmd = self.reader = None
-        self.sentinels = []
         for c in clients:
             await _close_client(c)
 
