@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from nftblockd.actions.f2baction import F2bAction, check_action, load_action
 from nftblockd.addr import IPAddr, IPNet, host_net, unpack_hosts, unpack_target
 from nftblockd.allowlist import Allowlist, build_allowlist
 from nftblockd.config import Config, ConfigError, FleetConfig, JailConfig, Problem, load_config
@@ -148,6 +149,21 @@ def compile_filters(cfg: Config) -> tuple[dict[str, Filter], list[Problem]]:
                                                              Path("/etc/nftblockd/filter.d")))
         except FilterError as exc:
             problems.append(Problem(cfg.file, j.filter_line or j.line, f"jails.{j.name}.filter", str(exc)))
+    return out, problems
+
+
+def compile_actions(cfg: Config) -> tuple[dict[str, F2bAction], list[Problem]]:
+    """Read every fail2ban action file; a file that cannot serve is a problem at the action's `file:` line."""
+    out: dict[str, F2bAction] = {}
+    problems = []
+    for a in cfg.actions:
+        if a.type != "fail2ban" or not a.file.startswith("/"):  # a relative file: refused by the config
+            continue
+        why = check_action(a.file, dict(a.options), a.on)
+        if why:
+            problems += [Problem(cfg.file, a.file_line or a.line, f"actions.{a.name}.file", w) for w in why]
+        else:
+            out[a.name] = load_action(a.file, dict(a.options))
     return out, problems
 
 
@@ -902,7 +918,7 @@ class Daemon:
 def _fleet_key(cfg: Config) -> FleetConfig | None:
     """The fleet block in meaning (without its line number): a reload that changes it is refused, because the
     server connections, the cursor and the outbox belong to one fleet setting (restart to apply)."""
-    return None if cfg.fleet is None else replace(cfg.fleet, line=0)
+    return None if cfg.fleet is None else replace(cfg.fleet, line=0, actions=())
 
 
 GC_THRESHOLDS = (50_000, 20, 50)
