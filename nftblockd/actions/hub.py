@@ -25,6 +25,11 @@ from nftblockd.events import Ban
 log = logging.getLogger("nftblockd.actions")
 
 
+def _left(until: float, now: float) -> float:
+    """Whole seconds a ban has left (the tracker and the sink read the clock moments apart)."""
+    return float(max(0, round(until - now)))
+
+
 class ActionHub:
     def __init__(self, cfg: Config, f2b: Mapping[str, F2bAction], execute: Executor | None = None) -> None:
         self.execute = execute if execute is not None else RealExecutor()
@@ -134,7 +139,7 @@ class ActionHub:
     def _ban_event(self, b: Ban, now: float, failures: int = 0, lines: tuple[str, ...] = (),
                    fields: tuple[tuple[str, str], ...] = ()) -> ActionEvent:
         return ActionEvent("ban", format_target(b.target), b.jail, b.blocklist, b.origin, b.reason,
-                           None if b.until is None else max(0.0, b.until - now), b.until, now, failures, lines,
+                           None if b.until is None else _left(b.until, now), b.until, now, failures, lines,
                            fields, self.host)
 
     def unbanned(self, items: Iterable[tuple[str, IPNet, str, str, str]], now: float) -> None:
@@ -157,7 +162,7 @@ class ActionHub:
         def event(i: int) -> ActionEvent:
             addr, until, reason = make(i)
             return ActionEvent("ban", addr, "fleet", blocklist, "remote", reason,
-                               None if until is None else max(0.0, until - now), until, now, host=self.host)
+                               None if until is None else _left(until, now), until, now, host=self.host)
 
         self._offer(self.fleet_actions, "ban", n, event)
 
@@ -173,7 +178,7 @@ class ActionHub:
         if not runners:
             return
         until = ban_end(feed.ban_timeout, now)
-        duration = None if until is None else max(0.0, until - now)
+        duration = None if until is None else _left(until, now)
         why = f"feed {feed.name}"
 
         def text(vk: tuple[int, int]) -> str:
