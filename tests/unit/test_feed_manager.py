@@ -167,5 +167,7 @@ feeds:
         await mgr.refresh("a")  # unchanged: nothing to report
         stop.set()
         await running
-    key = lambda a: (4, k(a) << 8 | 32)  # noqa: E731
+    def key(a: str) -> tuple[int, int]:
+        return 4, k(a) << 8 | 32
+
     assert seen == [("a", [key("1.2.3.4"), key("5.6.7.8")], []), ("a", [key("9.9.9.9")], [key("5.6.7.8")])]
