@@ -49,9 +49,11 @@ class ActionHub:
         for a in cfg.actions:
             r = old.pop(a.name, None)
             if r is None or r.cfg != a or (a.type == "fail2ban" and r.f2b.get(a.name) != f2b.get(a.name)):
+                new = ActionRunner(a, f2b, self.execute)
                 if r is not None:
                     self._stop(a.name)
-                r = ActionRunner(a, f2b, self.execute)
+                    new.stats = r.stats  # the counters go on (what the old one had queued is counted there)
+                r = new
                 changed.append(a.name)
                 if self._tg is not None:
                     self._start(r)

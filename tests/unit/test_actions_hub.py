@@ -97,3 +97,29 @@ def test_match_memory_is_bounded() -> None:
     m.decided(A("192.0.2.9"), N("192.0.2.9/32"))
     got = m.take(N("192.0.2.9/32"))
     assert got is not None and got.lines == ("l2", "l3", "l4") and got.failures == 5
+
+
+async def test_a_reload_replaces_changed_actions_and_stops_removed_ones() -> None:
+    import asyncio
+
+    h = hub()
+    task = asyncio.create_task(h.run())
+    for _ in range(50):  # the runners' tasks start
+        await asyncio.sleep(0)
+    old_a, old_b = h.runners["a"], h.runners["b"]
+    tasks = dict(h._tasks)
+    assert set(tasks) == {"a", "b", "fleetwide"}
+    changed = h.configure(parse_config(CFG.replace("burst: 5", "burst: 7").replace(
+        "  fleetwide: {type: webhook, url: \"http://127.0.0.1:1/\", batch: 50}\n", "").replace(
+        "actions: [fleetwide]", "")), {})
+    assert sorted(changed) == ["a", "fleetwide"]
+    assert h.runners["b"] is old_b and h.runners["a"] is not old_a and h.runners["a"].cfg.burst == 7
+    assert h.runners["a"].stats is old_a.stats  # counters do not restart
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert tasks["a"].cancelled() and tasks["fleetwide"].cancelled() and not tasks["b"].done()
+    assert set(h._tasks) == {"a", "b"} and not h._tasks["a"].done()
+    assert h.fleet_actions == []
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert all(t.done() for t in h._tasks.values())
