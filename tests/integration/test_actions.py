@@ -11,13 +11,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.daemon import DaemonProc, scrape
-from tests.helpers.netns import NetNS, inside, wait_for
+from tests.helpers.netns import NetNS, http_server, wait_for
 
 F2B_MAIL = Path("/etc/fail2ban/action.d/sendmail-whois-matches.conf")
 pytestmark = pytest.mark.skipif(not F2B_MAIL.is_file(), reason="fail2ban's action files are not installed")
@@ -65,13 +65,8 @@ def hooks(netns: NetNS) -> Iterator[tuple[Hooks, int]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    with inside(netns):  # the daemon's loopback is the namespace's
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield hooks, srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
+    with http_server(netns, Handler) as port:  # the daemon's loopback is the namespace's
+        yield hooks, port
 
 
 def config(log: Path, out: Path, port: int, stub: Path) -> str:
