@@ -41,7 +41,8 @@ COMMANDS = ("actionstart", "actionstop", "actioncheck", "actionban", "actionunba
 # Tags fail2ban fills per ban. Values of the TRUSTED ones are made by nftblockd (literal in the script when
 # they are plain); the rest carry log text (always an environment variable).
 TRUSTED_TAGS = frozenset({"ip", "fid", "ip-rev", "family", "name", "failures", "ipfailures", "ipjailfailures",
-                          "time", "bantime", "bancount", "restored", "fq-hostname", "sh-hostname", "actname"})
+                          "time", "bantime", "bancount", "restored", "fq-hostname", "sh-hostname", "actname",
+                          "agent"})
 UNTRUSTED_TAGS = frozenset({"matches", "ipmatches", "ipjailmatches"})
 _PLAIN_RE = re.compile(r"[A-Za-z0-9_.:/+@=,-]*")
 _TAG_RE = re.compile(r"<([^ <>]+)>")

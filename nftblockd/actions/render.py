@@ -131,7 +131,7 @@ def f2b_values(action: F2bAction, cfg: ActionConfig, ev: ActionEvent, skipped: i
         "ipfailures": str(ev.failures), "ipjailfailures": str(ev.failures), "time": _number(ev.time),
         "bantime": bantime, "bancount": "1", "restored": "0", "matches": matches, "ipmatches": matches,
         "ipjailmatches": matches, "fq-hostname": ev.host, "sh-hostname": ev.host.split(".")[0],
-        "actname": cfg.name, "skipped": str(skipped),
+        "actname": cfg.name, "skipped": str(skipped), "agent": "nftblockd",  # fail2ban's HTTP user agent tag
     }
     values.update({k if k.startswith("F-") else "F-" + k.upper(): v for k, v in ev.fields})
     values.update(action.fixed)  # `options: {name: SSH}` wins, as `action = X[name=SSH]` does in fail2ban
