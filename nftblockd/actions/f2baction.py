@@ -48,7 +48,7 @@ _PLAIN_RE = re.compile(r"[A-Za-z0-9_.:/+@=,-]*")
 _TAG_RE = re.compile(r"<([^ <>]+)>")
 # Commands that make a fail2ban action a ban action: nftblockd enforces the ban itself (in its own sets)
 _FIREWALL_RE = re.compile(r"(?<![\w-])(iptables|ip6tables|nft|ipset|firewall-cmd|ufw|pfctl|ipfw|shorewall|"
-                          r"npf|ipf|route|ip\s+route)(?![\w-])")
+                          r"npf|npfctl|ipf|apf|afctl|route|ip\s+route|xt_recent|hosts\.deny)(?![\w-])")
 
 
 def is_event_tag(tag: str) -> bool:

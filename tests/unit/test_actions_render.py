@@ -171,3 +171,30 @@ def test_name_and_init_options_follow_fail2ban(tmp_path: Path) -> None:
     assert plain is not None
     assert "[Fail2Ban] sshd: banned" in render_shell(plain, {"ip": "1.2.3.4", "name": "sshd"})[0]
     assert render_shell(plain, {"ip": "1.2.3.4", "name": "sshd"})[0].rstrip().endswith("root")
+
+
+def shipped_actions() -> list[Path]:
+    return sorted(F2B.glob("*.conf")) if F2B.is_dir() else []
+
+
+@needs_f2b
+@pytest.mark.parametrize("path", shipped_actions(), ids=lambda p: p.stem)
+def test_every_shipped_action_is_refused_or_keeps_log_text_out_of_its_script(path: Path) -> None:
+    """Each action.d file fail2ban ships either is refused (a firewall ban action, or no actionban) or renders
+    a script in which no event value from a log line leaves a trace."""
+    from nftblockd.actions.f2baction import check_action
+    from nftblockd.actions.render import f2b_values
+
+    if check_action(str(path), {}, ["ban"]):
+        return
+    action = load_action(path)
+    ban = action.command("actionban")
+    assert ban is not None
+    cfg = ActionConfig("x", "fail2ban", file=str(path))
+    scripts = set()
+    for hostile in ("$(touch /tmp/x)", "`id`;'\"<ip>%(x)s"):
+        values = f2b_values(action, cfg, event(matches=(hostile,), fields=(("user", hostile),)), 0)
+        text, _env = render_shell(ban, values)
+        scripts.add(text)
+        assert hostile not in text
+    assert len(scripts) == 1
