@@ -209,11 +209,42 @@ class ActionRunner:
 # -- the real executor ---------------------------------------------------------------------------------
 
 
+SETPRIV = "/usr/bin/setpriv"
+
+
+def ambient_caps(status: str) -> int:
+    """The ambient capability mask in /proc/self/status text (0 when it says nothing)."""
+    for line in status.splitlines():
+        if line.startswith("CapAmb:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def cap_drop_prefix(ambient: int, setpriv_exists: bool) -> tuple[str, ...]:
+    """The argv prefix that starts an action without the daemon's ambient capabilities.
+
+    The packaged service runs as an unprivileged user holding CAP_NET_ADMIN as an *ambient* capability, and
+    ambient capabilities pass to every program it runs: a mail script could then rewrite the firewall. util-
+    linux's setpriv lowers them (lowering needs no privilege) before exec'ing the action. Nothing to drop
+    (root without ambient capabilities, as in the tests): no prefix."""
+    if ambient == 0 or not setpriv_exists:
+        return ()
+    return (SETPRIV, "--ambient-caps=-all", "--inh-caps=-all", "--")
+
+
 class RealExecutor:
     """Processes with asyncio, requests with one aiohttp session (made on first use, closed by `close`)."""
 
     def __init__(self) -> None:
         self._session: object | None = None
+        try:
+            with open("/proc/self/status") as f:
+                ambient = ambient_caps(f.read())
+        except OSError:
+            ambient = 0
+        self.prefix = cap_drop_prefix(ambient, os.path.exists(SETPRIV))
+        if ambient and not self.prefix:
+            log.warning("actions inherit the daemon's ambient capabilities (%s is missing)", SETPRIV)
 
     async def __call__(self, run: Run) -> None:
         if isinstance(run, CommandRun):
@@ -224,7 +255,7 @@ class RealExecutor:
     async def _command(self, run: CommandRun) -> None:
         try:
             proc = await asyncio.create_subprocess_exec(
-                *run.argv, env=run.env, cwd="/", stdin=asyncio.subprocess.DEVNULL,
+                *self.prefix, *run.argv, env=run.env, cwd="/", stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             raise RunFailed(f"cannot run {run.argv[0]}: {exc.strerror or exc}", retry=False) from None
@@ -275,4 +306,5 @@ class RealExecutor:
             self._session = None
 
 
-__all__ = ["ActionRunner", "ActionStats", "Executor", "RealExecutor", "RunFailed", "TokenBucket"]
+__all__ = ["ActionRunner", "ActionStats", "Executor", "RealExecutor", "RunFailed", "TokenBucket", "ambient_caps",
+           "cap_drop_prefix"]

@@ -6,11 +6,19 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from nftblockd.actions.render import ActionEvent, CommandRun, Run, WebhookPost
-from nftblockd.actions.runner import ActionRunner, RealExecutor, RunFailed, TokenBucket
+from nftblockd.actions.runner import (
+    ActionRunner,
+    RealExecutor,
+    RunFailed,
+    TokenBucket,
+    ambient_caps,
+    cap_drop_prefix,
+)
 from nftblockd.config import ActionConfig
 
 
@@ -177,4 +185,19 @@ async def test_the_real_executor_runs_without_a_shell_and_kills_what_times_out(t
     with pytest.raises(RunFailed, match="cannot run") as exc:
         await ex(CommandRun(("/nonexistent/prog",), {}, 1.0))
     assert not exc.value.retry
+    await ex.close()
+
+
+def test_actions_are_started_without_the_daemons_ambient_capabilities() -> None:
+    status = "Name:\tnftblockd\nCapInh:\t0000000000001000\nCapAmb:\t0000000000001000\n"
+    assert ambient_caps(status) == 0x1000 and ambient_caps("CapAmb:\t0000000000000000\n") == 0
+    assert cap_drop_prefix(0x1000, True) == ("/usr/bin/setpriv", "--ambient-caps=-all", "--inh-caps=-all", "--")
+    assert cap_drop_prefix(0, True) == () and cap_drop_prefix(0x1000, False) == ()
+
+
+@pytest.mark.skipif(not Path("/usr/bin/setpriv").exists(), reason="util-linux setpriv is not installed")
+async def test_the_setpriv_prefix_runs_the_action() -> None:
+    ex = RealExecutor()
+    ex.prefix = cap_drop_prefix(0x1000, True)
+    await ex(CommandRun(("/bin/sh", "-c", "grep -q '^CapAmb:.0000000000000000$' /proc/self/status"), {}, 5.0))
     await ex.close()
