@@ -9,6 +9,7 @@ the cheap kernel generation check and the periodic reconcile.
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: the composition root: one TaskGroup, signals)
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -70,6 +71,7 @@ FLEET_RESTART_BASE = 1.0  # seconds before a fleet service that failed unexpecte
 FLEET_RESTART_MAX = 300.0  # per failure in a row up to this (service/restart.py)
 
 SHUTDOWN_GRACE = 10.0
+ACTIONS_STOP_GRACE = 5.0  # seconds queued actions may still run at a stop (systemd waits 30 s)
 STUCK_AFTER = 30.0  # seconds: kernel ops pending this long, or no successful kernel check, is unhealthy
 
 
@@ -927,8 +929,12 @@ class Daemon:
             self._actions_task = tg.create_task(self.actions.run(), name="actions")
 
     async def _stop_actions(self) -> None:
-        """After the last bans were applied: what is still queued is counted as skipped, not run."""
+        """After the last bans were applied: the actions get ACTIONS_STOP_GRACE seconds to run what is queued
+        (the mail of the last ban before a restart); what is left then is counted as skipped, not run."""
         if self._actions_task is not None:
+            if self.actions is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.actions.idle(), ACTIONS_STOP_GRACE)
             self._actions_task.cancel()
             await asyncio.gather(self._actions_task, return_exceptions=True)
             self._actions_task = None

@@ -95,6 +95,10 @@ class ActionHub:
             if close is not None:
                 await close()
 
+    async def idle(self) -> None:
+        """Until every action has run what it had queued."""
+        await asyncio.gather(*(r.idle() for r in self.runners.values()))
+
     # -- events -------------------------------------------------------------------------------------------
 
     @staticmethod
