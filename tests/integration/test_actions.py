@@ -169,6 +169,9 @@ def test_command_webhook_and_fail2ban_mail_run_on_ban_and_log_text_never_runs(
                    'nftblock_action_runs_total{action="mail",result="ok"} 1.0',
                    'nftblock_action_runs_total{action="mail",result="failed"} 0.0')
         wait_for(lambda: all(x in scrape(netns, METRICS_PORT) for x in samples), what=f"metrics {samples}")
+        status = {a["name"]: a for a in d.cli_json("status")["actions"]}
+        assert (status["hook"]["runs"], status["hook"]["retries"], status["hook"]["failures"]) == (1, 1, 0)
+        assert "503" in status["hook"]["last_error"] and status["record"]["queued"] == 0
         assert len(srv.posts) == 2 and len(list(mails.glob("mail-*.txt"))) == 1
     finally:
         d.close()
