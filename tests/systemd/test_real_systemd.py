@@ -23,7 +23,7 @@ from typing import Any, cast
 import pytest
 import yaml
 
-from tests.helpers.container import Container, copy_into_bind, rootfs, unavailable
+from tests.helpers.container import SUITES, Container, copy_into_bind, rootfs, unavailable
 
 pytestmark = pytest.mark.systemd
 
@@ -44,17 +44,19 @@ REMOTE = "192.0.2.1"  # an address on the container's lo that is not `localhost`
 FEED_PORT = 8099
 
 
-@pytest.fixture(scope="module")
-def box(built_deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
+@pytest.fixture(scope="module", params=SUITES)
+def box(request: pytest.FixtureRequest, built_deb: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     reason = unavailable()
     if reason:
         pytest.skip(reason)
-    rootfs()  # built (or found in the cache) before the clock of any boot starts
-    bind = tmp_path_factory.mktemp("systemd-bind")
+    suite: str = request.param
+    rootfs(suite)  # built (or found in the cache) before the clock of any boot starts
+    bind = tmp_path_factory.mktemp(f"systemd-bind-{suite}")
     copy_into_bind(bind, built_deb)
     (bind / "feed").mkdir()
     (bind / "feed" / "list.txt").write_text(f"{FEED_ENTRY}\n")
-    c = Container(bind).boot()
+    c = Container(bind, suite).boot()
     try:
         c.write(f"/etc/systemd/system/{UNIT}.d/test.conf", DROPIN)
         # As an operator installs it: dpkg -i; postinst enables and starts the unit.
