@@ -12,7 +12,7 @@
 #                                       entry scripts generated from pyproject's [project.scripts] by
 #                                       packaging/entry-script.sh; run by /usr/bin/python3 -I (nftblock:
 #                                       -IS) with /usr/lib/nftblockd first on sys.path
-#   /lib/systemd/system/nftblockd.service, /usr/lib/sysusers.d/nftblockd.conf
+#   /usr/lib/systemd/system/nftblockd.service, /usr/lib/sysusers.d/nftblockd.conf
 #   /etc/nftblockd/nftblockd.yaml       conffile (config/nftblockd.yaml)
 #   /etc/fail2ban/action.d/nftblock.conf, nftblock.py
 #                                       conffiles (fail2ban reads its actions from there)
@@ -63,7 +63,7 @@ PKG=$STAGE/debian/nftblockd
 LIB=$PKG/usr/lib/nftblockd
 DOC=$PKG/usr/share/doc/nftblockd
 MAN=$PKG/usr/share/man
-mkdir -p "$PKG/DEBIAN" "$LIB" "$PKG/usr/bin" "$PKG/lib/systemd/system" "$PKG/usr/lib/sysusers.d" \
+mkdir -p "$PKG/DEBIAN" "$LIB" "$PKG/usr/bin" "$PKG/usr/lib/systemd/system" "$PKG/usr/lib/sysusers.d" \
     "$PKG/etc/nftblockd" "$PKG/etc/fail2ban/action.d" "$DOC/examples" "$MAN/man5" "$MAN/man8"
 
 # Reproducible timestamps (files, man page dates): the last commit's, when there is one.
@@ -158,7 +158,7 @@ while IFS='=' read -r name target; do
     chmod 0755 "$PKG/usr/bin/$name"
 done < <(sed -n 's/^SCRIPT=//p' "$STAGE/meta")
 
-install -m 0644 systemd/nftblockd.service "$PKG/lib/systemd/system/nftblockd.service"
+install -m 0644 systemd/nftblockd.service "$PKG/usr/lib/systemd/system/nftblockd.service"
 install -m 0644 packaging/debian/sysusers.conf "$PKG/usr/lib/sysusers.d/nftblockd.conf"
 install -m 0644 "$EXAMPLE_CONFIG" "$PKG/etc/nftblockd/nftblockd.yaml"
 install -m 0644 packaging/fail2ban/action.d/nftblock.conf packaging/fail2ban/action.d/nftblock.py \

@@ -1,10 +1,11 @@
 """A Debian container (13 trixie or 12 bookworm) with systemd as PID 1, driven through tests/systemd/harness.sh.
 
 `rootfs(suite)` builds (once) or finds the harness's cached tree of a release, with `extra` packages a test
-needs on top (part of the cache key). `Container(bind, suite=...).boot()` starts one on that tree (throw-away: every write goes to a tmpfs
-overlay), `run()` executes a command inside as root, `show()` reads unit properties the way an operator's
-`systemctl show` does, and `wait_for()` polls a condition with a bound. Nothing here touches the host beyond
-the harness's cache and cgroup: the container has its own network namespace with only `lo`.
+needs on top (part of the cache key). `Container(bind, suite=...).boot()` starts one on that tree
+(throw-away: every write goes to a tmpfs overlay), `run()` executes a command inside as root, `show()` reads
+unit properties the way an operator's `systemctl show` does, and `wait_for()` polls a condition with a bound.
+Nothing here touches the host beyond the harness's cache and cgroup: the container has its own network
+namespace with only `lo`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
+
+import pytest
 
 HARNESS = Path(__file__).resolve().parents[1] / "systemd" / "harness.sh"
 T = TypeVar("T")
@@ -110,3 +113,12 @@ def copy_into_bind(bind: Path, *files: Path) -> None:
     bind.mkdir(parents=True, exist_ok=True)
     for f in files:
         shutil.copy2(f, bind / f.name)
+
+
+# What the real-systemd tier measured per release (install time, start to READY, the stock start's journal),
+# kept on the pytest config for tests/systemd/conftest.py to print and save at the end of the run.
+RECORDS_KEY = pytest.StashKey[dict[str, dict[str, object]]]()
+
+
+def records(config: pytest.Config) -> dict[str, dict[str, object]]:
+    return config.stash.setdefault(RECORDS_KEY, {})
