@@ -168,6 +168,18 @@ def test_the_sandbox_is_what_the_unit_says(box: Container) -> None:
     assert status["NoNewPrivs"].strip() == "1" and status["Seccomp"].strip() == "2"
 
 
+def test_the_byte_code_is_the_releases_python_s(box: Container) -> None:
+    # The unit cannot write __pycache__ (ProtectSystem=strict): postinst compiles for the release's python3,
+    # and the runtime.d hook compiles again when the default python3 changes (Debian 12 -> 13).
+    probe = ("import importlib.util, os; print(os.path.isfile(importlib.util.cache_from_source("
+             "'/usr/lib/nftblockd/nftblockd/daemon.py')))")
+    assert box.run("python3", "-c", probe).stdout.strip() == "True"
+    box.run("find", "/usr/lib/nftblockd", "-name", "__pycache__", "-prune", "-exec", "rm", "-r", "{}", "+")
+    assert box.run("python3", "-c", probe).stdout.strip() == "False"
+    box.run("/usr/share/python3/runtime.d/nftblockd.rtupdate", "rtupdate", "python3.11", "python3.13")
+    assert box.run("python3", "-c", probe).stdout.strip() == "True"
+
+
 # --- the CLI -------------------------------------------------------------------------------------------
 
 
@@ -186,6 +198,7 @@ def test_failed_ssh_logins_are_banned_from_the_journal(box: Container) -> None:
     # _SYSTEMD_UNIT=ssh.service. Debian 12 runs OpenSSH 9.2 (lines from `sshd`), Debian 13 OpenSSH 10
     # (lines from `sshd-session`), both in ssh.service: ssh.socket is disabled on both.
     assert box.run("systemctl", "is-enabled", "ssh.service").stdout.strip() == "enabled"
+    assert box.run("test", "-e", "/var/log/auth.log", check=False).returncode != 0  # no syslog daemon
     assert box.run("systemctl", "is-enabled", "ssh.socket", check=False).stdout.strip() == "disabled"
     box.sh(f"""
         ip netns add {ATTACKER_NS}
