@@ -34,7 +34,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers.container import SUITES, Container, copy_into_bind, records, rootfs, unavailable
+from tests.helpers.container import SUITES, Container, copy_into_bind, records, rootfs_all, unavailable
 
 pytestmark = pytest.mark.systemd
 
@@ -60,14 +60,20 @@ ATTACKER_NS = "attacker"
 METRICS_URL = "http://127.0.0.1:9789/metrics"  # the shipped config's metrics.listen
 
 
-@pytest.fixture(scope="module", params=SUITES)
-def box(request: pytest.FixtureRequest, built_deb: Path,
-        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
+@pytest.fixture(scope="module")
+def rootfs_built() -> None:
+    """Every release's rootfs, built side by side (or found in the cache) before the clock of any boot
+    starts."""
     reason = unavailable()
     if reason:
         pytest.skip(reason)
+    rootfs_all(SUITES)
+
+
+@pytest.fixture(scope="module", params=SUITES)
+def box(request: pytest.FixtureRequest, rootfs_built: None, built_deb: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
     suite: str = request.param
-    rootfs(suite)  # built (or found in the cache) before the clock of any boot starts
     bind = tmp_path_factory.mktemp(f"systemd-bind-{suite}")
     copy_into_bind(bind, built_deb)
     (bind / "feed").mkdir()
