@@ -417,8 +417,11 @@ def test_no_unit_failed(box: Container) -> None:
 
 
 def test_the_releases_lintian_finds_no_errors_or_warnings(box: Container, built_deb: Path) -> None:
-    # tests/unit/test_lintian.py runs the build host's lintian; this is the release's own, whose checks
-    # differ (Debian 13's refuses files under /lib, an alias of /usr/lib since the /usr merge).
+    # tests/unit/test_lintian.py runs the build host's lintian (Debian 12's); this is Debian 13's, whose
+    # checks differ (it refuses files under /lib, an alias of /usr/lib since the /usr merge). Only the
+    # trixie tree has lintian (harness.sh).
+    if box.run("sh", "-c", "command -v lintian", check=False).returncode != 0:
+        pytest.skip(f"no lintian in the {box.suite} tree: Debian 12's runs on the build host (tests/unit)")
     proc = box.run("lintian", "--tag-display-limit", "0", "--no-cfg", f"/tmp/{built_deb.name}", check=False)
     assert proc.returncode in (0, 1), proc.stderr
     bad = [line for line in proc.stdout.splitlines() if line.startswith(("E: ", "W: "))]
