@@ -8,11 +8,11 @@ checked is what only a real system shows: Type=notify READY, a quiet journal on 
 sshd's journal lines on a stock install (journald only, no rsyslog: failed logins from a network namespace of
 the test's own, so the source is not the container's address), the metrics endpoint scraped and parsed, the
 watchdog pinged and enforced, ExecReload's verdict, a clean stop, the unit's sandbox (users, capabilities,
-IPAddressDeny= through the cgroup BPF filter) around the real daemon, the release's own lintian on the .deb,
-and a purge that leaves nothing behind. The only change to the shipped unit is a drop-in shortening the
-watchdog (and the restart delay) so the watchdog tests take seconds. The container's Python packages are the
-release's (the package's Depends), not the development venv's: a call that only newer library versions accept
-fails here, and so does one that the newer release dropped.
+IPAddressDeny= through the cgroup BPF filter) around the real daemon, Debian 13's lintian on the .deb (12's
+is the build host's, tests/unit), and a purge that leaves nothing behind. The only change to the shipped unit
+is a drop-in shortening the watchdog (and the restart delay) so the watchdog tests take seconds. The
+container's Python packages are the release's (the package's Depends), not the development venv's: a call
+that only newer library versions accept fails here, and so does one that the newer release dropped.
 
 Each release's install time, its start-to-READY time and the unit's journal of the stock start are recorded
 (tests/systemd/conftest.py prints them at the end of the run and writes systemd-tier.json in pytest's base
