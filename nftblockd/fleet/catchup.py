@@ -24,9 +24,14 @@ The snapshot is the `active` sorted set (member -> end) and the `unbanned` tombs
 read atomically with the stream's last id. `reconcile` turns it into one change for the kernel:
 - every gated snapshot ban is added unless the kernel already holds the address (fleet- or local-origin)
   until at least as late;
-- every fleet-origin element absent from the snapshot is removed (it was unbanned, or expired meanwhile);
-- a local-origin ban is removed only when a tombstone for it is *newer* than the local ban: an unban that
-  happened before this host decided its own ban does not cancel it.
+- nothing is removed because the snapshot lacks it. A server that restarted empty, a replica promoted before
+  it received the last writes, or a new server all hold *less* than the fleet decided: taking their absence
+  as an unban removed every host's fleet bans from its kernel until their owners re-asserted them (~1 s), and
+  those of a host that was down until it came back (issue #23). A ban ends by its kernel timeout or by an
+  explicit unban, nothing else;
+- an explicit unban is a tombstone: a fleet-origin element the snapshot tombstones (and does not hold
+  active, which a later ban would) is removed; a local-origin ban only when the tombstone is *newer* than the
+  local ban: an unban that happened before this host decided its own ban does not cancel it.
 
 Re-assert
 ---------
@@ -63,6 +68,13 @@ def parse_id(text: str | bytes) -> StreamId:
 
 def format_id(sid: StreamId) -> str:
     return f"{sid[0]}-{sid[1]}"
+
+
+def before(sid: StreamId) -> StreamId:
+    """The greatest stream id below `sid` (a cursor that reads `sid` next); (0, 0) stays."""
+    if sid[1] > 0:
+        return sid[0], sid[1] - 1
+    return (sid[0] - 1, 2**64 - 1) if sid[0] > 0 else (0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +134,15 @@ def reconcile(active: Mapping[IPNet, float], tombstones: Mapping[IPNet, float],
         best = max(have if have is not None else -math.inf, lb.until if lb is not None else -math.inf)
         if best < until:
             bans.append(FleetBan(net, until, ""))
-    unbans = [FleetUnban(net, None) for net in fleet_elements if net not in active]
+    unbans = []
     for net, at in tombstones.items():
+        if net in active:
+            continue  # banned again after the unban (a ban's publish removes the tombstone; a race otherwise)
+        if net in fleet_elements:
+            unbans.append(FleetUnban(net, None))
+            continue
         lb = local.get(net)
-        if lb is not None and at > lb.created and net not in active:
+        if lb is not None and at > lb.created:
             unbans.append(FleetUnban(net, at))
     return FleetChange(tuple(bans), tuple(unbans))
 
@@ -159,5 +176,5 @@ def reassert(own: Iterable[OwnBan], active: Mapping[IPNet, float], tombstones: M
 
 __all__ = [
     "Cursor", "FleetBan", "FleetChange", "FleetHosts", "FleetUnban", "LocalBan", "OwnBan", "Replay", "ServerView",
-    "Snapshot", "StreamId", "decide", "format_id", "parse_id", "reassert", "reconcile",
+    "Snapshot", "StreamId", "before", "decide", "format_id", "parse_id", "reassert", "reconcile",
 ]

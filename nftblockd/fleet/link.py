@@ -37,15 +37,25 @@ from nftblockd.fleet.catchup import ServerView, StreamId, format_id, parse_id
 from nftblockd.fleet.codec import FleetEvent, encode
 
 CHUNK = 1000  # events per MULTI: big enough to amortise the round trip, small enough not to stall the server
-BLOCK_MS = 5000  # XREAD BLOCK: an idle host wakes every 5 s, and a dead peer is noticed within BLOCK + grace
-READ_GRACE = 5.0  # seconds beyond BLOCK before the reader's socket gives up on a silent server
-CONNECT_TIMEOUT = 3.0
+# The reader is the liveness probe: a silent server (a partition, a host that died without a FIN) is noticed
+# when a read outlives BLOCK + grace. With 5 s + 5 s a partition was noticed after 8-10 s and a failover
+# stalled as long (issue #23); an idle XREAD a second is nothing for the server.
+BLOCK_MS = 1000  # XREAD BLOCK: an idle host reads again every second
+READ_GRACE = 1.0  # seconds beyond BLOCK before the reader's socket gives up on a silent server
+# A connect attempt during a partition waits this long for its SYN: above the kernel's first SYN retransmit
+# (1 s), so a heal is met by that retransmit or by the next attempt within ~1 s.
+CONNECT_TIMEOUT = 1.5
 COMMAND_TIMEOUT = 5.0
 
 
 class LinkError(Exception):
     """The server is unreachable, refused us, or answered something unusable (the network's fault or the
-    operator's: wrong password, ACL, TLS). `str()` is a sentence without secrets."""
+    operator's: wrong password, ACL, TLS). `str()` is a sentence without secrets. `not_primary`: the server
+    answered that it is not (or no longer) the primary (READONLY, MASTERDOWN): reconnect, asking the Sentinels."""
+
+    def __init__(self, message: str, *, not_primary: bool = False) -> None:
+        super().__init__(message)
+        self.not_primary = not_primary
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +132,11 @@ def _error(exc: BaseException) -> LinkError:
         return LinkError(f"the fleet server refused our credentials: {exc}")
     if isinstance(exc, rexc.NoPermissionError):
         return LinkError(f"the fleet server's ACL refused a command: {exc}")
+    # (a pipeline's error names the command first: "Command # 2 (XADD ...) of pipeline caused error: ...")
+    if isinstance(exc, rexc.ReadOnlyError) or "MASTERDOWN" in str(exc):
+        return LinkError(f"the fleet server is not the primary: {exc}", not_primary=True)
+    if "NOREPLICAS" in str(exc):
+        return LinkError(f"the fleet server refused the write: not enough replicas ({exc})")
     return LinkError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
 
