@@ -1,0 +1,84 @@
+"""The fleet under server faults (issue #23), short versions: the issue's sizes run in `make bench`
+(bench/bench_fleet_faults.py). Correctness is asserted strictly (no acknowledged ban lost, no kernel ban
+removed by a server fault); times are asserted with a margin over the issue's targets for a loaded 2-core
+machine, and printed exactly (`-s`, or in the failure message).
+
+| fault                                   | target                                            |
+|-----------------------------------------|---------------------------------------------------|
+| Sentinel failover, primary SIGKILLed    | other hosts stall < 3 s                           |
+| the same with min-replicas-to-write 1   | every acknowledged ban delivered                  |
+| server restarted empty, a host down     | no kernel ban removed                             |
+| a host partitioned, another bans        | noticed < 3 s; all bans < 2 s after the heal      |
+| a 30k outbox flushed after an outage    | all delivered (gate defers, never drops)          |
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import faults
+from tests.helpers.fleetlab import FleetLab
+from tests.helpers.redis import redis_available
+
+pytestmark = [pytest.mark.skipif(not redis_available(), reason="needs redis-server (make deps)"), pytest.mark.slow]
+
+MARGIN = 2.0  # time targets are asserted at this multiple: the machine is shared; the figure is printed
+
+
+def report(what: str, value: float, target: float) -> None:
+    print(f"\nfleet fault: {what}: {value:.2f} s (target < {target:g} s, ratio {value / target:.2f})")
+
+
+async def test_sentinel_failover_stall_and_nothing_lost(tmp_path: Path) -> None:
+    fig = await faults.failover(tmp_path, cycles=1, rate=200.0)
+    report("Sentinel failover stall", max(fig.stalls), 3.0)
+    report("Sentinel election (kill -> new primary named)", max(fig.elections), 3.0)
+    assert fig.missing == 0 and fig.acknowledged > 0, fig
+    assert fig.removed == 0, fig
+    assert max(fig.stalls) < 3.0 * MARGIN, fig
+
+
+async def test_min_replicas_to_write_refusals_are_retried_not_lost(tmp_path: Path) -> None:
+    fig = await faults.failover(tmp_path, cycles=1, rate=200.0, min_replicas=True)
+    report("failover with min-replicas-to-write 1: stall", max(fig.stalls), 3.0)
+    report("... all acknowledged bans on B after the producer stopped", fig.drain, 3.0)
+    assert fig.missing == 0 and fig.acknowledged > 0, fig
+    assert fig.removed == 0, fig
+
+
+async def test_a_backlog_flushed_after_an_outage_is_delivered(tmp_path: Path) -> None:
+    fig = await faults.backlog(tmp_path, 30_000)
+    print(f"\nfleet fault: {fig.n} backlogged bans: server back -> all on B in {fig.delivered:.2f} s; refused "
+          f"{fig.refused} (target 0), deferred {fig.deferred}")
+    assert fig.missing == 0 and fig.refused == 0, fig
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetLab]:
+    if os.geteuid() != 0 or not shutil.which("nft"):
+        pytest.skip("needs root and nft")
+    lab = FleetLab(tmp_path_factory.mktemp("faults"), fleet="faults").start()
+    try:
+        yield lab
+    finally:
+        lab.close()
+
+
+def test_a_server_restarted_empty_removes_no_kernel_ban(lab: FleetLab) -> None:
+    fig = faults.empty_restart(lab, 200)
+    print(f"\nfleet fault: server restarted empty, A down: {fig.removed_on_b} of {fig.bans} of A's bans left B's "
+          f"kernel over {fig.polls} polls (target 0); A back -> re-asserted in {fig.reasserted_after:.2f} s")
+    assert fig.removed_on_b == 0, fig
+
+
+def test_a_partitioned_host_notices_fast_and_catches_up_at_the_heal(lab: FleetLab) -> None:
+    fig = faults.partition(lab, 2000, 8.0)
+    report("partition noticed", fig.noticed, 3.0)
+    report(f"heal -> all {fig.bans} bans on the cut-off host", fig.healed, 2.0)
+    assert fig.removed_on_b == 0, fig
+    assert fig.noticed < 3.0 * MARGIN and fig.healed < 2.0 * MARGIN, fig
