@@ -63,7 +63,8 @@ def nets(n: int, base: str) -> list[IPNet]:
 def timed_host(cfg_kw: dict[str, object], host: str, clock: Callable[[], float] = time.time) -> Host:
     kw = dict(cfg_kw)
     url = str(kw.pop("url")) if "url" in kw else None
-    h = Host(fleet_config("prod", host, url, **kw), clock=clock, block_ms=BLOCK_MS)
+    cfg = fleet_config("prod", host, url, **kw)  # type: ignore[arg-type]
+    h = Host(cfg, clock=clock, block_ms=BLOCK_MS)
     h.sink = h.service.sink = TimedSink()
     return h
 
@@ -315,10 +316,11 @@ def _cut(lab: FleetLab, host: str, i: int, on: bool) -> None:
     the machine's ruleset): silent, as a partition is, no RST."""
     ns = lab.nss[host]
     if on:
-        rules = (f"table inet faultcut {{ chain o {{ type filter hook output priority -10; "
-                 f"ip daddr 10.210.{i}.1 drop; }} chain i {{ type filter hook input priority -10; "
-                 f"ip saddr 10.210.{i}.1 drop; }} }}")
-        ns.run("nft", rules)
+        server = f"10.210.{i}.1"
+        rules = (f"table inet faultcut {{\n"
+                 f" chain o {{ type filter hook output priority -10; ip daddr {server} drop; }}\n"
+                 f" chain i {{ type filter hook input priority -10; ip saddr {server} drop; }}\n}}")
+        ns.run("nft", "-f", "-", input=rules + "\n")
     else:
         ns.run("nft", "delete", "table", "inet", "faultcut")
 
