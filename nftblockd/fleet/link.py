@@ -53,9 +53,10 @@ class LinkError(Exception):
     operator's: wrong password, ACL, TLS). `str()` is a sentence without secrets. `not_primary`: the server
     answered that it is not (or no longer) the primary (READONLY, MASTERDOWN): reconnect, asking the Sentinels."""
 
-    def __init__(self, message: str, *, not_primary: bool = False) -> None:
+    def __init__(self, message: str, *, not_primary: bool = False, refused: bool = False) -> None:
         super().__init__(message)
         self.not_primary = not_primary
+        self.refused = refused  # the server or its TLS refused this host (credentials, certificates): not the network
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +128,26 @@ def connection_kwargs(cfg: FleetConfig) -> dict[str, Any]:
     return kw
 
 
+# TLS failures as redis-py reports them (a ConnectionError around the ssl module's text) -> what to check
+_TLS = (
+    ("CERTIFICATE_VERIFY_FAILED", "the server's certificate is not trusted by fleet.tls.ca"),
+    ("CERTIFICATE_EXPIRED", "the server refused this host's certificate (fleet.tls.cert): it has expired"),
+    ("CERTIFICATE_REQUIRED", "the server requires a client certificate: set fleet.tls.cert and fleet.tls.key"),
+    ("UNKNOWN_CA", "the server does not trust this host's certificate (fleet.tls.cert): signed by another CA"),
+    ("BAD_CERTIFICATE", "the server refused this host's certificate (fleet.tls.cert)"),
+    ("WRONG_VERSION_NUMBER", "TLS to a port that does not speak it (or plain text to a TLS port)"),
+)
+
+
 def _error(exc: BaseException) -> LinkError:
     if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
-        return LinkError(f"the fleet server refused our credentials: {exc}")
+        return LinkError(f"the fleet server refused our credentials: {exc}", refused=True)
+    text = str(exc)
+    for marker, sentence in _TLS:
+        if marker in text:  # one sentence the operator can act on, the library's text after it
+            return LinkError(f"TLS: {sentence} ({text})", refused=True)
     if isinstance(exc, rexc.NoPermissionError):
-        return LinkError(f"the fleet server's ACL refused a command: {exc}")
+        return LinkError(f"the fleet server's ACL refused a command: {exc}", refused=True)
     # (a pipeline's error names the command first: "Command # 2 (XADD ...) of pipeline caused error: ...")
     if isinstance(exc, rexc.ReadOnlyError) or "MASTERDOWN" in str(exc):
         return LinkError(f"the fleet server is not the primary: {exc}", not_primary=True)

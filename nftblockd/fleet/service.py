@@ -388,8 +388,10 @@ class FleetService:
                 self._note_error(exc)
                 if self._down_since is None:
                     self._down_since = self.clock()
-                    log.warning("fleet %s: server unreachable (%s); bans are still enforced here and queued for "
-                                "the fleet; retrying with backoff", self.cfg.name, exc)
+                    what = ("the server refused this host" if isinstance(exc, LinkError) and exc.refused
+                            else "server unreachable")
+                    log.warning("fleet %s: %s (%s); bans are still enforced here and queued for the fleet; "
+                                "retrying with backoff", self.cfg.name, what, exc)
                 else:
                     log.debug("fleet %s: still unreachable: %s", self.cfg.name, exc)
                 await self.link.close()

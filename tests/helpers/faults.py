@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import redis
 from nftblockd.addr import IPNet
 from nftblockd.fleet.catchup import FleetChange, LocalBan
 from nftblockd.fleet.link import BLOCK_MS
+from tests.helpers.certs import expired_client, make_certs
 from tests.helpers.fleet import FakeSink, Host, fleet_config, until
 from tests.helpers.fleetlab import FleetLab
 from tests.helpers.netns import wait_for
@@ -349,5 +351,68 @@ def partition(lab: FleetLab, n: int, seconds: float) -> PartitionFigures:
     return PartitionFigures(noticed, healed, n, len(before - lab.banned("b")))
 
 
-__all__ = ["HA", "BacklogFigures", "EmptyFigures", "FailoverFigures", "PartitionFigures", "TimedSink", "backlog",
-           "empty_restart", "failover", "partition"]
+# -- refusals: credentials and certificates ------------------------------------------------------------------
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[tuple[str, str, bool]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.levelname, record.getMessage(), record.exc_info is not None))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    case: str
+    line: str  # the one warning the daemon logs (what the operator sees in the journal)
+    refused: bool  # classed as a refusal of this host (not the network)
+    traceback: bool
+
+
+async def refusals(tmp: Path) -> list[Refusal]:
+    """One TLS server (mutual TLS) with a password, and a host configured wrong in each way the issue lists."""
+    from nftblockd.config import FleetTLS
+    c = make_certs(tmp / "certs")
+    other = make_certs(tmp / "other")
+    expired = expired_client(tmp / "certs")
+    srv = RedisServer(tmp / "tls", tls_port=True, conf=(
+        f"tls-cert-file {c['server.crt']}\ntls-key-file {c['server.key']}\ntls-ca-cert-file {c['ca.crt']}\n"
+        "tls-auth-clients yes\nuser default on >right ~* &* +@all\n")).start()
+    pw = {}
+    for name, text in (("right", "right"), ("wrong", "wrong")):
+        p = tmp / f"pw-{name}"
+        p.write_text(text + "\n")
+        p.chmod(0o600)
+        pw[name] = str(p)
+    good = FleetTLS(ca=c["ca.crt"], cert=c["client.crt"], key=c["client.key"])
+    cases = {
+        "server certificate from another CA (wrong fleet.tls.ca)": (
+            FleetTLS(ca=other["ca.crt"], cert=c["client.crt"], key=c["client.key"]), "right"),
+        "client certificate from another CA": (
+            FleetTLS(ca=c["ca.crt"], cert=other["client.crt"], key=other["client.key"]), "right"),
+        "expired client certificate": (FleetTLS(ca=c["ca.crt"], cert=expired, key=c["client.key"]), "right"),
+        "no client certificate": (FleetTLS(ca=c["ca.crt"]), "right"),
+        "wrong password": (good, "wrong"),
+    }
+    out = []
+    log = logging.getLogger("nftblockd.fleet")
+    try:
+        for case, (tls, password) in cases.items():
+            lines = _Lines()
+            log.addHandler(lines)
+            h = timed_host({"url": srv.url, "tls": tls, "password_file": pw[password]}, "a").start()
+            try:
+                await until(lambda: any(lv == "WARNING" for lv, _m, _t in lines.lines), 20, case)  # noqa: B023
+            finally:
+                await h.stop()
+                log.removeHandler(lines)
+            warning = next(m for lv, m, _t in lines.lines if lv == "WARNING")
+            out.append(Refusal(case, warning, "refused this host" in warning, any(t for _l, _m, t in lines.lines)))
+    finally:
+        srv.kill()
+    return out
+
+
+__all__ = ["HA", "BacklogFigures", "EmptyFigures", "FailoverFigures", "PartitionFigures", "Refusal", "TimedSink",
+           "backlog", "empty_restart", "failover", "partition", "refusals"]

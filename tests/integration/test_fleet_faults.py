@@ -58,6 +58,19 @@ async def test_a_backlog_flushed_after_an_outage_is_delivered(tmp_path: Path) ->
     assert fig.missing == 0 and fig.refused == 0, fig
 
 
+async def test_credential_and_certificate_refusals_are_one_clear_line(tmp_path: Path) -> None:
+    """What the operator sees for each refusal: one warning naming what to check, no traceback."""
+    got = await faults.refusals(tmp_path)
+    for r in got:
+        print(f"\nfleet refusal: {r.case}:\n  {r.line}")
+    assert len(got) == 5
+    assert all(r.refused and not r.traceback for r in got), got
+    hints = {"wrong fleet.tls.ca": "not trusted by fleet.tls.ca", "client certificate from another CA": "another CA",
+             "expired": "expired", "no client": "requires a client certificate", "password": "credentials"}
+    for key, words in hints.items():
+        assert any(key in r.case and words in r.line for r in got), (key, got)
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetLab]:
     if os.geteuid() != 0 or not shutil.which("nft"):
