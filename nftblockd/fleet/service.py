@@ -20,7 +20,7 @@ Rules (the receive side is a small state machine: offline -> catching up -> foll
   kernel elements to it in one change, continues from the snapshot's stream id, and then re-publishes this
   host's own recent active bans that the server lacks (repairing writes a failed-over primary lost).
 - Offline. Any error on the server link closes both connections; the service waits `retry.retry_delay`
-  (jittered: 0.5 s while an outage is young, growing to 30 s for one of minutes) and connects again. One
+  (jittered: 0.2 s for the first 10 s of an outage, 0.5 s until 2 min, growing to 30 s after) and connects again. One
   warning when the link goes down, one info line when it comes back (with how long it was away); retries in
   between log at debug level. A reconnect wakes the publisher at once, whatever it was waiting for.
 - A publish the server refuses is not done: the rows stay in the outbox until a MULTI is acknowledged

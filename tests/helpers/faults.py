@@ -414,5 +414,45 @@ async def refusals(tmp: Path) -> list[Refusal]:
     return out
 
 
-__all__ = ["HA", "BacklogFigures", "EmptyFigures", "FailoverFigures", "PartitionFigures", "Refusal", "TimedSink",
-           "backlog", "empty_restart", "failover", "partition", "refusals"]
+# -- a host publishing under another host's name -------------------------------------------------------------
+
+@dataclass
+class SpoofFigures:
+    n: int
+    applied_on_b: int  # the impostor's bans B enforces (as the real owner's)
+    applied_on_a: int  # ... and A, the host whose name was used
+    own_seen_by_a: int  # entries A counted as its own
+    published_by_a: int
+    unban_applied_on_b: bool  # an unban of A's real ban, forged under A's name, removed it on B
+
+
+async def spoof(tmp: Path, n: int = 100) -> SpoofFigures:
+    """Host M is configured with A's host id (a stolen or copied config, or a hostile host with write access):
+    what B and A do with its bans, and with its unban of one of A's real bans."""
+    srv = RedisServer(tmp / "r").start()
+    a = timed_host({"url": srv.url}, "a").start()
+    b = timed_host({"url": srv.url}, "b").start()
+    m = timed_host({"url": srv.url}, "a").start()  # the impostor: A's name
+    try:
+        await until(lambda: all(h.service.stats.connected for h in (a, b, m)), 20, "connected")
+        real = nets(1, "10.55.0.0")[0]
+        a.service.submit_bans([(real, time.time() + 3600, "cli")])
+        await until(lambda: real in sink_of(b).fleet, 10, "A's real ban on B")
+        fake = nets(n, "10.56.0.0")
+        m.service.submit_bans([(x, time.time() + 3600, "cli") for x in fake])
+        await until(lambda: m.service.stats.outbox == 0 and m.service.stats.published >= n, 10, "M published")
+        m.service.submit_unbans([real])
+        with contextlib.suppress(AssertionError):
+            await until(lambda: real not in sink_of(b).fleet, 5, "forged unban")
+        await until(lambda: sum(x in sink_of(b).fleet for x in fake) == n, 10, "B applied them")
+        own = sum(v for (_op, r), v in a.service.stats.received.items() if r == "own")
+        return SpoofFigures(n, sum(x in sink_of(b).fleet for x in fake), sum(x in sink_of(a).fleet for x in fake),
+                            own, a.service.stats.published, real not in sink_of(b).fleet)
+    finally:
+        for h in (a, b, m):
+            await h.stop()
+        srv.kill()
+
+
+__all__ = ["HA", "BacklogFigures", "EmptyFigures", "FailoverFigures", "PartitionFigures", "Refusal", "SpoofFigures",
+           "TimedSink", "backlog", "empty_restart", "failover", "partition", "refusals", "spoof"]
