@@ -247,6 +247,7 @@ class FleetService:
             await self._wake.wait()
             self._wake.clear()
             if not self._online.is_set():
+                failing_since = None  # the receive loop is reconnecting: a new outage for the publisher after it
                 if self._queue:  # kept durably until the server is back
                     await self._store_round(None)
                 self.stats.outbox = await asyncio.to_thread(self.state.fleet_outbox_size)
