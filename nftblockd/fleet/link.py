@@ -89,7 +89,8 @@ class Engine(Protocol):
 
     async def connect(self) -> str: ...
     async def close(self) -> None: ...
-    async def server_view(self) -> ServerView: ...
+    async def server_view(self, cursor: StreamId | None = None) -> ServerView: ...
+    async def scores(self, members: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]: ...
     async def publish(self, events: Sequence[FleetEvent], now: float) -> None: ...
     async def read(self, after: StreamId, count: int, block_ms: int | None = None) -> list[Entry]: ...
     async def snapshot(self, now: float) -> SnapshotData: ...
@@ -263,13 +264,16 @@ class RedisLink:
         role = r[0]
         return role.decode() if isinstance(role, bytes) else str(role)
 
-    async def server_view(self) -> ServerView:
+    async def server_view(self, cursor: StreamId | None = None) -> ServerView:
+        """Run id and stream bounds, and whether the stream holds the entry `cursor` names. Raises LinkError."""
         cmd = self._need(self.cmd)
+        at = format_id(cursor) if cursor is not None else "0-0"
         try:
             pipe = cmd.pipeline(transaction=True)
             pipe.execute_command("INFO", "server")
             pipe.execute_command("XINFO", "STREAM", self.keys.events)
-            info, xinfo = await pipe.execute(raise_on_error=False)
+            pipe.execute_command("XRANGE", self.keys.events, at, at, "COUNT", 1)
+            info, xinfo, held = await pipe.execute(raise_on_error=False)
         except (rexc.RedisError, OSError) as exc:
             raise _error(exc) from None
         finally:
@@ -277,6 +281,7 @@ class RedisLink:
         if isinstance(info, Exception):
             raise _error(info)
         run_id = _info_field(info, "run_id")
+        holds = cursor is not None and isinstance(held, list) and len(held) == 1
         if isinstance(xinfo, rexc.ResponseError) and "no such key" in str(xinfo).lower():
             return ServerView(run_id, None, (0, 0))
         if isinstance(xinfo, Exception):
@@ -286,7 +291,36 @@ class RedisLink:
         last_gen = parse_id(_xget(xinfo, "last-generated-id") or "0-0")
         added, length = _xget(xinfo, "entries-added"), _xget(xinfo, "length")
         removed = int(added) - int(length) if added is not None and length is not None else None
-        return ServerView(run_id, first_id, last_gen, removed)
+        return ServerView(run_id, first_id, last_gen, removed, holds)
+
+    async def scores(self, members: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]:
+        """The `active` ends and the tombstones the server holds for `members` (one ZMSCORE each, per CHUNK, in
+        one MULTI): what a re-assert compares this host's own bans with, without a snapshot. Raises LinkError."""
+        active: dict[str, float] = {}
+        tombs: dict[str, float] = {}
+        if not members:
+            return active, tombs
+        cmd = self._need(self.cmd)
+        try:
+            pipe = cmd.pipeline(transaction=True)
+            for i in range(0, len(members), CHUNK):
+                part = members[i:i + CHUNK]
+                pipe.execute_command("ZMSCORE", self.keys.active, *part)
+                pipe.execute_command("ZMSCORE", self.keys.unbanned, *part)
+            replies = await pipe.execute(raise_on_error=False)
+        except (rexc.RedisError, OSError) as exc:
+            raise _error(exc) from None
+        finally:
+            await self._done_with(cmd)
+        for j, r in enumerate(replies):
+            if isinstance(r, Exception):
+                raise _error(r)
+            part = members[(j // 2) * CHUNK:(j // 2 + 1) * CHUNK]
+            into = active if j % 2 == 0 else tombs
+            for m, v in zip(part, r, strict=True):
+                if v is not None:
+                    into[m] = _f(v)
+        return active, tombs
 
     async def publish(self, events: Sequence[FleetEvent], now: float) -> None:
         """Append `events` in order, one MULTI (one round trip) per CHUNK. Raises LinkError."""

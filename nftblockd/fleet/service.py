@@ -601,13 +601,16 @@ class FleetService:
 
     async def _catch_up(self) -> None:
         await self._load_cursor()
-        view = await self.link.server_view()
+        view = await self.link.server_view(self._cursor.last_id if self._cursor is not None else None)
         choice = decide(self._cursor, view)
         if isinstance(choice, Replay):
             self.stats.replays += 1
-            if self._cursor is None or self._cursor.last_id != choice.after:
+            if self._cursor is None or self._cursor.last_id != choice.after or self._cursor.run_id != view.run_id:
                 self._move(Cursor(view.run_id, choice.after))
-            log.info("fleet %s: replaying from %s", self.cfg.name, format_id(choice.after))
+            log.info("fleet %s: replaying from %s%s", self.cfg.name, format_id(choice.after),
+                     " on a new server that holds our cursor's entry" if choice.reassert else "")
+            if choice.reassert:
+                await self._reassert_by_scores()
             return
         await self._snapshot(choice.why)
 
@@ -655,6 +658,28 @@ class FleetService:
             # through the outbox, not published here: a server that refuses writes (NOREPLICAS) failed the
             # whole catch-up, and with it receiving, on every host that had own bans to re-assert (issue #23).
             # Queued again, they are published by the publisher, retried until a MULTI is acknowledged.
+            await asyncio.to_thread(self.state.fleet_requeue, [b.oseq for b in again])
+            self.stats.reasserted += len(again)
+            self._wake.set()
+            log.info("fleet %s: re-asserting %d own bans the server lacks", self.cfg.name, len(again))
+
+    async def _reassert_by_scores(self) -> None:
+        """After a failover without a snapshot: this host's own recent active bans the server lacks (asked for
+        them alone, `RedisLink.scores`) are queued again, as after a snapshot."""
+        now = self.clock()
+        rows = await asyncio.to_thread(self.state.fleet_own_active, now, now - self.cfg.history)
+        own = []
+        for r in rows:
+            net = parse_net(r.target)
+            if not isinstance(net, Rejection):
+                own.append(OwnBan(r.oseq, net, math.inf if r.until is None else r.until, r.src, r.created))
+        if not own:
+            return
+        active_raw, tombs_raw = await self.link.scores([format_target(b.net) for b in own])
+        by_text = {format_target(b.net): b.net for b in own}
+        again = reassert(own, {by_text[m]: v for m, v in active_raw.items()},
+                         {by_text[m]: v for m, v in tombs_raw.items()}, now)
+        if again:
             await asyncio.to_thread(self.state.fleet_requeue, [b.oseq for b in again])
             self.stats.reasserted += len(again)
             self._wake.set()

@@ -268,41 +268,45 @@ async def backlog(tmp: Path, n: int, outage: float = 1200.0, limit: float = 120.
 @dataclass
 class EmptyFigures:
     bans: int
-    removed_on_b: int  # of A's bans, missing from B's kernel at any poll while the server restarted empty
+    removed_on_b: int  # of A's bans, missing from B's kernel at the end or (by the set's count) at any poll
     polls: int
-    reasserted_after: float  # server back -> all of A's bans in the server's `active` set again (s)
+    reasserted_after: float  # A back -> all of A's bans in the server's `active` set again (s)
 
 
 def empty_restart(lab: FleetLab, n: int) -> EmptyFigures:
     """A bans `n` addresses, B and C apply them. A stops (a host that is down), the server is killed and
-    started empty. B's kernel is polled throughout: none of A's bans may go. Then A comes back and re-asserts."""
+    started empty. B's kernel is polled throughout (its set's element count: cheap; a removal lowers it, as
+    nothing else is banned meanwhile), and listed in full at the end: none of A's bans may go. Then A comes
+    back and re-asserts."""
     addrs = [f"10.77.{i // 256}.{i % 256}" for i in range(n)]
     a = lab.daemons["a"]
     r = a.cli("ban", "-", "--timeout", "1h", input="\n".join(addrs) + "\n")
     assert r.returncode == 0, r.stderr
-    wait_for(lambda: set(addrs) <= lab.banned("b") and set(addrs) <= lab.banned("c"), 30, 0.05, "A's bans on B, C")
+    wait_for(lambda: set(addrs) <= lab.banned("b") and set(addrs) <= lab.banned("c"), 60, 0.1, "A's bans on B, C")
     a.stop()
     assert lab.server is not None
+    base = lab.count("b")
     snapshots = lab.fleet("b")["snapshots"]
     lab.server.kill()
     lab.server.start(wipe=True)
     polls = 0
-    missing: set[str] = set()
+    low = base
     deadline = time.monotonic() + 30
     settled_at: float | None = None
     while time.monotonic() < deadline:  # poll B's kernel until B took its snapshot of the empty server + 2 s
-        missing |= set(addrs) - lab.banned("b")
+        low = min(low, lab.count("b"))
         polls += 1
         if settled_at is None and lab.fleet("b")["snapshots"] > snapshots:
             settled_at = time.monotonic()
         if settled_at is not None and time.monotonic() > settled_at + 2:
             break
     assert settled_at is not None, "B never took a snapshot of the empty server"
+    missing = len(set(addrs) - lab.banned("b"))
     a.start()
     t0 = time.monotonic()
-    wait_for(lambda: int(lab.redis_cli("ZCARD", f"nftblock:{{{lab.name}}}:active").strip() or 0) >= n, 30, 0.05,
+    wait_for(lambda: int(lab.redis_cli("ZCARD", f"nftblock:{{{lab.name}}}:active").strip() or 0) >= n, 60, 0.05,
              "A re-asserted its bans")
-    return EmptyFigures(n, len(missing), polls, time.monotonic() - t0)
+    return EmptyFigures(n, max(missing, base - low), polls, time.monotonic() - t0)
 
 
 @dataclass

@@ -70,6 +70,10 @@ V = ServerView("R1", first_id=(100, 0), last_generated=(200, 5))
     (Cursor("R1", (150, 0)), ServerView("R1", None, (200, 5)), Snapshot("trimmed")),  # all trimmed by age
     (Cursor("R1", (200, 5)), ServerView("R1", None, (200, 5)), Replay((200, 5))),
     (Cursor("R1", (0, 0)), ServerView("R1", None, (0, 0)), Replay((0, 0))),  # empty fleet, first start
+    # another server that holds the cursor's entry (a promoted replica, a restart with AOF): replay, re-assert
+    (Cursor("R0", (150, 0)), ServerView("R1", (100, 0), (200, 5), holds_cursor=True), Replay((150, 0), True)),
+    (Cursor("R0", (150, 0)), ServerView("R1", (100, 0), (200, 5)), Snapshot("new_server")),
+    (Cursor("R0", (0, 0)), ServerView("R1", None, (0, 0), holds_cursor=True), Snapshot("new_server")),
 ])
 def test_decide(saved: Cursor | None, server: ServerView, want: Replay | Snapshot) -> None:
     assert decide(saved, server) == want

@@ -38,6 +38,7 @@ class MemoryEngine:
         self.refused = 0
         self.grew = asyncio.Event()
         self.seq = 0
+        self.asked: list[str] = []
 
     async def connect(self) -> str:
         self.connected = True
@@ -51,9 +52,14 @@ class MemoryEngine:
     async def role(self) -> str:
         return "master"
 
-    async def server_view(self) -> ServerView:
+    async def server_view(self, cursor: StreamId | None = None) -> ServerView:
         last = self.entries[-1][0] if self.entries else (0, 0)
-        return ServerView(self.run_id, self.entries[0][0] if self.entries else None, last, 0)
+        holds = any(sid == cursor for sid, _f in self.entries)
+        return ServerView(self.run_id, self.entries[0][0] if self.entries else None, last, 0, holds)
+
+    async def scores(self, members: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]:
+        self.asked = list(members)
+        return {m: self.active[m] for m in members if m in self.active}, {}
 
     def add(self, ev: FleetEvent, ms: int) -> None:
         self.seq += 1
@@ -240,5 +246,32 @@ async def test_the_saved_cursor_stays_before_the_first_deferred_entry() -> None:
         saved = svc.state.fleet_cursor("prod")
         assert saved is not None
         assert (ms - 1, 0) <= parse_id(saved[1]) < (ms, 2)  # entries 2 and 3 were deferred: read again
+    finally:
+        await stop(task)
+
+
+async def test_a_failover_to_a_server_holding_the_cursor_replays_and_reasserts_only_what_it_lacks() -> None:
+    """A promoted replica holds the stream (same entry ids) but may lack the last writes: no snapshot (its
+    cost grows with every active ban, on every host), a replay from the cursor, and a re-assert of own bans
+    the new primary lacks, asked for by name."""
+    engine, clock = MemoryEngine("R1"), Clock()
+    svc, sink = make(engine, clock)
+    task = await run(svc)
+    svc.submit_bans(_bans("203.0.113.1", "203.0.113.2"))  # type: ignore[arg-type]
+    await until(lambda: len(engine.entries) == 2 and svc.stats.outbox == 0, 5.0, "published")
+    await until(lambda: svc.stats.cursor == f"{engine.entries[-1][0][0]}-{engine.entries[-1][0][1]}", 5.0,
+                "cursor at the last entry")
+    await stop(task)
+    await svc.close()
+    engine.run_id = "R2"  # promoted: the same stream, but the last ban's sorted-set write was lost
+    del engine.active["203.0.113.2"]
+    task = await run(svc)
+    try:
+        assert svc.stats.snapshots == 1 and svc.stats.replays == 1 and svc.stats.reasserted == 1
+        assert sorted(engine.asked) == ["203.0.113.1", "203.0.113.2"]
+        await until(lambda: "203.0.113.2" in engine.active, 5.0, "the lost ban re-asserted")
+        other = FleetEvent("ban", parse_target("198.51.100.7"), NOW + 600, "b", 1, "cli", int(NOW * 1000))
+        engine.add(other, int(NOW * 1000))
+        await until(lambda: sink.has(other.net), 5.0, "following the new primary")
     finally:
         await stop(task)
