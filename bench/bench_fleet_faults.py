@@ -16,7 +16,8 @@ versions and asserts them). Each figure is printed and recorded next to its targ
 - one host pushing 1,000,000 bans (trust cap raised, as an operator expecting that would): A's publish time,
   the server's memory, B's and C's catch-up
 
-NFTBLOCK_BENCH_FAULTS_QUICK=1: small sizes (a smoke run of the script itself).
+NFTBLOCK_BENCH_FAULTS_QUICK=1: small sizes (a smoke run of the script itself). NFTBLOCK_BENCH_FAULTS_ONLY=
+failovers,backlog,lab_faults,refusals,spoof,million: those parts only.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tests.helpers.fleetlab import FleetLab  # noqa: E402
 from tests.helpers.netns import wait_for  # noqa: E402
 
 QUICK = os.environ.get("NFTBLOCK_BENCH_FAULTS_QUICK") == "1"
+ONLY = [x for x in os.environ.get("NFTBLOCK_BENCH_FAULTS_ONLY", "").split(",") if x]
 CYCLES = 2 if QUICK else 6
 BACKLOG = 3000 if QUICK else 30_000
 LAB_BANS = 1000 if QUICK else 10_000
@@ -97,7 +99,8 @@ def spoof(tmp: Path) -> None:
 
 
 def million(tmp: Path) -> None:
-    lab = FleetLab(tmp / "million", fleet="million", fleet_extra="trust: {rate: 10000000, burst: 10000000}").start()
+    lab = FleetLab(tmp / "million", fleet="million", fleet_extra="trust: {rate: 10000000, burst: 10000000}",
+                   set_size=2 * MILLION).start()
     try:
         addrs = "\n".join(f"10.{128 + i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(MILLION)) + "\n"
         t0 = time.monotonic()
@@ -124,12 +127,9 @@ def million(tmp: Path) -> None:
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="nbfaults") as d:
         tmp = Path(d)
-        failovers(tmp)
-        backlog(tmp)
-        lab_faults(tmp)
-        refusals(tmp)
-        spoof(tmp)
-        million(tmp)
+        for part in (failovers, backlog, lab_faults, refusals, spoof, million):
+            if not ONLY or part.__name__ in ONLY:
+                part(tmp)
 
 
 if __name__ == "__main__":

@@ -225,16 +225,17 @@ class BacklogFigures:
     missing: int
 
 
-async def backlog(tmp: Path, n: int, outage: float = 1200.0, limit: float = 120.0) -> BacklogFigures:
+async def backlog(tmp: Path, n: int, outage: float = 1200.0, limit: float = 120.0,
+                  trust: Mapping[str, float] | None = None) -> BacklogFigures:
     """A decides `n` bans spread over the last `outage` seconds while the server is down (its outbox keeps
-    them), then the server comes back: A flushes them at once. B (default trust limits: 2,000/s, burst 20,000)
-    must apply every one."""
+    them), then the server comes back: A flushes them at once. B (default trust limits: 2,000/s, burst 20,000;
+    or `trust`: rate, burst) must apply every one."""
     srv = RedisServer(tmp / "r")
     srv.start()
     url = srv.url
     offset = [0.0]
     a = timed_host({"url": url}, "a", clock=lambda: time.time() - offset[0]).start()
-    b = timed_host({"url": url}, "b").start()
+    b = timed_host({"url": url, **(trust or {})}, "b").start()
     try:
         await until(lambda: a.service.stats.connected and b.service.stats.connected, 20, "connected")
         srv.kill()
