@@ -647,17 +647,22 @@ class FleetService:
         self.stats.snapshots += 1
         log.info("fleet %s: snapshot (%s): %d active, %d tombstones; %d added, %d removed here", self.cfg.name,
                  why, len(snap.active), len(snap.tombstones), len(change.bans), len(change.unbans))
+        await self._requeue(reassert(await self._own_active(now), active_raw, tombstones, now))
+
+    async def _own_active(self, now: float) -> list[OwnBan]:
         rows = await asyncio.to_thread(self.state.fleet_own_active, now, now - self.cfg.history)
         own = []
         for r in rows:
             net = parse_net(r.target)
             if not isinstance(net, Rejection):
                 own.append(OwnBan(r.oseq, net, math.inf if r.until is None else r.until, r.src, r.created))
-        again = reassert(own, active_raw, tombstones, now)
+        return own
+
+    async def _requeue(self, again: Sequence[OwnBan]) -> None:
+        """Re-assert: through the outbox, not published here. Published by the catch-up, a server that refused
+        writes (NOREPLICAS) failed the whole catch-up, and with it receiving, on every host that had own bans
+        to re-assert (issue #23). Queued again, the publisher publishes them, retried until acknowledged."""
         if again:
-            # through the outbox, not published here: a server that refuses writes (NOREPLICAS) failed the
-            # whole catch-up, and with it receiving, on every host that had own bans to re-assert (issue #23).
-            # Queued again, they are published by the publisher, retried until a MULTI is acknowledged.
             await asyncio.to_thread(self.state.fleet_requeue, [b.oseq for b in again])
             self.stats.reasserted += len(again)
             self._wake.set()
@@ -667,23 +672,13 @@ class FleetService:
         """After a failover without a snapshot: this host's own recent active bans the server lacks (asked for
         them alone, `RedisLink.scores`) are queued again, as after a snapshot."""
         now = self.clock()
-        rows = await asyncio.to_thread(self.state.fleet_own_active, now, now - self.cfg.history)
-        own = []
-        for r in rows:
-            net = parse_net(r.target)
-            if not isinstance(net, Rejection):
-                own.append(OwnBan(r.oseq, net, math.inf if r.until is None else r.until, r.src, r.created))
+        own = await self._own_active(now)
         if not own:
             return
         active_raw, tombs_raw = await self.link.scores([format_target(b.net) for b in own])
         by_text = {format_target(b.net): b.net for b in own}
-        again = reassert(own, {by_text[m]: v for m, v in active_raw.items()},
-                         {by_text[m]: v for m, v in tombs_raw.items()}, now)
-        if again:
-            await asyncio.to_thread(self.state.fleet_requeue, [b.oseq for b in again])
-            self.stats.reasserted += len(again)
-            self._wake.set()
-            log.info("fleet %s: re-asserting %d own bans the server lacks", self.cfg.name, len(again))
+        await self._requeue(reassert(own, {by_text[m]: v for m, v in active_raw.items()},
+                                     {by_text[m]: v for m, v in tombs_raw.items()}, now))
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
