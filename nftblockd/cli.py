@@ -933,6 +933,9 @@ def _print_fleet(ctx: _Context, f: Mapping[str, Any], indent: str) -> None:
     rejected = f.get("rejected") or {}
     if rejected:
         ctx.print(f"{indent}refused: " + ", ".join(f"{k} {v}" for k, v in sorted(rejected.items())))
+    if f.get("deferred_total"):
+        ctx.print(f"{indent}over the rate cap: {f.get('deferred', 0)} waiting, {f['deferred_total']} deferred in all "
+                  "(applied as the cap refills)")
     ctx.print(f"{indent}catch-ups: {f.get('replays', 0)} replays, {f.get('snapshots', 0)} snapshots, "
               f"{f.get('reasserted', 0)} own bans re-asserted; {f.get('connects', 0)} connects")
     if f.get("last_error"):

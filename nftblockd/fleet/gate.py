@@ -10,8 +10,13 @@ Any host holding write access to the stream can ban on every host, so before an 
 5. the remaining time is clamped to [1 s, max_ban]; a ban already over is refused as `expired`; permanent is
    kept only when the operator allows it, otherwise it becomes max_ban;
 6. a per-origin token bucket caps how many events one host can push (rate per second, burst). Its clock is
-   the *server's* entry id time, not ours nor the event's claimed `ts`: a replay after downtime goes at the
-   pace the origin actually published, and a peer cannot forge its way around the cap.
+   the *server's* entry id time, not ours: a peer cannot forge its way around the cap. A *replay* is told
+   from a flood by the event's own time (`ts`, when the origin decided the ban): an event decided more than
+   `REPLAY_AGE` before the server took it is an outbox flushed after an outage or a re-assert, and is paced
+   by its decision times (the pace the origin really decided at) in a bucket of its own, under a ceiling of
+   `FLOOD_FACTOR` times the cap by the server's clock (old `ts` values are forgeable: the ceiling bounds what
+   forging buys). A 30k backlog flushed at once was 22-25 % refused by the server-time bucket alone
+   (issue #23). The service does not drop what this step refuses: it defers and retries it (service.py).
 
 Unbans pass 1 and 6 only: removing a ban never endangers reachability.
 The gate is pure: time is an argument, the only state is the per-origin buckets (bounded by `max_origins`).
@@ -55,12 +60,33 @@ class Accepted:
     clamped: bool = False
 
 
+REPLAY_AGE = 10.0  # seconds between a ban's decision and its stream entry beyond which it is a replay
+FLOOD_FACTOR = 10.0  # replays of one origin: at most this times `rate` and `burst` by the server's clock
+
+
 class _Bucket:
     __slots__ = ("at", "tokens")
 
     def __init__(self, tokens: float, at: float) -> None:
         self.tokens = tokens
         self.at = at
+
+    def refill(self, at: float, rate: float, burst: float) -> None:
+        if at > self.at:  # a bucket's clock never goes back (a replay's decision times may be out of order)
+            self.tokens = min(burst, self.tokens + (at - self.at) * rate)
+            self.at = at
+
+
+class _Origin:
+    """One origin's buckets: live events by server time; replays by decision time and, as a ceiling, by
+    server time at FLOOD_FACTOR."""
+
+    __slots__ = ("ceiling", "live", "replay")
+
+    def __init__(self, burst: float, at: float) -> None:
+        self.live = _Bucket(burst, at)
+        self.replay: _Bucket | None = None  # made at the origin's first replay, from that replay's times
+        self.ceiling = _Bucket(burst * FLOOD_FACTOR, at)
 
 
 class Gate:
@@ -70,26 +96,20 @@ class Gate:
         self.limits = limits
         self.allow = allow
         self.max_origins = max_origins
-        self._buckets: dict[str, _Bucket] = {}
+        self._buckets: dict[str, _Origin] = {}
 
-    def _bucket(self, origin: str, at: float) -> _Bucket:
+    def _bucket(self, origin: str, at: float) -> _Origin:
         b = self._buckets.get(origin)
         if b is None:
             if len(self._buckets) >= self.max_origins:
                 # bounded memory: forget the origin seen longest ago (dicts keep insertion order)
                 del self._buckets[next(iter(self._buckets))]
-            b = self._buckets[origin] = _Bucket(float(self.limits.burst), at)
+            b = self._buckets[origin] = _Origin(float(self.limits.burst), at)
         return b
 
-    def _rate_ok(self, origin: str, at: float) -> bool:
-        b = self._bucket(origin, at)
-        if at > b.at:  # (a new bucket was made at `at`: nothing to refill)
-            b.tokens = min(float(self.limits.burst), b.tokens + (at - b.at) * self.limits.rate)
-            b.at = at
-        if b.tokens < 1.0:
-            return False
-        b.tokens -= 1.0
-        return True
+    def _rate_ok(self, origin: str, at: float, decided: float = 0.0) -> bool:
+        """Step 6 for one event entered at server time `at`, decided by its origin at `decided` (0: unknown)."""
+        return _take(self._bucket(origin, at), at, decided, self.limits.rate, float(self.limits.burst))
 
     def check_net(self, net: IPNet) -> Rejection | None:
         """Steps 2-4 for a ban target (also used for snapshot entries, which carry no origin)."""
@@ -122,7 +142,7 @@ class Gate:
 
     def check(self, ev: FleetEvent, now: float, server_time: float) -> Accepted | Rejection:
         """The whole gate for one decoded event; `server_time` is the stream entry id's time in seconds."""
-        if not self._rate_ok(ev.origin, server_time):
+        if not self._rate_ok(ev.origin, server_time, ev.ts / 1000):
             return Rejection("rate", ev.origin)
         if ev.op == "unban":
             return Accepted(ev, 0.0)
@@ -135,15 +155,17 @@ class Gate:
         return Accepted(ev, clamped[0], clamped[1])
 
     def check_hosts(self, origins: Sequence[str], ats: Sequence[float], versions: Sequence[int],
-                    keys: Sequence[int], untils: Sequence[float], now: float) -> HostVerdict:
+                    keys: Sequence[int], untils: Sequence[float], now: float,
+                    decided: Sequence[float] | None = None) -> HostVerdict:
         """`check` for many single-address bans at once, in order: ban i is of address `keys[i]` (IP version
-        `versions[i]`) until `untils[i]`, from `origins[i]`, received at server time `ats[i]`.
+        `versions[i]`) until `untils[i]`, from `origins[i]`, received at server time `ats[i]`, decided at
+        `decided[i]` (seconds; 0 or None: unknown).
 
         The same answers as `check` called on each in turn (tests/unit/test_fleet_batch.py), the same bucket
         state after: every ban takes its origin's token in order (a ban the later steps refuse has taken one,
         as in `check`). Steps 2-4 find candidates over the whole batch (the never-ban space by first octet, the
         allowlist's `hosts_among`) and ask `check_net` only about those; step 5 runs once per distinct end."""
-        refused = self._take_tokens(origins, ats)
+        refused = self._take_tokens(origins, ats, decided)
         for i in sorted(set(self._net_candidates(versions, keys))):
             if i not in refused:
                 bad = self.check_net(host_net(keys[i], versions[i]))
@@ -164,17 +186,24 @@ class Gate:
                     refused[i] = expired[u]
         return HostVerdict(list(map(end.__getitem__, untils)), refused)
 
-    def _take_tokens(self, origins: Sequence[str], ats: Sequence[float]) -> dict[int, Rejection]:
-        """Step 6 for events i = 0, 1, ... in order: the `rate` refusals (`_rate_ok` each, inline: a method call
-        per event was a third of this loop)."""
+    def _take_tokens(self, origins: Sequence[str], ats: Sequence[float],
+                     decided: Sequence[float] | None = None) -> dict[int, Rejection]:
+        """Step 6 for events i = 0, 1, ... in order: the `rate` refusals (the live bucket inline, as `_take`
+        does: a method call per event was a third of this loop; replays through `_take`)."""
         refused: dict[int, Rejection] = {}
         burst, rate = float(self.limits.burst), self.limits.rate
         origin: str | None = None
-        b = _Bucket(0.0, 0.0)
+        o_b = _Origin(0.0, 0.0)
+        b = o_b.live
         for i, (o, at) in enumerate(zip(origins, ats, strict=True)):
             if o != origin:  # a batch is a few long runs of one origin: one bucket look-up per run
-                b = self._bucket(o, at)
+                o_b = self._bucket(o, at)
+                b = o_b.live
                 origin = o
+            if decided is not None and at - decided[i] > REPLAY_AGE and decided[i] > 0:
+                if not _take(o_b, at, decided[i], rate, burst):
+                    refused[i] = Rejection("rate", o)
+                continue
             if at > b.at:
                 b.tokens = min(burst, b.tokens + (at - b.at) * rate)
                 b.at = at
@@ -211,6 +240,32 @@ class Gate:
         return out
 
 
+def _take(o: _Origin, at: float, decided: float, rate: float, burst: float) -> bool:
+    """Take one token for an event entered at server time `at` and decided at `decided`; False: refused.
+
+    A live event (decided within REPLAY_AGE of its entry, or of unknown time) takes from the live bucket, by
+    server time. A replay takes from the replay bucket, by decision time (a backlog decided over ten minutes
+    and flushed in one second passes as it was decided), and from the ceiling, by server time."""
+    if decided <= 0 or at - decided <= REPLAY_AGE:
+        b = o.live
+        b.refill(at, rate, burst)
+        if b.tokens < 1.0:
+            return False
+        b.tokens -= 1.0
+        return True
+    r = o.replay
+    if r is None:
+        r = o.replay = _Bucket(burst, decided)
+    r.refill(decided, rate, burst)
+    c = o.ceiling
+    c.refill(at, rate * FLOOD_FACTOR, burst * FLOOD_FACTOR)
+    if r.tokens < 1.0 or c.tokens < 1.0:
+        return False
+    r.tokens -= 1.0
+    c.tokens -= 1.0
+    return True
+
+
 class HostVerdict(NamedTuple):
     """`Gate.check_hosts`' answer: `refused[i]` says why ban i is refused; `ends[i]` is the clamped end of
     every other one (math.inf only for an allowed permanent ban)."""
@@ -219,4 +274,4 @@ class HostVerdict(NamedTuple):
     refused: dict[int, Rejection]
 
 
-__all__ = ["Accepted", "Gate", "HostVerdict", "TrustLimits"]
+__all__ = ["FLOOD_FACTOR", "REPLAY_AGE", "Accepted", "Gate", "HostVerdict", "TrustLimits"]

@@ -37,15 +37,26 @@ from nftblockd.fleet.catchup import ServerView, StreamId, format_id, parse_id
 from nftblockd.fleet.codec import FleetEvent, encode
 
 CHUNK = 1000  # events per MULTI: big enough to amortise the round trip, small enough not to stall the server
-BLOCK_MS = 5000  # XREAD BLOCK: an idle host wakes every 5 s, and a dead peer is noticed within BLOCK + grace
-READ_GRACE = 5.0  # seconds beyond BLOCK before the reader's socket gives up on a silent server
-CONNECT_TIMEOUT = 3.0
+# The reader is the liveness probe: a silent server (a partition, a host that died without a FIN) is noticed
+# when a read outlives BLOCK + grace. With 5 s + 5 s a partition was noticed after 8-10 s and a failover
+# stalled as long (issue #23); an idle XREAD a second is nothing for the server.
+BLOCK_MS = 1000  # XREAD BLOCK: an idle host reads again every second
+READ_GRACE = 1.0  # seconds beyond BLOCK before the reader's socket gives up on a silent server
+# A connect attempt during a partition waits this long for its SYN: above the kernel's first SYN retransmit
+# (1 s), so a heal is met by that retransmit or by the next attempt within ~1 s.
+CONNECT_TIMEOUT = 1.5
 COMMAND_TIMEOUT = 5.0
 
 
 class LinkError(Exception):
     """The server is unreachable, refused us, or answered something unusable (the network's fault or the
-    operator's: wrong password, ACL, TLS). `str()` is a sentence without secrets."""
+    operator's: wrong password, ACL, TLS). `str()` is a sentence without secrets. `not_primary`: the server
+    answered that it is not (or no longer) the primary (READONLY, MASTERDOWN): reconnect, asking the Sentinels."""
+
+    def __init__(self, message: str, *, not_primary: bool = False, refused: bool = False) -> None:
+        super().__init__(message)
+        self.not_primary = not_primary
+        self.refused = refused  # the server or its TLS refused this host (credentials, certificates): not the network
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +89,8 @@ class Engine(Protocol):
 
     async def connect(self) -> str: ...
     async def close(self) -> None: ...
-    async def server_view(self) -> ServerView: ...
+    async def server_view(self, cursor: StreamId | None = None) -> ServerView: ...
+    async def scores(self, members: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]: ...
     async def publish(self, events: Sequence[FleetEvent], now: float) -> None: ...
     async def read(self, after: StreamId, count: int, block_ms: int | None = None) -> list[Entry]: ...
     async def snapshot(self, now: float) -> SnapshotData: ...
@@ -117,11 +129,31 @@ def connection_kwargs(cfg: FleetConfig) -> dict[str, Any]:
     return kw
 
 
+# TLS failures as redis-py reports them (a ConnectionError around the ssl module's text) -> what to check
+_TLS = (
+    ("CERTIFICATE_VERIFY_FAILED", "the server's certificate is not trusted by fleet.tls.ca"),
+    ("CERTIFICATE_EXPIRED", "the server refused this host's certificate (fleet.tls.cert): it has expired"),
+    ("CERTIFICATE_REQUIRED", "the server requires a client certificate: set fleet.tls.cert and fleet.tls.key"),
+    ("UNKNOWN_CA", "the server does not trust this host's certificate (fleet.tls.cert): signed by another CA"),
+    ("BAD_CERTIFICATE", "the server refused this host's certificate (fleet.tls.cert)"),
+    ("WRONG_VERSION_NUMBER", "TLS to a port that does not speak it (or plain text to a TLS port)"),
+)
+
+
 def _error(exc: BaseException) -> LinkError:
     if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
-        return LinkError(f"the fleet server refused our credentials: {exc}")
+        return LinkError(f"the fleet server refused our credentials: {exc}", refused=True)
+    text = str(exc)
+    for marker, sentence in _TLS:
+        if marker in text:  # one sentence the operator can act on, the library's text after it
+            return LinkError(f"TLS: {sentence} ({text})", refused=True)
     if isinstance(exc, rexc.NoPermissionError):
-        return LinkError(f"the fleet server's ACL refused a command: {exc}")
+        return LinkError(f"the fleet server's ACL refused a command: {exc}", refused=True)
+    # (a pipeline's error names the command first: "Command # 2 (XADD ...) of pipeline caused error: ...")
+    if isinstance(exc, rexc.ReadOnlyError) or "MASTERDOWN" in str(exc):
+        return LinkError(f"the fleet server is not the primary: {exc}", not_primary=True)
+    if "NOREPLICAS" in str(exc):
+        return LinkError(f"the fleet server refused the write: not enough replicas ({exc})")
     return LinkError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
 
 
@@ -232,13 +264,16 @@ class RedisLink:
         role = r[0]
         return role.decode() if isinstance(role, bytes) else str(role)
 
-    async def server_view(self) -> ServerView:
+    async def server_view(self, cursor: StreamId | None = None) -> ServerView:
+        """Run id and stream bounds, and whether the stream holds the entry `cursor` names. Raises LinkError."""
         cmd = self._need(self.cmd)
+        at = format_id(cursor) if cursor is not None else "0-0"
         try:
             pipe = cmd.pipeline(transaction=True)
             pipe.execute_command("INFO", "server")
             pipe.execute_command("XINFO", "STREAM", self.keys.events)
-            info, xinfo = await pipe.execute(raise_on_error=False)
+            pipe.execute_command("XRANGE", self.keys.events, at, at, "COUNT", 1)
+            info, xinfo, held = await pipe.execute(raise_on_error=False)
         except (rexc.RedisError, OSError) as exc:
             raise _error(exc) from None
         finally:
@@ -246,6 +281,7 @@ class RedisLink:
         if isinstance(info, Exception):
             raise _error(info)
         run_id = _info_field(info, "run_id")
+        holds = cursor is not None and isinstance(held, list) and len(held) == 1
         if isinstance(xinfo, rexc.ResponseError) and "no such key" in str(xinfo).lower():
             return ServerView(run_id, None, (0, 0))
         if isinstance(xinfo, Exception):
@@ -255,7 +291,36 @@ class RedisLink:
         last_gen = parse_id(_xget(xinfo, "last-generated-id") or "0-0")
         added, length = _xget(xinfo, "entries-added"), _xget(xinfo, "length")
         removed = int(added) - int(length) if added is not None and length is not None else None
-        return ServerView(run_id, first_id, last_gen, removed)
+        return ServerView(run_id, first_id, last_gen, removed, holds)
+
+    async def scores(self, members: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]:
+        """The `active` ends and the tombstones the server holds for `members` (one ZMSCORE each, per CHUNK, in
+        one MULTI): what a re-assert compares this host's own bans with, without a snapshot. Raises LinkError."""
+        active: dict[str, float] = {}
+        tombs: dict[str, float] = {}
+        if not members:
+            return active, tombs
+        cmd = self._need(self.cmd)
+        try:
+            pipe = cmd.pipeline(transaction=True)
+            for i in range(0, len(members), CHUNK):
+                part = members[i:i + CHUNK]
+                pipe.execute_command("ZMSCORE", self.keys.active, *part)
+                pipe.execute_command("ZMSCORE", self.keys.unbanned, *part)
+            replies = await pipe.execute(raise_on_error=False)
+        except (rexc.RedisError, OSError) as exc:
+            raise _error(exc) from None
+        finally:
+            await self._done_with(cmd)
+        for j, r in enumerate(replies):
+            if isinstance(r, Exception):
+                raise _error(r)
+            part = members[(j // 2) * CHUNK:(j // 2 + 1) * CHUNK]
+            into = active if j % 2 == 0 else tombs
+            for m, v in zip(part, r, strict=True):
+                if v is not None:
+                    into[m] = _f(v)
+        return active, tombs
 
     async def publish(self, events: Sequence[FleetEvent], now: float) -> None:
         """Append `events` in order, one MULTI (one round trip) per CHUNK. Raises LinkError."""

@@ -19,9 +19,17 @@ Rules (the receive side is a small state machine: offline -> catching up -> foll
   continues from the cursor. Snapshot reads the server state atomically, gates it, reconciles the fleet's
   kernel elements to it in one change, continues from the snapshot's stream id, and then re-publishes this
   host's own recent active bans that the server lacks (repairing writes a failed-over primary lost).
-- Offline. Any error on the server link closes both connections; the service waits a capped, jittered
-  exponential backoff (0.5 s doubling to 30 s) and connects again. One warning when the link goes down,
-  one info line when it comes back (with how long it was away); retries in between log at debug level.
+- Offline. Any error on the server link closes both connections; the service waits `retry.retry_delay`
+  (jittered: 0.2 s for the first 10 s of an outage, 0.5 s until 2 min, growing to 30 s after) and connects again. One
+  warning when the link goes down, one info line when it comes back (with how long it was away); retries in
+  between log at debug level. A reconnect wakes the publisher at once, whatever it was waiting for.
+- A publish the server refuses is not done: the rows stay in the outbox until a MULTI is acknowledged
+  (NOREPLICAS under `min-replicas-to-write`, READONLY from a demoted primary, which also drops the link so
+  the Sentinels are asked again). The re-assert after a snapshot goes through the outbox too (its rows are
+  queued again), so a primary that refuses writes never stops this host from receiving.
+- Rate refusals are deferred, not dropped: the gate's per-origin cap refuses what comes faster than `rate`,
+  and those events are retried as the cap refills (bounded by `DEFER_LIMIT`; the saved cursor stays before
+  the first deferred entry, so a restart re-reads them).
 
 The service never touches the kernel or SQLite itself: the enforcer behind `FleetSink` and the store behind
 `FleetState` (called in a worker thread) do. It never reads the wall clock except through `clock`.
@@ -37,10 +45,10 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from nftblockd.addr import IPNet, format_host, format_target
+from nftblockd.addr import IPNet, format_host, format_target, host_net
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import FleetConfig
 from nftblockd.fleet.catchup import (
@@ -52,6 +60,8 @@ from nftblockd.fleet.catchup import (
     LocalBan,
     OwnBan,
     Replay,
+    StreamId,
+    before,
     decide,
     format_id,
     parse_id,
@@ -61,6 +71,7 @@ from nftblockd.fleet.catchup import (
 from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net, plain_bans
 from nftblockd.fleet.gate import Gate, TrustLimits
 from nftblockd.fleet.link import Engine, Entry, LinkError
+from nftblockd.fleet.retry import retry_delay
 from nftblockd.state.store import OutboxItem, OutboxRow
 
 log = logging.getLogger("nftblockd.fleet")
@@ -72,8 +83,8 @@ PUBLISH_BATCH = 10000  # outbox rows per publish round
 # of 12 (in-process); it is 0.66x at 4 entries, 0.30x at 16
 BATCH_MIN = 2
 QUEUE_LIMIT = 1_000_000  # submitted events waiting for the outbox write; beyond, counted and dropped
-BACKOFF_FIRST = 0.5
-BACKOFF_CAP = 30.0
+DEFER_LIMIT = 200_000  # rate-refused events kept for a retry; beyond, counted as refused ("rate") and dropped
+DEFER_BLOCK_MS = 200  # while events are deferred, reads block this long at most, so retries come round
 
 
 class FleetSink(Protocol):
@@ -99,6 +110,7 @@ class FleetState(Protocol):
                     limit: int = ...) -> list[OutboxRow]: ...
     def fleet_forget(self, targets: Iterable[tuple[str, float]]) -> None: ...
     def fleet_own_active(self, now: float, since: float) -> list[OutboxRow]: ...
+    def fleet_requeue(self, oseqs: Iterable[int]) -> None: ...
     def fleet_outbox_size(self) -> int: ...
     def fleet_cursor(self, fleet: str) -> tuple[str, str] | None: ...
     def set_fleet_cursor(self, fleet: str, run_id: str, last_id: str) -> None: ...
@@ -135,6 +147,8 @@ class FleetStats:
     snapshots: int = 0
     replays: int = 0
     reasserted: int = 0
+    deferred: int = 0  # rate-refused events waiting for a retry now
+    deferred_total: int = 0  # events ever deferred (each is applied later, or counted refused if it ends)
     connects: int = 0
     last_error: str = ""
     last_error_at: float = 0.0
@@ -152,6 +166,7 @@ class FleetStats:
             "cursor": self.cursor, "outbox": self.outbox, "received": by_op, "rejected": dict(rejected),
             "published": self.published, "publish_failures": self.publish_failures, "dropped": self.dropped,
             "snapshots": self.snapshots, "replays": self.replays, "reasserted": self.reasserted,
+            "deferred": self.deferred, "deferred_total": self.deferred_total,
             "connects": self.connects, "last_error": self.last_error, "last_error_at": self.last_error_at,
             "lag_last": self.lag_last,
         }
@@ -193,7 +208,11 @@ class FleetService:
         self._queue: collections.deque[OutboxItem] = collections.deque()
         self._wake = asyncio.Event()
         self._online = asyncio.Event()
+        self._connected = asyncio.Event()  # set at each (re)connect: a waiting publisher retries at once
         self._down_since: float | None = None
+        # rate-refused events by target, oldest first: (entry id, event); a newer event of a target replaces
+        # its deferred one (within a read, too, the last event of an address wins)
+        self._deferred: dict[IPNet, tuple[StreamId, FleetEvent]] = {}
 
     # -- publishing ----------------------------------------------------------------------------------
 
@@ -223,11 +242,12 @@ class FleetService:
         return 1
 
     async def _publish_loop(self) -> None:
-        delay = BACKOFF_FIRST
+        failing_since: float | None = None
         while True:
             await self._wake.wait()
             self._wake.clear()
             if not self._online.is_set():
+                failing_since = None  # the receive loop is reconnecting: a new outage for the publisher after it
                 if self._queue:  # kept durably until the server is back
                     await self._store_round(None)
                 self.stats.outbox = await asyncio.to_thread(self.state.fleet_outbox_size)
@@ -235,14 +255,24 @@ class FleetService:
             try:
                 await self._publish_pending()
                 _honour_cancel(asyncio.current_task())
-                delay = BACKOFF_FIRST
+                failing_since = None
             except Exception as exc:  # LinkError expected; anything else must not end fleet mode either
                 if not isinstance(exc, LinkError):
                     log.error("fleet %s: unexpected error while publishing", self.cfg.name, exc_info=True)
+                elif exc.not_primary:
+                    # a demoted primary still serves reads: drop the link so the receive loop asks the
+                    # Sentinels again, instead of following a replica that refuses every publish
+                    log.info("fleet %s: %s; reconnecting", self.cfg.name, exc)
+                    await self.link.close()
                 self.stats.publish_failures += 1
                 self._note_error(exc)
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, BACKOFF_CAP)
+                # the rows stay in the outbox: a refused MULTI (NOREPLICAS, READONLY) is not published
+                now = self.clock()
+                failing_since = now if failing_since is None else failing_since
+                self._connected.clear()
+                with contextlib.suppress(TimeoutError):  # a reconnect ends the wait
+                    await asyncio.wait_for(self._connected.wait(),
+                                           retry_delay(now - failing_since) * random.uniform(0.8, 1.2))
                 self._wake.set()
 
     async def _store_round(self, sent: list[int] | None, now: float = 0.0) -> list[OutboxRow]:
@@ -273,8 +303,7 @@ class FleetService:
             if not rows:
                 self.stats.outbox = 0
                 return
-            ts = int(now * 1000)
-            events = [self._event(r, ts) for r in rows]
+            events = [self._event(r) for r in rows]
             await self.link.publish([e for e in events if e is not None], now)
             sent = [r.oseq for r in rows]
             self.stats.published += len(rows)
@@ -283,7 +312,10 @@ class FleetService:
                 self.stats.outbox = 0
                 return
 
-    def _event(self, r: OutboxRow, ts: int) -> FleetEvent | None:
+    def _event(self, r: OutboxRow) -> FleetEvent | None:
+        # `ts` is when this host decided the event (the row's creation), not when it is published: receivers
+        # tell a backlog flushed after an outage from a flood by it (gate.py, step 6)
+        ts = int(r.created * 1000)
         net = parse_net(r.target)
         if isinstance(net, Rejection):
             return None  # cannot happen for rows we wrote; never let one poison the outbox
@@ -313,7 +345,10 @@ class FleetService:
         """Persist the cursor now (the daemon calls this at shutdown)."""
         if self._cursor is not None and self._dirty:
             c = self._cursor
-            await asyncio.to_thread(self.state.set_fleet_cursor, self.cfg.name, c.run_id, format_id(c.last_id))
+            last = c.last_id
+            if self._deferred:  # a restart must read the deferred entries again: stop before the first
+                last = min(last, before(min(sid for sid, _ev in self._deferred.values())))
+            await asyncio.to_thread(self.state.set_fleet_cursor, self.cfg.name, c.run_id, format_id(last))
             self._dirty = False
             self._saved_at = self.clock()
 
@@ -323,7 +358,6 @@ class FleetService:
         self.stats.cursor = format_id(cursor.last_id)
 
     async def _receive_loop(self) -> None:
-        delay = BACKOFF_FIRST
         while True:
             try:
                 run_id = await self.link.connect()
@@ -331,6 +365,9 @@ class FleetService:
                 self.stats.run_id = run_id
                 self.stats.server = getattr(self.link, "server", "")
                 self.stats.role = await self.link.role()
+                if self.cfg.sentinel_hosts and self.stats.role != "master":
+                    # the Sentinels named a server that is no longer (or not yet) the primary: ask again
+                    raise LinkError(f"{self.stats.server} is a {self.stats.role}, not the primary")
                 await self._catch_up()
                 self.stats.connected = True
                 if self._down_since is not None:
@@ -340,8 +377,8 @@ class FleetService:
                 else:
                     log.info("fleet %s: connected to %s (%s)", self.cfg.name, self.stats.server, self.stats.role)
                 self._online.set()
+                self._connected.set()
                 self._wake.set()
-                delay = BACKOFF_FIRST
                 await self._follow()
             except Exception as exc:  # LinkError is the expected case; anything else is a bug or a surprise
                 # from the client library, and must not end fleet mode (or the daemon's TaskGroup)
@@ -352,13 +389,14 @@ class FleetService:
                 self._note_error(exc)
                 if self._down_since is None:
                     self._down_since = self.clock()
-                    log.warning("fleet %s: server unreachable (%s); bans are still enforced here and queued for "
-                                "the fleet; retrying with backoff", self.cfg.name, exc)
+                    what = ("the server refused this host" if isinstance(exc, LinkError) and exc.refused
+                            else "server unreachable")
+                    log.warning("fleet %s: %s (%s); bans are still enforced here and queued for the fleet; "
+                                "retrying with backoff", self.cfg.name, what, exc)
                 else:
                     log.debug("fleet %s: still unreachable: %s", self.cfg.name, exc)
                 await self.link.close()
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay = min(delay * 2, BACKOFF_CAP)
+                await asyncio.sleep(retry_delay(self.clock() - self._down_since) * random.uniform(0.8, 1.2))
 
     async def _follow(self) -> None:
         """Read and apply, the next read already on its way while a batch is applied (the reader connection
@@ -367,7 +405,7 @@ class FleetService:
         task = asyncio.current_task()
         cur = self._cursor
         assert cur is not None
-        reading = asyncio.ensure_future(self.link.read(cur.last_id, self.read_count))
+        reading = asyncio.ensure_future(self.link.read(cur.last_id, self.read_count, self._block()))
         try:
             while True:
                 entries = await reading
@@ -376,9 +414,11 @@ class FleetService:
                 assert cur is not None
                 after = entries[-1][0] if entries else cur.last_id
                 count = self.catchup_count if len(entries) >= self.read_count else self.read_count
-                reading = asyncio.ensure_future(self.link.read(after, count))
+                reading = asyncio.ensure_future(self.link.read(after, count, self._block()))
                 if entries:
                     await self._apply(entries, cur.run_id)
+                if self._deferred:
+                    await self._retry_deferred()
                 if self._dirty and self.clock() - self._saved_at >= self.cursor_interval:
                     await self.save_cursor()
         finally:
@@ -386,6 +426,51 @@ class FleetService:
                 reading.cancel()
                 with contextlib.suppress(BaseException):
                     await reading
+
+    def _block(self) -> int | None:
+        """The next read's BLOCK: short while events wait for a retry, the link's own otherwise."""
+        return DEFER_BLOCK_MS if self._deferred else None
+
+    def _defer(self, sid: StreamId, ev: FleetEvent) -> None:
+        """Keep a rate-refused event for a retry (a backlog flushed after an outage is legitimate: refused,
+        it was never enforced here). Beyond DEFER_LIMIT it is refused for good and counted."""
+        d = self._deferred
+        if ev.net not in d and len(d) >= DEFER_LIMIT:
+            self.stats.received[(ev.op, "rate")] += 1
+            return
+        d.pop(ev.net, None)
+        d[ev.net] = (sid, ev)
+        self.stats.deferred_total += 1
+        self.stats.deferred = len(d)
+
+    async def _retry_deferred(self) -> None:
+        """Deferred events through the gate again, oldest first, as live events at the present time (their
+        bucket refills as time passes; their decision times no longer count), the accepted ones as one change.
+        Those still refused wait for the next round."""
+        now = self.clock()
+        items = list(self._deferred.values())
+        self._deferred.clear()
+        bans: list[FleetBan] = []
+        unbans: list[FleetUnban] = []
+        for sid, ev in items:
+            ok = self.gate.check(replace(ev, ts=0), now, now)
+            if isinstance(ok, Rejection):
+                if ok.reason == "rate":
+                    self._deferred[ev.net] = (sid, ev)
+                else:
+                    self.stats.received[(ev.op, ok.reason)] += 1
+                continue
+            self.stats.received[(ev.op, "applied")] += 1
+            if ev.op == "ban":
+                bans.append(FleetBan(ev.net, ok.until, ev.origin))
+            else:
+                unbans.append(FleetUnban(ev.net, sid[0] / 1000))
+        self.stats.deferred = len(self._deferred)
+        if bans or unbans:
+            await self.sink.apply_fleet(FleetChange(tuple(bans), tuple(unbans)))
+            if unbans:
+                await asyncio.to_thread(self.state.fleet_forget,
+                                        [(format_target(u.net), u.at or now) for u in unbans])
 
     async def _apply(self, entries: Sequence[Entry], run_id: str) -> None:
         now = self.clock()
@@ -413,10 +498,15 @@ class FleetService:
                 continue
             ok = self.gate.check(ev, now, sid[0] / 1000)
             if isinstance(ok, Rejection):
+                if ok.reason == "rate":
+                    self._defer(sid, ev)
+                    continue
                 received[(ev.op, ok.reason)] += 1
                 log.debug("fleet: refused %s %s from %s: %s", ev.op, ev.net, ev.origin, ok.detail)
                 continue
             received[(ev.op, "applied")] += 1
+            if self._deferred and self._deferred.pop(ev.net, None) is not None:
+                self.stats.deferred = len(self._deferred)  # this newer event wins over the deferred older one
             latest[ev.net] = (ev, ok.until if ev.op == "ban" else sid[0] / 1000)
         bans = tuple(FleetBan(net, v, ev.origin) for net, (ev, v) in latest.items() if ev.op == "ban")
         unbans = tuple(FleetUnban(net, v) for net, (ev, v) in latest.items() if ev.op == "unban")
@@ -443,11 +533,8 @@ class FleetService:
         for op, n in plain.own.items():
             received[(op, "own")] += n
         versions, keys, origins = plain.versions, plain.keys, plain.origins
-        ends, refused = self.gate.check_hosts(origins, plain.ats, versions, keys, plain.untils, now)
-        for i, rej in refused.items():
-            received[("ban", rej.reason)] += 1
-            log.debug("fleet: refused ban %s from %s: %s", format_host(keys[i], versions[i]), origins[i],
-                      rej.detail)
+        decided = [int(t) / 1000 for t in plain.ts]
+        ends, refused = self.gate.check_hosts(origins, plain.ats, versions, keys, plain.untils, now, decided)
         n = len(keys)
         if n > len(refused):
             received[("ban", "applied")] += n - len(refused)
@@ -459,6 +546,9 @@ class FleetService:
             for i in range(n):
                 if i not in refused:
                     last[versions[i] == 6][keys[i]] = i
+        if self._deferred:  # an accepted newer ban of a target settles its deferred older event (an unban)
+            self._settle_deferred(last)
+        self._plain_refused(plain, refused, last)
         groups: dict[tuple[int, float, str], list[int]] = {}
         for version, chosen in zip((4, 6), last, strict=True):
             if not chosen:
@@ -484,17 +574,43 @@ class FleetService:
             if self.on_lag is not None:
                 self.on_lag(self.stats.lag_last)
 
+    def _plain_refused(self, plain: PlainBans, refused: Mapping[int, Rejection],
+                       last: Sequence[Mapping[int, int]]) -> None:
+        """The batch path's refusals: `rate` ones deferred unless a later entry of the read for the same
+        address was accepted (as `_apply` does, entry by entry), the rest counted."""
+        keys, versions, origins = plain.keys, plain.versions, plain.origins
+        for i, rej in refused.items():
+            if rej.reason == "rate":  # the entry id is not kept here: its millisecond, which is no later
+                if last[versions[i] == 6].get(keys[i], -1) > i:
+                    continue
+                self._defer((int(plain.ats[i] * 1000), 0), FleetEvent(
+                    "ban", host_net(keys[i], versions[i]), plain.untils[i], origins[i], 0, "fleet", int(plain.ts[i])))
+                continue
+            self.stats.received[("ban", rej.reason)] += 1
+            log.debug("fleet: refused ban %s from %s: %s", format_host(keys[i], versions[i]), origins[i],
+                      rej.detail)
+
+    def _settle_deferred(self, last: Sequence[Mapping[int, int]]) -> None:
+        """Accepted host keys (IPv4, IPv6) of a read: their deferred older events must not follow them."""
+        for version, chosen in zip((4, 6), last, strict=True):
+            for k in chosen:
+                self._deferred.pop(host_net(k, version), None)
+        self.stats.deferred = len(self._deferred)
+
     # -- catch-up ------------------------------------------------------------------------------------
 
     async def _catch_up(self) -> None:
         await self._load_cursor()
-        view = await self.link.server_view()
+        view = await self.link.server_view(self._cursor.last_id if self._cursor is not None else None)
         choice = decide(self._cursor, view)
         if isinstance(choice, Replay):
             self.stats.replays += 1
-            if self._cursor is None or self._cursor.last_id != choice.after:
+            if self._cursor is None or self._cursor.last_id != choice.after or self._cursor.run_id != view.run_id:
                 self._move(Cursor(view.run_id, choice.after))
-            log.info("fleet %s: replaying from %s", self.cfg.name, format_id(choice.after))
+            log.info("fleet %s: replaying from %s%s", self.cfg.name, format_id(choice.after),
+                     " on a new server that holds our cursor's entry" if choice.reassert else "")
+            if choice.reassert:
+                await self._reassert_by_scores()
             return
         await self._snapshot(choice.why)
 
@@ -520,6 +636,8 @@ class FleetService:
             net = parse_net(member)
             if not isinstance(net, Rejection):
                 tombstones[net] = at
+        self._deferred.clear()  # the snapshot holds what they would have added (their entry ids are another run's)
+        self.stats.deferred = 0
         fleet_elements, local = await self.sink.fleet_view()
         change = reconcile(active, tombstones, fleet_elements, local)
         if change:
@@ -529,19 +647,38 @@ class FleetService:
         self.stats.snapshots += 1
         log.info("fleet %s: snapshot (%s): %d active, %d tombstones; %d added, %d removed here", self.cfg.name,
                  why, len(snap.active), len(snap.tombstones), len(change.bans), len(change.unbans))
+        await self._requeue(reassert(await self._own_active(now), active_raw, tombstones, now))
+
+    async def _own_active(self, now: float) -> list[OwnBan]:
         rows = await asyncio.to_thread(self.state.fleet_own_active, now, now - self.cfg.history)
         own = []
         for r in rows:
             net = parse_net(r.target)
             if not isinstance(net, Rejection):
                 own.append(OwnBan(r.oseq, net, math.inf if r.until is None else r.until, r.src, r.created))
-        again = reassert(own, active_raw, tombstones, now)
+        return own
+
+    async def _requeue(self, again: Sequence[OwnBan]) -> None:
+        """Re-assert: through the outbox, not published here. Published by the catch-up, a server that refused
+        writes (NOREPLICAS) failed the whole catch-up, and with it receiving, on every host that had own bans
+        to re-assert (issue #23). Queued again, the publisher publishes them, retried until acknowledged."""
         if again:
-            ts = int(now * 1000)
-            await self.link.publish([FleetEvent("ban", b.net, b.until, self.cfg.host_id, b.oseq, b.src, ts)
-                                     for b in again], now)
+            await asyncio.to_thread(self.state.fleet_requeue, [b.oseq for b in again])
             self.stats.reasserted += len(again)
-            log.info("fleet %s: re-asserted %d own bans the server lacked", self.cfg.name, len(again))
+            self._wake.set()
+            log.info("fleet %s: re-asserting %d own bans the server lacks", self.cfg.name, len(again))
+
+    async def _reassert_by_scores(self) -> None:
+        """After a failover without a snapshot: this host's own recent active bans the server lacks (asked for
+        them alone, `RedisLink.scores`) are queued again, as after a snapshot."""
+        now = self.clock()
+        own = await self._own_active(now)
+        if not own:
+            return
+        active_raw, tombs_raw = await self.link.scores([format_target(b.net) for b in own])
+        by_text = {format_target(b.net): b.net for b in own}
+        await self._requeue(reassert(own, {by_text[m]: v for m, v in active_raw.items()},
+                                     {by_text[m]: v for m, v in tombs_raw.items()}, now))
 
     # -- lifecycle -----------------------------------------------------------------------------------
 

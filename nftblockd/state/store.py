@@ -824,6 +824,18 @@ class Store:
             "SELECT oseq, op, target, until, src, created FROM fleet_outbox WHERE state = 1 AND created >= ?"
             " AND (until IS NULL OR until > ?) ORDER BY oseq", (since, now))])
 
+    def fleet_requeue(self, oseqs: Iterable[int]) -> None:
+        """Published bans to publish again (a re-assert): back to pending, published by the publisher's rounds
+        with their retries, instead of by the catch-up that found the server lacking them."""
+        keys = [(o,) for o in oseqs]
+
+        def run(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                conn.executemany("UPDATE fleet_outbox SET state = 0 WHERE oseq = ? AND state = 1", keys)
+
+        if keys:
+            self._run("re-queue fleet bans", run)
+
     def fleet_outbox_size(self) -> int:
         return int(self._run("count the fleet outbox", lambda c: c.execute(
             "SELECT count(*) FROM fleet_outbox WHERE state = 0").fetchone()[0]))

@@ -744,7 +744,7 @@ FLEET = {"fleet": "prod", "host_id": "web-01", "connected": True, "server": "10.
          "cursor": "1900000000000-0", "outbox": 3, "published": 12, "publish_failures": 1,
          "received": {"ban": {"applied": 40, "own": 12, "allowlisted": 2}, "unban": {"applied": 1}},
          "rejected": {"allowlisted": 2}, "replays": 1, "snapshots": 0, "reasserted": 0, "connects": 1,
-         "lag_last": 0.0042, "last_error": "", "last_error_at": 0.0}
+         "lag_last": 0.0042, "last_error": "", "last_error_at": 0.0, "deferred": 3, "deferred_total": 30}
 
 
 async def test_fleet_and_the_fleet_part_of_status(sock: Path, rig: ApiRig) -> None:
@@ -756,6 +756,7 @@ async def test_fleet_and_the_fleet_part_of_status(sock: Path, rig: ApiRig) -> No
     assert r.out.startswith("fleet prod, host web-01: connected to 10.0.0.5:6379 (master)\n"), r.out
     assert "cursor 1900000000000-0, last propagation lag 4.2 ms, outbox 3, published 12" in r.out
     assert "received ban: allowlisted 2, applied 40, own 12\n" in r.out and "refused: allowlisted 2\n" in r.out
+    assert "over the rate cap: 3 waiting, 30 deferred in all (applied as the cap refills)\n" in r.out
     r = await nftblock("fleet", "--json", sock=sock)
     assert json.loads(r.out) == {"fleet": FLEET}
 

@@ -112,7 +112,10 @@ def observed(svc: FleetService) -> dict[str, Any]:
         "received": dict(svc.stats.received),
         "fleet": sink.fleet, "origin": sink.origin, "local": sink.local,
         "calls": len(sink.calls),
-        "buckets": {o: (b.tokens, b.at) for o, b in svc.gate._buckets.items()},
+        "buckets": {o: [(x.tokens, x.at) if x is not None else None for x in (b.live, b.replay, b.ceiling)]
+                    for o, b in svc.gate._buckets.items()},
+        # (the batch path keeps no entry id, oseq or src: what a retry needs is the same)
+        "deferred": {net: (ev.op, ev.until, ev.origin, ev.ts) for net, (_sid, ev) in svc._deferred.items()},
         "cursor": svc._cursor, "lag": svc.stats.lag_last,
     }
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nftblockd.addr import IPNet
 from nftblockd.fleet.catchup import (
     Cursor,
     FleetBan,
@@ -69,6 +70,10 @@ V = ServerView("R1", first_id=(100, 0), last_generated=(200, 5))
     (Cursor("R1", (150, 0)), ServerView("R1", None, (200, 5)), Snapshot("trimmed")),  # all trimmed by age
     (Cursor("R1", (200, 5)), ServerView("R1", None, (200, 5)), Replay((200, 5))),
     (Cursor("R1", (0, 0)), ServerView("R1", None, (0, 0)), Replay((0, 0))),  # empty fleet, first start
+    # another server that holds the cursor's entry (a promoted replica, a restart with AOF): replay, re-assert
+    (Cursor("R0", (150, 0)), ServerView("R1", (100, 0), (200, 5), holds_cursor=True), Replay((150, 0), True)),
+    (Cursor("R0", (150, 0)), ServerView("R1", (100, 0), (200, 5)), Snapshot("new_server")),
+    (Cursor("R0", (0, 0)), ServerView("R1", None, (0, 0), holds_cursor=True), Snapshot("new_server")),
 ])
 def test_decide(saved: Cursor | None, server: ServerView, want: Replay | Snapshot) -> None:
     assert decide(saved, server) == want
@@ -85,18 +90,36 @@ def test_replay_only_when_nothing_after_the_cursor_was_lost(cur: tuple[int, int]
     assert isinstance(d, Replay) == (first <= cur <= last or cur == last)
 
 
-A, B, C, D = (N(x) for x in ("203.0.113.1/32", "203.0.113.2/32", "203.0.113.3/32", "198.51.100.0/24"))
+A, B, C, D, E = (N(x) for x in ("203.0.113.1/32", "203.0.113.2/32", "203.0.113.3/32", "198.51.100.0/24",
+                               "203.0.113.5/32"))
 
 
-def test_reconcile_adds_missing_and_longer_removes_absent_fleet_elements() -> None:
+def test_reconcile_adds_missing_and_longer_and_removes_only_tombstoned_fleet_elements() -> None:
     change = reconcile(
         active={A: NOW + 100, B: NOW + 500, D: math.inf},
-        tombstones={},
-        fleet_elements={A: NOW + 100, B: NOW + 50, C: NOW + 900},
+        tombstones={E: NOW - 10},
+        fleet_elements={A: NOW + 100, B: NOW + 50, C: NOW + 900, E: NOW + 900},
         local={},
     )
     assert set(change.bans) == {FleetBan(B, NOW + 500, ""), FleetBan(D, math.inf, "")}
-    assert change.unbans == (FleetUnban(C, None),)
+    assert change.unbans == (FleetUnban(E, None),)  # C, merely absent, stays: only an explicit unban removes
+
+
+def test_an_empty_or_younger_server_never_removes_a_kernel_ban() -> None:
+    """Issue #23: a server restarted without persistence (or a promoted replica that missed the last writes)
+    holds less than the fleet decided; its snapshot must not unban anything here."""
+    fleet = {A: NOW + 100, B: NOW + 500, D: math.inf}
+    local = {C: LocalBan(NOW - 5, NOW + 1000)}
+    assert not reconcile({}, {}, fleet, local)
+    younger = reconcile({A: NOW + 100}, {}, fleet, local)
+    assert not younger.unbans and not younger.bans
+
+
+@given(st.dictionaries(st.sampled_from([A, B, C, D]), st.floats(NOW - 100, NOW + 1000)),
+       st.dictionaries(st.sampled_from([A, B, C, D]), st.floats(NOW - 100, NOW + 1000)))
+def test_reconcile_removes_nothing_without_a_tombstone(active: dict[IPNet, float],
+                                                        fleet: dict[IPNet, float]) -> None:
+    assert reconcile(active, {}, fleet, {}).unbans == ()
 
 
 def test_local_bans_survive_unless_a_newer_tombstone_exists() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from nftblockd.allowlist import build_allowlist
 from nftblockd.fleet.codec import FleetEvent, Rejection
-from nftblockd.fleet.gate import Accepted, Gate, TrustLimits
+from nftblockd.fleet.gate import FLOOD_FACTOR, REPLAY_AGE, Accepted, Gate, TrustLimits
 
 N = ipaddress.ip_network
 A = ipaddress.ip_address
@@ -103,3 +103,42 @@ def test_origin_memory_is_bounded() -> None:
     for i in range(10):
         g.check(_ev("203.0.113.7/32", origin=f"h{i}"), NOW, NOW)
     assert len(g._buckets) == 3
+
+
+def _at(i: int, ts_ms: int, origin: str = "web-02") -> FleetEvent:
+    return FleetEvent("ban", N(f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}/32"), NOW + 3600, origin, i,
+                      "jail:sshd", ts_ms)
+
+
+def test_a_backlog_flushed_at_once_passes_at_the_pace_it_was_decided() -> None:
+    """Issue #23: 30,000 bans decided over 20 minutes (25/s) and published in one second after an outage were
+    22-25 % refused by the server-time bucket. Paced by their own times, all pass."""
+    g = _gate(rate=2000.0, burst=20000)
+    decided0 = NOW - 1300
+    results = [_reason(g.check(_at(i, int((decided0 + i / 25) * 1000)), NOW, NOW + i / 30000))
+               for i in range(30000)]
+    assert results.count("ok") == 30000
+
+
+def test_a_flood_decided_now_is_still_capped() -> None:
+    g = _gate(rate=2000.0, burst=20000)
+    results = [_reason(g.check(_at(i, int(NOW * 1000)), NOW, NOW + i / 30000)) for i in range(30000)]
+    assert 20000 <= results.count("ok") <= 20000 + 2000 and results.count("rate") >= 8000
+
+
+def test_forged_old_times_buy_at_most_the_flood_ceiling() -> None:
+    """A peer claiming old decision times, spread at exactly `rate`, passes the replay bucket; the ceiling by
+    server time (FLOOD_FACTOR x burst at once) still holds it."""
+    g = _gate(rate=100.0, burst=100)
+    n = 5000
+    results = [_reason(g.check(_at(i, int((NOW - 3600 + i / 100) * 1000)), NOW, NOW)) for i in range(n)]
+    assert results.count("ok") == 100 * FLOOD_FACTOR
+
+
+def test_replays_and_live_events_have_separate_buckets() -> None:
+    g = _gate(rate=10.0, burst=5)
+    live = [_reason(g.check(_at(i, int(NOW * 1000)), NOW, NOW)) for i in range(6)]
+    replay = [_reason(g.check(_at(100 + i, int((NOW - 600 + i) * 1000)), NOW, NOW)) for i in range(6)]
+    assert live == ["ok"] * 5 + ["rate"]
+    assert replay == ["ok"] * 6  # one a second of decision time: within the replay bucket's pace
+    assert REPLAY_AGE > 0
