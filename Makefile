@@ -64,10 +64,12 @@ coverage: venv
 bench: venv
 	$(PY) bench/run.py
 
-# What CI gates before the tests: ruff, then mypy (strict; package, tests, bench/ and tools/, see pyproject.toml)
+# What CI gates before the tests: ruff, then mypy (strict; package, tests, bench/ and tools/, see pyproject.toml),
+# then that every declared dependency is imported by the package (tools/check_deps.py)
 lint: venv
 	$(VENV)/bin/ruff check nftblockd tests bench tools
 	$(VENV)/bin/mypy
+	$(PY) tools/check_deps.py
 
 deb: venv
 	bash packaging/build-deb.sh
