@@ -5,9 +5,10 @@ PY    := $(VENV)/bin/python
 # mmdebstrap + systemd-container: the real-systemd test tier (tests/systemd/); lintian: the package check.
 # gcc, python3-dev, libpcre2-dev: the matcher's native core (nftblockd/detect/_scan.c); dpkg-dev: make deb;
 # gcc, libc6-dev: the data-path benchmark's packet sender (bench/udpflood.c);
-# redis-server, openssl: the fleet tests' own servers and TLS certificates
+# redis-server, openssl: the fleet tests' own servers and TLS certificates; python3-venv: `make venv` and the
+# wheel test's venvs of Debian's python3 (tests/integration/test_wheel.py)
 APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban mmdebstrap systemd-container lintian \
-                gcc python3-dev libpcre2-dev dpkg-dev libc6-dev redis-server openssl
+                gcc python3-dev libpcre2-dev dpkg-dev libc6-dev redis-server openssl python3-venv
 STAMP := $(VENV)/.installed
 PROMTOOL := $(VENV)/bin/promtool
 

@@ -53,7 +53,12 @@ if os.environ.get("NFTBLOCK_NATIVE", "1") == "0":
 else:
     try:
         _scan = importlib.import_module("nftblockd.detect._scan")
-    except ImportError as exc:  # not built (no compiler or libpcre2-dev at install time) or libpcre2 missing
+    except ModuleNotFoundError as exc:  # not built: the optional build failed when this copy was installed
+        if exc.name != "nftblockd.detect._scan":
+            raise
+        _why_not = ("native core not built (this copy was installed without a C compiler or libpcre2-dev; "
+                    "reinstall with both to get it)")
+    except ImportError as exc:  # built, but it cannot load here (libpcre2-8 missing, another platform)
         _why_not = f"native core unavailable ({exc})"
 
 # group names whose values the decision reads (matcher._FLAGS and the connection id), in Scanner order

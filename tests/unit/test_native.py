@@ -330,7 +330,24 @@ def test_without_the_extension_everything_runs_on_the_python_path() -> None:
     """)
     assert proc.returncode == 0, proc.stderr
     engine, host = proc.stdout.splitlines()
-    assert engine.startswith("python (re): native core unavailable") and host == "192.0.2.1"
+    assert engine.startswith("python (re): native core not built (this copy was installed without a C compiler")
+    assert host == "192.0.2.1"
+
+
+def test_an_extension_that_cannot_load_says_why() -> None:
+    proc = _run("""
+        import sys
+        class Broken:  # as a built core whose libpcre2-8 is gone
+            def find_spec(self, name, path=None, target=None):
+                if name == "nftblockd.detect._scan":
+                    raise ImportError("libpcre2-8.so.0: cannot open shared object file")
+        sys.meta_path.insert(0, Broken())
+        from nftblockd.detect import native
+        print(native.describe())
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ("pure Python (re): native core unavailable "
+                           "(libpcre2-8.so.0: cannot open shared object file)\n")
 
 
 def test_pcre2_runs_interpreted_when_executable_memory_is_refused() -> None:
