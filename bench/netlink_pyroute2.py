@@ -23,14 +23,13 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import record
+from bench.common import alternating, record
 from nftblockd.kernel import nfmsg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,17 +44,8 @@ PYROUTE2_NFT = "pyroute2.netlink.nfnetlink.nftsocket"
 
 def alternate(ours: Callable[[], object], theirs: Callable[[], object]) -> tuple[float, float]:
     """(ours, theirs) in milliseconds, each the median of ROUNDS runs taken in turn."""
-    a: list[float] = []
-    b: list[float] = []
-    for _ in range(ROUNDS):
-        t0 = time.perf_counter()
-        ours()
-        t1 = time.perf_counter()
-        theirs()
-        t2 = time.perf_counter()
-        a.append(t1 - t0)
-        b.append(t2 - t1)
-    return statistics.median(a) * 1e3, statistics.median(b) * 1e3
+    a, b = alternating(ours, theirs, ROUNDS)
+    return a * 1e3, b * 1e3
 
 
 def elements(messages: list[bytes]) -> list[tuple[bytes, int | None, int | None]]:
