@@ -59,8 +59,9 @@ test: coverage
 # few unit tests that need root (marked `root`, skipped as nobody) run as root, from their own files.
 coverage: venv
 	tools/as-nobody.sh $(PY) -m pytest -q -p no:cacheprovider --cov --cov-report=term tests/unit
-	@if [ "$$(id -u)" = 0 ]; then set -x; \
-	  $(PY) -m pytest -q -p no:cacheprovider -m root $$(grep -l 'pytest\.mark\.root' tests/unit/test_*.py); fi
+	@if [ "$$(id -u)" = 0 ]; then files=$$(grep -l 'pytest\.mark\.root' tests/unit/test_*.py); \
+	  echo "as root, the unit tests marked root in:" $$files; \
+	  $(PY) -m pytest -q -p no:cacheprovider -m root $$files; fi
 
 bench: venv
 	$(PY) bench/run.py
