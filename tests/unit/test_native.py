@@ -23,6 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nftblockd import __version__
+from nftblockd.daemon_main import main as nftblockd_main
 from nftblockd.detect import native
 from nftblockd.detect.filterload import builtin_filters, load_filter, load_yaml_filter
 from nftblockd.detect.matcher import Filter, FilterDef, MatchContext, RegexSource, compile_filter
@@ -388,3 +390,10 @@ def test_addresses_built_natively_are_the_ones_parse_host_builds() -> None:
             got = r.host  # type: ignore[union-attr]
             assert type(got) is type(want) and got == want and hash(got) == hash(want)
             assert (str(got), got.packed, got.is_private) == (str(want), want.packed, want.is_private)
+
+
+def test_nftblockd_version_names_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert nftblockd_main(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert out == f"nftblockd {__version__}\nmatcher: {native.describe()}\n"
+    assert out.splitlines()[1].startswith("matcher: native core, PCRE2 ")  # this module's tests need the core
