@@ -5,9 +5,10 @@ PY    := $(VENV)/bin/python
 # mmdebstrap + systemd-container: the real-systemd test tier (tests/systemd/); lintian: the package check.
 # gcc, python3-dev, libpcre2-dev: the matcher's native core (nftblockd/detect/_scan.c); dpkg-dev: make deb;
 # gcc, libc6-dev: the data-path benchmark's packet sender (bench/udpflood.c);
-# redis-server, openssl: the fleet tests' own servers and TLS certificates
+# redis-server, openssl: the fleet tests' own servers and TLS certificates; python3-venv: `make venv` and the
+# wheel test's venvs of Debian's python3 (tests/integration/test_wheel.py)
 APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban mmdebstrap systemd-container lintian \
-                gcc python3-dev libpcre2-dev dpkg-dev libc6-dev redis-server openssl
+                gcc python3-dev libpcre2-dev dpkg-dev libc6-dev redis-server openssl python3-venv
 STAMP := $(VENV)/.installed
 PROMTOOL := $(VENV)/bin/promtool
 
@@ -55,16 +56,23 @@ demo: venv
 test: coverage
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration tests/systemd
 
+# The unit tier must pass as any user: run as root, it runs as nobody (tools/as-nobody.sh), and then only the
+# few unit tests that need root (marked `root`, skipped as nobody) run as root, from their own files.
 coverage: venv
-	$(PY) -m pytest -q -p no:cacheprovider --cov --cov-report=term tests/unit
+	tools/as-nobody.sh $(PY) -m pytest -q -p no:cacheprovider --cov --cov-report=term tests/unit
+	@if [ "$$(id -u)" = 0 ]; then files=$$(grep -l 'pytest\.mark\.root' tests/unit/test_*.py); \
+	  echo "as root, the unit tests marked root in:" $$files; \
+	  $(PY) -m pytest -q -p no:cacheprovider -m root $$files; fi
 
 bench: venv
 	$(PY) bench/run.py
 
-# What CI gates before the tests: ruff, then mypy (strict; package, tests, bench/ and tools/, see pyproject.toml)
+# What CI gates before the tests: ruff, then mypy (strict; package, tests, bench/ and tools/, see pyproject.toml),
+# then that every declared dependency is imported by the package (tools/check_deps.py)
 lint: venv
 	$(VENV)/bin/ruff check nftblockd tests bench tools
 	$(VENV)/bin/mypy
+	$(PY) tools/check_deps.py
 
 deb: venv
 	bash packaging/build-deb.sh

@@ -1,11 +1,30 @@
 """Build of the optional native scanning core (nftblockd/detect/_scan.c, against libpcre2-8).
 
 Everything else about the package is in pyproject.toml. The extension is optional: without a C compiler or
-libpcre2-dev the build prints a warning and the matcher runs on its pure-Python path (`nftblock
-test-filter` says which engine ran). It uses the stable ABI, so one build serves every CPython >= 3.11.
+libpcre2-dev the build prints a warning and the matcher runs on its pure-Python path (`nftblockd --version`
+and `nftblock test-filter` say which engine runs, and why not the native one). It uses the stable ABI, so
+one build serves every CPython >= 3.11: the wheel is tagged cp311-abi3-<platform>. A wheel built without the
+core holds no compiled code and is tagged py3-none-any instead, so it never poses as carrying it.
 """
 
+from __future__ import annotations
+
+import os
+
 from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
+
+LIMITED_API = "cp311"  # Py_LIMITED_API 0x030B0000 below: the oldest CPython the binary serves
+
+
+class BdistWheel(bdist_wheel):
+    """abi3 when the native core was built; a pure wheel when the optional build failed."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        build_ext = self.get_finalized_command("build_ext")
+        built = all(os.path.exists(build_ext.get_ext_fullpath(e.name)) for e in build_ext.extensions)
+        return super().get_tag() if built else ("py3", "none", "any")
+
 
 setup(
     ext_modules=[
@@ -18,4 +37,6 @@ setup(
             optional=True,
         )
     ],
+    cmdclass={"bdist_wheel": BdistWheel},
+    options={"bdist_wheel": {"py_limited_api": LIMITED_API}},
 )

@@ -10,16 +10,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import random
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import record
+from bench.common import alternating, record
 from bench.feedgen import make_entries
 from nftblockd import addr
 from nftblockd.cli import canonical_target
@@ -30,17 +28,8 @@ N = 50_000
 
 def per_item(fast: Callable[[], Any], plain: Callable[[], Any], n: int) -> tuple[float, float]:
     """(fast, plain) nanoseconds per item, each the median of ROUNDS alternating runs."""
-    f: list[float] = []
-    p: list[float] = []
-    for _ in range(ROUNDS):
-        t0 = time.perf_counter()
-        fast()
-        t1 = time.perf_counter()
-        plain()
-        t2 = time.perf_counter()
-        f.append(t1 - t0)
-        p.append(t2 - t1)
-    return statistics.median(f) / n * 1e9, statistics.median(p) / n * 1e9
+    f, p = alternating(fast, plain, ROUNDS)
+    return f / n * 1e9, p / n * 1e9
 
 
 def compare(name: str, fast: Callable[[], Any], plain: Callable[[], Any], n: int, reference: str,

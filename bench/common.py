@@ -43,6 +43,21 @@ def record(name: str, value: float, unit: str, *, reference: str | None = None,
     return entry
 
 
+def alternating(a: Callable[[], Any], b: Callable[[], Any], rounds: int) -> tuple[float, float]:
+    """(a, b) in seconds, each the median of `rounds` runs taken in turn: a busy machine slows both alike."""
+    ta: list[float] = []
+    tb: list[float] = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        a()
+        t1 = time.perf_counter()
+        b()
+        t2 = time.perf_counter()
+        ta.append(t1 - t0)
+        tb.append(t2 - t1)
+    return statistics.median(ta), statistics.median(tb)
+
+
 def median_time(fn: Callable[[], Any], repeat: int = 3) -> float:
     times = []
     for _ in range(repeat):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nftblockd import __version__
 from nftblockd.config import ConfigError, examine_config, in_file_order, load_config
 from nftblockd.daemon import (
     Overrides,
@@ -16,6 +17,7 @@ from nftblockd.daemon import (
     log_file_warnings,
     run,
 )
+from nftblockd.detect import native
 from nftblockd.service.logsetup import setup_logging
 
 
@@ -48,11 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", help="state directory (overrides state_dir)")
     p.add_argument("--metrics", metavar="ADDR:PORT", help="Prometheus listen address (overrides metrics.listen)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--version", action="store_true",
+                   help="print the version and the engine the log matcher runs on (and why, if not the native "
+                        "one), and exit")
     return p
+
+
+def version() -> str:
+    return f"nftblockd {__version__}\nmatcher: {native.describe()}"
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    if a.version:
+        print(version())
+        return 0
     if a.check_config:
         return check_config(a.check_config)
     try:

@@ -5,9 +5,9 @@
 #
 # What goes where:
 #   /usr/lib/nftblockd/                 the nftblockd package (with nftblockd/detect/_scan.abi3.so, the
-#                                       matcher's native core), plus pyroute2, asyncinotify and
-#                                       prometheus-client (pure Python, pinned to the versions installed in
-#                                       the build venv, i.e. the ones the tests ran against)
+#                                       matcher's native core), plus asyncinotify and prometheus-client
+#                                       (pure Python, pinned to the versions installed in the build venv,
+#                                       i.e. the ones the tests ran against)
 #   /usr/bin/nftblockd, /usr/bin/nftblock
 #                                       entry scripts generated from pyproject's [project.scripts] by
 #                                       packaging/entry-script.sh; run by /usr/bin/python3 -I (nftblock:
@@ -62,7 +62,7 @@ ARCH=$(dpkg --print-architecture)
 # Python dependency → how the package gets it. A new dependency in pyproject.toml fails the build until it is
 # listed here: bundled (pure Python, pinned) or a Debian package.
 declare -A DEBIAN_PROVIDES=([systemd-python]=python3-systemd [pyyaml]=python3-yaml [aiohttp]=python3-aiohttp)
-BUNDLED=(pyroute2 asyncinotify prometheus-client)
+BUNDLED=(asyncinotify prometheus-client)
 
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT

@@ -51,12 +51,6 @@ from nftblockd.control.wire import (
 from nftblockd.durations import BanLength, parse_timeout
 from nftblockd.events import MAX_REASON, BanInfo, fleet_origin_host
 
-# The error codes as a type (wire.ERROR_CODES is the same set at run time; wire.py stays free of typing).
-ErrorCode: TypeAlias = Literal[
-    "invalid_address", "allowlisted", "never_ban", "unknown_set", "bad_request", "not_found", "internal", "unavailable",
-    "forbidden", "refused",
-]
-
 __all__ = [
     "BLOCKLIST_DEFAULT",
     "COMMANDS",
@@ -72,7 +66,6 @@ __all__ = [
     "CheckArgs",
     "CommandArgs",
     "ControlError",
-    "ErrorCode",
     "FeedsRefreshArgs",
     "FrameSplitter",
     "Invalid",

@@ -30,12 +30,11 @@ import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from nftblockd.control.protocol import (
     DEFAULT_MAX_REQUEST,
     ControlError,
-    ErrorCode,
     Invalid,
     Request,
     RequestDecoder,
@@ -43,6 +42,9 @@ from nftblockd.control.protocol import (
     encode_result,
     one_line,
 )
+
+if TYPE_CHECKING:
+    from nftblockd.control.wire import ErrorCode
 
 __all__ = ["ControlError", "ControlServer", "ControlServerError", "Handler", "Peer"]
 

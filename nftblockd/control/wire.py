@@ -18,15 +18,21 @@ import _json
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing; mypy treats the name the same way
 if TYPE_CHECKING:
-    from typing import Any, Final
+    from typing import Any, Final, Literal, TypeAlias
 
-    from nftblockd.control.protocol import ErrorCode
+    # The error codes as a type, for the type checker only: at run time ERROR_CODES below is the set (whose
+    # annotation makes mypy hold every member to this list). Here, not in protocol.py, so that the dependency
+    # between the two modules goes one way (protocol.py builds on this module).
+    ErrorCode: TypeAlias = Literal[
+        "invalid_address", "allowlisted", "never_ban", "unknown_set", "bad_request", "not_found", "internal",
+        "unavailable", "forbidden", "refused",
+    ]
 
 VERSION: Final = 1
 DEFAULT_MAX_REQUEST: Final = 64 * 1024 * 1024  # a bulk `ban -` of 1,000,000 IPv6 addresses is ~42 MB
 DEFAULT_MAX_RESPONSE: Final = 1024 * 1024 * 1024  # the client trusts the daemon; `list` can be large
 
-ERROR_CODES: Final = frozenset({
+ERROR_CODES: Final[frozenset[ErrorCode]] = frozenset({
     "invalid_address",  # a target is not an IP address or CIDR
     "allowlisted",  # a target overlaps the allowlist; never banned
     "never_ban",  # a target is (or overlaps) never-ban space: unspecified, multicast, link-local... (neverban.py)

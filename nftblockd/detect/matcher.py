@@ -61,6 +61,9 @@ from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 from nftblockd.addr import IPAddr, normalise_address, parse_v4
+from nftblockd.detect.native import Hooks as NativeHooks
+from nftblockd.detect.native import Parts as NativeParts
+from nftblockd.detect.native import build as build_native
 from nftblockd.detect.rxlint import lint_regex, literal_heads, matches_newline, required_literal
 from nftblockd.detect.rxopt import cheap_optionals
 from nftblockd.detect.timestamps import DateParser, DatePatternError
@@ -648,10 +651,10 @@ class Filter:
         self.scanner = "python (re)"
         self.native_notes: tuple[str, ...] = ()
         if native:
-            from nftblockd.detect import native as _native_mod
-
-            hooks = _native_mod.Hooks(Match, Rejected, _evict, parse_host, _HOST_MEMO, MAX_LINE)
-            built = _native_mod.build(self, hooks)
+            parts = NativeParts(self._dates, self._pref_rx, self._ignore_rx, self._ignore_whole, self._rules,
+                                self._heads, self._heads_len, self._unheaded, self._gate, self._hosts)
+            hooks = NativeHooks(Match, Rejected, _evict, parse_host, _HOST_MEMO, MAX_LINE)
+            built = build_native(parts, hooks)
             self._native, self.scanner, self.native_notes = built.scanner, built.engine, built.notes
 
     def disable_native(self) -> None:

@@ -35,14 +35,14 @@ import importlib
 import ipaddress
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from nftblockd.detect.matcher import Filter
+from nftblockd.detect.timestamps import DateParser
 
-__all__ = ["Built", "Hooks", "Untranslatable", "available", "build", "compile_pcre2", "describe", "to_pcre2"]
+__all__ = ["Built", "Hooks", "Parts", "Rule", "Untranslatable", "available", "build", "compile_pcre2", "describe",
+           "to_pcre2"]
 
 _scan: Any = None
 _why_not = ""
@@ -53,7 +53,12 @@ if os.environ.get("NFTBLOCK_NATIVE", "1") == "0":
 else:
     try:
         _scan = importlib.import_module("nftblockd.detect._scan")
-    except ImportError as exc:  # not built (no compiler or libpcre2-dev at install time) or libpcre2 missing
+    except ModuleNotFoundError as exc:  # not built: the optional build failed when this copy was installed
+        if exc.name != "nftblockd.detect._scan":
+            raise
+        _why_not = ("native core not built (this copy was installed without a C compiler or libpcre2-dev; "
+                    "reinstall with both to get it)")
+    except ImportError as exc:  # built, but it cannot load here (libpcre2-8 missing, another platform)
         _why_not = f"native core unavailable ({exc})"
 
 # group names whose values the decision reads (matcher._FLAGS and the connection id), in Scanner order
@@ -200,6 +205,36 @@ class Hooks:
     max_line: int
 
 
+class Rule(Protocol):
+    """What the Scanner reads of one failregex (matcher's compiled rule has these, and more)."""
+
+    @property
+    def rx(self) -> re.Pattern[str] | None: ...  # the `re` pattern (None: the rule runs on RE2)
+    @property
+    def index(self) -> int: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def limit(self) -> int | None: ...  # characters of the message the rule looks at (None: all)
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """A compiled filter as the Scanner is built from it. matcher.Filter hands these over, so the dependency
+    goes one way (matcher -> native) and this module never needs the Filter class."""
+
+    dates: DateParser
+    pref_rx: tuple[str, re.Pattern[str] | None, int | None] | None  # ("prefregex"|"prefix", rx or None, limit)
+    ignore_rx: tuple[tuple[re.Pattern[str], int | None] | None, ...]  # None: that ignoreregex runs on RE2
+    ignore_whole: bool
+    rules: Sequence[Rule]
+    heads: Mapping[str, Sequence[Rule]]  # the message's first characters -> the rules worth trying
+    heads_len: int
+    unheaded: Sequence[Rule]
+    gate: tuple[str, ...] | None
+    hosts: dict[str, Any]  # the filter's memo of parsed host texts (the Scanner adds to it)
+
+
 @dataclass(frozen=True, slots=True)
 class Built:
     scanner: Any  # _scan.Scanner, or None: the filter runs on the Python path
@@ -217,13 +252,13 @@ def _fields(names: list[str]) -> list[str]:
 
 
 # complexity exempt (C901): one pass mapping a compiled filter onto the native plan
-def build(flt: Filter, hooks: Hooks) -> Built:  # noqa: C901
-    """A Scanner for `flt`, or the reason it runs on the Python path."""
+def build(flt: Parts, hooks: Hooks) -> Built:  # noqa: C901
+    """A Scanner for the filter `flt` holds the parts of, or the reason it runs on the Python path."""
     if _scan is None:
         return Built(None, f"python (re): {_why_not}")
     # The syslog and ISO forms at the line start are read natively; other lines, and filters whose
     # datepattern has other forms, ask DateParser.find_span for each line that passes the gate.
-    shapes = flt._dates.fast_shapes
+    shapes = flt.dates.fast_shapes
     ts = None
     if shapes is not None:
         try:
@@ -232,8 +267,8 @@ def build(flt: Filter, hooks: Hooks) -> Built:  # noqa: C901
             return Built(None, f"python (re): timestamp: {exc}")
     prefix_kind, prefix, prefix_limit, content_group = 0, None, -1, 0
     pre_names: dict[str, int] = {}
-    if flt._pref_rx is not None:
-        kind, prx, plimit = flt._pref_rx
+    if flt.pref_rx is not None:
+        kind, prx, plimit = flt.pref_rx
         if prx is None:
             return Built(None, f"python (re): its {kind} runs on RE2")
         try:
@@ -245,7 +280,7 @@ def build(flt: Filter, hooks: Hooks) -> Built:  # noqa: C901
         pre_names = dict(prx.groupindex)
         content_group = pre_names.pop("content", 0) if prefix_kind == 2 else 0
     ignores = []
-    for j, ig in enumerate(flt._ignore_rx):
+    for j, ig in enumerate(flt.ignore_rx):
         if ig is None:
             return Built(None, f"python (re): ignoreregex {j} runs on RE2")
         try:
@@ -255,7 +290,7 @@ def build(flt: Filter, hooks: Hooks) -> Built:  # noqa: C901
     rules = []
     notes: list[str] = []
     native_rules = 0
-    for r in flt._rules:
+    for r in flt.rules:
         prx_rule = None
         if r.rx is None:
             notes.append(f"failregex {r.index} runs on {r.engine}: lines that reach it take the Python path")
@@ -279,20 +314,20 @@ def build(flt: Filter, hooks: Hooks) -> Built:  # noqa: C901
         rules.append((prx_rule, r.limit if r.limit is not None else -1, r.index, core, fields, alts))
     if not native_rules:
         return Built(None, "python (re): no failregex runs on PCRE2", tuple(notes))
-    position = {id(r): k for k, r in enumerate(flt._rules)}
+    position = {id(r): k for k, r in enumerate(flt.rules)}
     heads = tuple((key.encode("utf-8", "surrogatepass"), tuple(position[id(r)] for r in rs))
-                  for key, rs in flt._heads.items())
-    unheaded = tuple(position[id(r)] for r in flt._unheaded)
-    gate = None if flt._gate is None else tuple(g.encode("utf-8", "surrogatepass") for g in flt._gate)
+                  for key, rs in flt.heads.items())
+    unheaded = tuple(position[id(r)] for r in flt.unheaded)
+    gate = None if flt.gate is None else tuple(g.encode("utf-8", "surrogatepass") for g in flt.gate)
     scanner = _scan.Scanner(gate, hooks.max_line, ts, prefix_kind, prefix, prefix_limit, content_group,
-                            flt._heads_len, heads, unheaded, tuple(rules), tuple(ignores), flt._ignore_whole,
-                            flt._dates.stamp, flt._dates.year_of, flt._dates.hour_base,
-                            flt._dates.find_span, flt._hosts, hooks.parse_host, hooks.host_memo, hooks.match_type,
+                            flt.heads_len, heads, unheaded, tuple(rules), tuple(ignores), flt.ignore_whole,
+                            flt.dates.stamp, flt.dates.year_of, flt.dates.hour_base,
+                            flt.dates.find_span, flt.hosts, hooks.parse_host, hooks.host_memo, hooks.match_type,
                             hooks.rejected_type, hooks.evict, IPV4_BY_SLOT)
     mode = "JIT" if scanner.jit else "interpreted: no executable memory for the JIT"
     engine = f"native (PCRE2 {_scan.pcre2_version().split()[0]}, {mode})"
     if ts is None:
         engine += ", timestamps found by the Python side"
-    if native_rules < len(flt._rules):
-        engine += f", {native_rules} of {len(flt._rules)} failregexes"
+    if native_rules < len(flt.rules):
+        engine += f", {native_rules} of {len(flt.rules)} failregexes"
     return Built(scanner, engine, tuple(notes))

@@ -183,6 +183,7 @@ def test_read_leaves_the_file_alone_and_holds_no_lock(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fail2ban.sqlite3"]  # no journal, no -wal
 
 
+@pytest.mark.root
 def test_read_only_file_in_a_read_only_directory(tmp_path: Path) -> None:
     if shutil.which("chattr") is None:
         pytest.skip("needs chattr")

@@ -23,6 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nftblockd import __version__
+from nftblockd.daemon_main import main as nftblockd_main
 from nftblockd.detect import native
 from nftblockd.detect.filterload import builtin_filters, load_filter, load_yaml_filter
 from nftblockd.detect.matcher import Filter, FilterDef, MatchContext, RegexSource, compile_filter
@@ -330,7 +332,24 @@ def test_without_the_extension_everything_runs_on_the_python_path() -> None:
     """)
     assert proc.returncode == 0, proc.stderr
     engine, host = proc.stdout.splitlines()
-    assert engine.startswith("python (re): native core unavailable") and host == "192.0.2.1"
+    assert engine.startswith("python (re): native core not built (this copy was installed without a C compiler")
+    assert host == "192.0.2.1"
+
+
+def test_an_extension_that_cannot_load_says_why() -> None:
+    proc = _run("""
+        import sys
+        class Broken:  # as a built core whose libpcre2-8 is gone
+            def find_spec(self, name, path=None, target=None):
+                if name == "nftblockd.detect._scan":
+                    raise ImportError("libpcre2-8.so.0: cannot open shared object file")
+        sys.meta_path.insert(0, Broken())
+        from nftblockd.detect import native
+        print(native.describe())
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ("pure Python (re): native core unavailable "
+                           "(libpcre2-8.so.0: cannot open shared object file)\n")
 
 
 def test_pcre2_runs_interpreted_when_executable_memory_is_refused() -> None:
@@ -371,3 +390,10 @@ def test_addresses_built_natively_are_the_ones_parse_host_builds() -> None:
             got = r.host  # type: ignore[union-attr]
             assert type(got) is type(want) and got == want and hash(got) == hash(want)
             assert (str(got), got.packed, got.is_private) == (str(want), want.packed, want.is_private)
+
+
+def test_nftblockd_version_names_the_engine(capsys: pytest.CaptureFixture[str]) -> None:
+    assert nftblockd_main(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert out == f"nftblockd {__version__}\nmatcher: {native.describe()}\n"
+    assert out.splitlines()[1].startswith("matcher: native core, PCRE2 ")  # this module's tests need the core

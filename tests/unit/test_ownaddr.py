@@ -107,6 +107,7 @@ def test_the_daemon_does_not_import_pyroute2() -> None:
     assert r.returncode == 0 and r.stdout == "[]\n" and r.stderr == "", r.stdout + r.stderr
 
 
+@pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                     reason="needs root and unshare to mount a proc like ProcSubset=pid")
 def test_nothing_is_logged_under_procsubset_pid() -> None:

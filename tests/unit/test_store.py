@@ -595,6 +595,7 @@ def immutable(path: Path) -> Iterator[None]:
         subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
+@pytest.mark.root
 @pytest.mark.parametrize("what", ["directory", "file"])
 def test_immutable_database_runs_in_memory_with_its_bans(tmp_path: Path, what: str,
                                                         problems: list[StoreProblem]) -> None:

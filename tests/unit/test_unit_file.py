@@ -175,7 +175,7 @@ MDWE_PROBE = textwrap.dedent("""
     except OSError:
         pass
     import asyncio, hashlib, json, socket, sqlite3, ssl
-    import asyncinotify, prometheus_client, pyroute2, yaml
+    import asyncinotify, prometheus_client, yaml
     from systemd import journal
     import nftblockd.daemon, nftblockd.service.logsetup, nftblockd.service.sdnotify
 
