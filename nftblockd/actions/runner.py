@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: subprocesses, HTTP, per-action worker tasks)
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -232,6 +233,13 @@ def cap_drop_prefix(ambient: int, setpriv_exists: bool) -> tuple[str, ...]:
     return (SETPRIV, "--ambient-caps=-all", "--inh-caps=-all", "--")
 
 
+def unrunnable(program: str) -> str | None:
+    """Why `program` (an absolute path: config.py refuses others) cannot be exec'd, or None. Two stat calls."""
+    if os.access(program, os.X_OK):
+        return None
+    return os.strerror(errno.EACCES if os.path.exists(program) else errno.ENOENT)
+
+
 class RealExecutor:
     """Processes with asyncio, requests with one aiohttp session (made on first use, closed by `close`)."""
 
@@ -253,6 +261,10 @@ class RealExecutor:
             await self._post(run)
 
     async def _command(self, run: CommandRun) -> None:
+        # Through setpriv, a program that cannot be exec'd is setpriv's exit status 127, which reads as a failed
+        # run and is retried; without the prefix exec's OSError says it at once. One verdict for both.
+        if self.prefix and (why := unrunnable(run.argv[0])):
+            raise RunFailed(f"cannot run {run.argv[0]}: {why}", retry=False)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.prefix, *run.argv, env=run.env, cwd="/", stdin=asyncio.subprocess.DEVNULL,

@@ -200,4 +200,8 @@ async def test_the_setpriv_prefix_runs_the_action() -> None:
     ex = RealExecutor()
     ex.prefix = cap_drop_prefix(0x1000, True)
     await ex(CommandRun(("/bin/sh", "-c", "grep -q '^CapAmb:.0000000000000000$' /proc/self/status"), {}, 5.0))
+    # A program that cannot run is refused for good, as without the prefix, not setpriv's 127 retried.
+    with pytest.raises(RunFailed, match="cannot run /nonexistent/prog: No such file") as exc:
+        await ex(CommandRun(("/nonexistent/prog",), {}, 1.0))
+    assert not exc.value.retry
     await ex.close()
