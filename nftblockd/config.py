@@ -81,10 +81,24 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class SubnetEscalation:
+    """`subnet_escalation:` of a blocklist: `threshold` bans inside one /`ipv4_prefix` (IPv4) or /`ipv6_prefix`
+    (IPv6) within `window` ban that prefix for `bantime` (detect/subnet.py)."""
+
+    ipv4_prefix: int = 24
+    ipv6_prefix: int = 48
+    threshold: int = 5
+    window: float = 600.0
+    bantime: float = 86400.0  # bounded on purpose: a prefix changes hands, so no permanent prefix bans
+    max_prefixes: int = 100_000  # prefixes tracked at once (memory bound)
+
+
+@dataclass(frozen=True, slots=True)
 class BlocklistConfig:
     name: str
     timeout: BanLength = 3600.0  # default ban length for bans that do not say
     size: int = 262144  # per kernel set; the kernel answers ENFILE beyond it
+    subnet: SubnetEscalation | None = None  # subnet escalation (None: off)
     # Where it was written: for messages only, never for equality (a reload compares meaning, and a comment
     # added above must not make the same blocklist look changed).
     line: int = field(default=0, compare=False)
@@ -510,16 +524,35 @@ class _Builder:
                 self.fail(path, "a blocklist name is a letter then up to 23 letters, digits or _ "
                                 "('allow' is reserved for the allowlist)")
                 continue
-            b = self.mapping(body, path, {"timeout", "size"})
+            b = self.mapping(body, path, {"timeout", "size", "subnet_escalation"})
             out.append(BlocklistConfig(
                 name=name,
                 timeout=self.timeout(b, "timeout", path, 3600.0),
                 size=self.positive_int(b, "size", path, 262144, 1, 2**28),
+                subnet=self.subnet_escalation(b.get("subnet_escalation"), (*path, "subnet_escalation")),
                 line=self.doc.line(path),
             ))
         if not out:
             self.fail(("blocklists",), "at least one blocklist is needed")
         return tuple(out)
+
+    def subnet_escalation(self, value: Any, path: Path_) -> SubnetEscalation | None:
+        """A blocklist's `subnet_escalation:` (absent or `enabled: false`: None)."""
+        if value is None:
+            return None
+        m = self.mapping(value, path, {"ipv4_prefix", "ipv6_prefix", "threshold", "window", "bantime",
+                                       "max_prefixes", "enabled"})
+        if not self.get(m, "enabled", path, bool, True):
+            return None
+        return SubnetEscalation(
+            # no wider than /8 and /32: an escalation is for a provider's customer block, not a whole provider
+            ipv4_prefix=self.positive_int(m, "ipv4_prefix", path, 24, 8, 31),
+            ipv6_prefix=self.positive_int(m, "ipv6_prefix", path, 48, 32, 127),
+            threshold=self.positive_int(m, "threshold", path, 5, 2, 65536),
+            window=self.duration(m, "window", path, 600.0, positive=True, most=MAX_TIMEOUT),
+            bantime=self.duration(m, "bantime", path, 86400.0, positive=True, most=MAX_TIMEOUT),
+            max_prefixes=self.positive_int(m, "max_prefixes", path, 100_000, 1, 10_000_000),
+        )
 
     def jails(self, value: Any, blocklists: set[str]) -> tuple[JailConfig, ...]:
         m = self.mapping(value, ("jails",), set(value) if isinstance(value, dict) else set())
@@ -801,7 +834,8 @@ FLEET_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 
 __all__ = [
     "BatchConfig", "BlocklistConfig", "ChainConfig", "Config", "ConfigError", "ControlConfig", "Escalation",
-    "FeedConfig", "FleetConfig", "FleetTLS", "JailConfig", "Problem", "examine_config", "examine_text",
+    "FeedConfig", "FleetConfig", "FleetTLS", "JailConfig", "Problem", "SubnetEscalation", "examine_config",
+    "examine_text",
     "in_file_order", "load_config", "parse_config",
 ]
 

@@ -29,6 +29,8 @@ from nftblockd.control.server import ControlServer
 from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.matcher import Filter, FilterError
+from nftblockd.detect.subnet import SubnetEscalator
+from nftblockd.detect.subnetrun import SubnetRunner
 from nftblockd.detect.tracker import JailPolicy, Tracker
 from nftblockd.events import Ban, Decision, Origin, Unban
 from nftblockd.kernel import links, ownaddr
@@ -203,11 +205,14 @@ class Daemon:
                                  persist=self.persister.submit, on_change=self._changed)
         self.tracker = self._tracker(cfg)
         self.sink = JailBanSink(self.enforcer, self.tracker, on_applied=self._jail_bans_applied)
+        self.subnets = self._subnets(cfg)  # subnet escalation (None: no blocklist asks for it)
         # fleet mode: the kernel side is built here; the service (and with it the `redis` import) in run(),
         # once the state database it keeps its outbox and cursor in is open
         self.fleet: FleetService | None = None
         self.fleet_sink = EnforcerFleetSink(self.enforcer, cfg.fleet.blocklist, on_removed=self._fleet_removed) \
             if cfg.fleet is not None else None
+        if self.fleet_sink is not None and self.subnets is not None:
+            self.fleet_sink.on_banned = functools.partial(self.subnets.fleet_bans, self.fleet_sink.blocklist)
         self.fleet_failure = ""  # the last unexpected error that stopped the fleet service (it is restarted)
         self.jails: list[JailRunner] = []
         self._kernel_checked = time.monotonic()  # last successful kernel check (the health check reads it)
@@ -242,6 +247,12 @@ class Daemon:
     def _tracker(self, cfg: Config) -> Tracker:
         return Tracker(self._policies(cfg), self.allow)
 
+    def _subnets(self, cfg: Config) -> SubnetRunner | None:
+        policies = {b.name: b.subnet for b in cfg.blocklists if b.subnet is not None}
+        if not policies:
+            return None
+        return SubnetRunner(SubnetEscalator(policies, self.allow), lambda bans: self.enforcer.apply(bans))
+
     def _allowlist(self, cfg: Config) -> Allowlist:
         self._own = own_addresses() if cfg.allowlist_self else []
         return build_allowlist(cfg.allowlist, self._own, include_self=cfg.allowlist_self)
@@ -253,6 +264,8 @@ class Daemon:
         self.enforcer.allow = allow
         if self.fleet is not None:
             self.fleet.gate.allow = allow  # received bans meet the same allowlist as local ones
+        if self.subnets is not None:
+            self.subnets.escalator.allow = allow
         lifted = self.tracker.replace_allowlist(allow)
         if lifted:
             log.warning("the new allowlist protects %d banned addresses; lifting their bans", len(lifted))
@@ -389,6 +402,7 @@ class Daemon:
                 if self.feeds is not None:
                     tg.create_task(self.feeds.run(self.stop), name="feeds")
                 fleet_task = tg.create_task(self._run_fleet(), name="fleet") if self.fleet is not None else None
+                subnet_task = tg.create_task(self.subnets.run(), name="subnets") if self.subnets else None
                 await self._sources_ready()
                 if self.store is not None:
                     tg.create_task(self._after_ready(self.store), name="verify-store")
@@ -406,6 +420,9 @@ class Daemon:
                 log.info("stopping: closing the control socket, flushing pending bans")
                 await self.sink.close()
                 await sink
+                if subnet_task is not None:
+                    subnet_task.cancel()
+                    await asyncio.gather(subnet_task, return_exceptions=True)
                 if fleet_task is not None:
                     fleet_task.cancel()
                     await asyncio.gather(fleet_task, return_exceptions=True)
@@ -492,6 +509,8 @@ class Daemon:
 
     def _jail_bans_applied(self, bans: Sequence[Ban], now: float) -> None:
         """The ban sink committed these jail bans: publish the shared ones (only after the kernel has them)."""
+        if self.subnets is not None:
+            self.subnets.jail_bans(bans, now)
         if self.fleet is None or self.fleet_sink is None:
             return
         self.fleet_sink.note_local([b.target for b in bans if b.blocklist == self.fleet_sink.blocklist], now)
@@ -579,6 +598,8 @@ class Daemon:
                                            "evicted_several": self.tracker.evicted_several}, "store": store}
         if self.cfg.fleet is not None:
             out["fleet"] = self._fleet_status()
+        if self.subnets is not None:
+            out["subnet_escalation"] = self.subnets.status()
         return out
 
     def _changed(self, decisions: Sequence[Decision], results: Sequence[DecisionResult]) -> None:

@@ -26,7 +26,7 @@ RANK = {"service": 0, "sources": 1, "state": 1, "detect": 2, "kernel": 2, "feeds
 PURE = {
     "nftblockd.events", "nftblockd.durations", "nftblockd.allowlist", "nftblockd.addr", "nftblockd.neverban",
     "nftblockd.detect.matcher", "nftblockd.detect.native", "nftblockd.detect.timestamps", "nftblockd.detect.rxlint",
-    "nftblockd.detect.rxopt", "nftblockd.detect.tracker",
+    "nftblockd.detect.rxopt", "nftblockd.detect.tracker", "nftblockd.detect.subnet",
     "nftblockd.feeds.parse", "nftblockd.feeds.aggregate", "nftblockd.feeds.delta",
     "nftblockd.kernel.bans", "nftblockd.kernel.nfmsg", "nftblockd.kernel.rtnl",
     "nftblockd.control.protocol", "nftblockd.control.wire", "nftblockd.sources.linesplit",
