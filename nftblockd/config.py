@@ -150,6 +150,9 @@ class JailConfig:
     enabled: bool = True
     recidive: bool = False  # counts bans of other jails (`watch`, or all) instead of log lines
     watch: tuple[str, ...] = ()
+    # fleet counting (fleet/counting.py): failures of all hosts add up; None: this jail counts alone
+    fleet_maxretry: int | None = None
+    fleet_findtime: float | None = None  # None: findtime
     line: int = field(default=0, compare=False)  # for messages only, as BlocklistConfig.line
     filter_line: int = field(default=0, compare=False)
 
@@ -211,6 +214,8 @@ class FleetConfig:
     rate: float = 2000.0  # events per second one origin may push (sustained)
     burst: int = 20000  # ... and at once
     history: float = 7 * 86400.0  # how long the stream and the tombstones keep an event
+    count_rate: float = 100.0  # failures per second one host may add to the fleet's counts (fleet counting)
+    count_burst: int = 1000  # ... and at once
     line: int = 0
 
 
@@ -407,6 +412,13 @@ class _Builder:
             cfg = replace(cfg, fleet=self.fleet(top["fleet"], cfg))
         names = {j.name for j in cfg.jails}
         for j in cfg.jails:
+            if j.fleet_maxretry is not None and cfg.fleet is None:
+                self.fail(("jails", j.name, "fleet_maxretry"), "fleet counting needs a fleet: block")
+            if j.fleet_maxretry is not None and j.recidive:
+                self.fail(("jails", j.name, "fleet_maxretry"), "a recidive jail counts bans, not failures: no "
+                          "fleet counting")
+            if j.fleet_findtime is not None and j.fleet_maxretry is None:
+                self.fail(("jails", j.name, "fleet_findtime"), "fleet_findtime needs fleet_maxretry")
             for w in j.watch:
                 if w not in names or w == j.name:
                     self.fail(("jails", j.name, "watch"), f"{w!r} is not another jail of this config")
@@ -564,7 +576,7 @@ class _Builder:
                 continue
             j = self.mapping(body, path, {
                 "files", "journal", "filter", "maxretry", "findtime", "bantime", "escalation", "blocklist",
-                "ignoreip", "ipv6_prefix", "enabled", "recidive", "watch",
+                "ignoreip", "ipv6_prefix", "enabled", "recidive", "watch", "fleet_maxretry", "fleet_findtime",
             })
             recidive = self.get(j, "recidive", path, bool, False)
             watch = j.get("watch") or []
@@ -632,6 +644,10 @@ class _Builder:
                 enabled=self.get(j, "enabled", path, bool, True),
                 recidive=recidive,
                 watch=tuple(watch),
+                fleet_maxretry=(self.positive_int(j, "fleet_maxretry", path, 2, 2, 1_000_000)
+                                if j.get("fleet_maxretry") is not None else None),
+                fleet_findtime=(self.duration(j, "fleet_findtime", path, 600.0, positive=True)
+                                if j.get("fleet_findtime") is not None else None),
                 line=self.doc.line(path),
                 filter_line=self.doc.line((*path, "filter")),
             ))
@@ -721,7 +737,7 @@ class _Builder:
         path: Path_ = ("fleet",)
         m = self.mapping(value, path, {
             "name", "host_id", "url", "sentinel", "username", "password_file", "tls", "share", "blocklist",
-            "trust", "history",
+            "trust", "history", "count",
         })
         if not m:
             self.fail(path, "fleet needs at least a name and a server (url: or sentinel:)")
@@ -807,7 +823,15 @@ class _Builder:
         if rate <= 0:
             self.fail((*tp2, "rate"), "rate must be positive (events per second per origin)")
             rate = 2000.0
+        cp: Path_ = (*path, "count")
+        count = self.mapping(m.get("count"), cp, {"rate", "burst"})
+        count_rate = self.get(count, "rate", cp, (int, float), 100.0)
+        if count_rate <= 0:
+            self.fail((*cp, "rate"), "rate must be positive (failures per second one host may count)")
+            count_rate = 100.0
         return FleetConfig(
+            count_rate=float(count_rate),
+            count_burst=self.positive_int(count, "burst", cp, 1000, 1, 10_000_000),
             name=name,
             host_id=host_id,
             url=url,

@@ -24,7 +24,7 @@ def host_addr(i: int) -> str:
 class FleetLab:
     def __init__(self, tmp: Path, hosts: tuple[str, ...] = ("a", "b", "c"), *, fleet: str = "lab",
                  maxretry: int = 2, allowlist: str = "[192.0.2.0/24]", fleet_extra: str = "",
-                 jail_extra: str = "") -> None:
+                 jail_extra: str = "", blocklists: str = "{default: {timeout: 1h}}") -> None:
         self.tmp = tmp
         self.hosts = hosts
         self.name = fleet
@@ -33,6 +33,7 @@ class FleetLab:
         self.allowlist = allowlist
         self.fleet_extra = fleet_extra
         self.jail_extra = jail_extra
+        self.blocklists = blocklists
         self.server_ns: NetNS | None = None
         self.server: RedisServer | None = None
         self.nss: dict[str, NetNS] = {}
@@ -44,7 +45,7 @@ class FleetLab:
         return f"""
 allowlist: {self.allowlist}
 reconcile: {{interval: 1h}}
-blocklists: {{default: {{timeout: 1h}}}}
+blocklists: {self.blocklists}
 jails:
   sshd:
     files: ["{self.logs[host]}"]
