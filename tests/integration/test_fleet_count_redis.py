@@ -162,3 +162,30 @@ async def test_server_down_then_counting_resumes(server: RedisServer) -> None:
         await until(lambda: len(f.all_decided()) == 1, what="banned after the restart")
     finally:
         await f.close()
+
+
+async def test_the_documented_acl_is_enough(server: RedisServer, tmp_path: Path) -> None:
+    """docs/fleet.md's ACL line plus the counting commands: counting, deciding and `check` work with it."""
+    acl = ("+xadd +xread +xrange +xrevrange +xinfo|stream +xtrim +zadd +zrem +zrange +zrangebyscore "
+           "+zremrangebyscore +zmscore +multi +exec +discard +ping +hello +info +role "
+           "+evalsha +eval +time +hget +hset +hincrby +exists +zcard +set +get +del +pexpire")
+    r = await raw(server)
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret")
+    pw.chmod(0o600)
+    try:
+        for h in ("a", "b", "c"):
+            await r.execute_command("ACL", "SETUSER", h, "on", ">s3cret", "resetkeys", "~nftblock:{prod}:*",
+                                    "resetchannels", "-@all", *acl.split())
+        f = Fleet(server, ("a", "b", "c"), username=None)
+        for h, c in f.counters.items():
+            c.link = CountLink(fleet_config("prod", h, server.url, username=h, password_file=str(pw)))
+        await f.online()
+        for c in f.counters.values():
+            c.failure("sshd", A("198.51.100.1"))
+        await until(lambda: len(f.all_decided()) == 1, what="decided under the ACL")
+        seen = await f.counters["a"].seen(ipaddress.ip_network("198.51.100.1/32"))
+        assert sorted(seen["sshd"]["decided"]["seen_by"]) == ["a", "b", "c"]
+        await f.close()
+    finally:
+        await r.aclose()
