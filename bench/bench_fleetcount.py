@@ -139,7 +139,9 @@ def distributed(lab: FleetLab) -> tuple[list[float], int, int]:
         if seen is None:
             missed += base[h] + ATTACKERS - (points[-1][1] if points else base[h])
             continue
-        lat += [t - s for t, s in zip(arrivals(points, base[h], ATTACKERS), sent, strict=True)]
+        mine = [t - s for t, s in zip(arrivals(points, base[h], ATTACKERS), sent, strict=True)]
+        print(f"  {h}: p50/p99 {pct(mine, 0.5) * 1000:.1f}/{pct(mine, 0.99) * 1000:.1f} ms", flush=True)
+        lat += mine
     innocents = sum(1 for h in hosts for x in lab.banned(h) if x.startswith("10.61."))
     return lat, missed, innocents
 
