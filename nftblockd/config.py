@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nftblockd.addr import AddressError, IPNet, parse_target
+from nftblockd.argtemplate import TemplateError, parse_template
 from nftblockd.durations import (
     MAX_TIMEOUT,
     PERMANENT,
@@ -153,6 +154,7 @@ class JailConfig:
     # fleet counting (fleet/counting.py): failures of all hosts add up; None: this jail counts alone
     fleet_maxretry: int | None = None
     fleet_findtime: float | None = None  # None: findtime
+    actions: tuple[str, ...] = ()  # names in Config.actions, run on this jail's bans (and unbans)
     line: int = field(default=0, compare=False)  # for messages only, as BlocklistConfig.line
     filter_line: int = field(default=0, compare=False)
 
@@ -182,6 +184,7 @@ class FeedConfig:
     # No successful fetch for this long: the feed's entries are withdrawn (a list that old blocks whoever has
     # the addresses now). None: the last good copy stays in force however old it is.
     max_stale: float | None = None
+    actions: tuple[str, ...] = ()  # names in Config.actions, run for entries the feed adds (and removes)
     line: int = field(default=0, compare=False)  # for messages only, as BlocklistConfig.line
 
 
@@ -216,7 +219,43 @@ class FleetConfig:
     history: float = 7 * 86400.0  # how long the stream and the tombstones keep an event
     count_rate: float = 100.0  # failures per second one host may add to the fleet's counts (fleet counting)
     count_burst: int = 1000  # ... and at once
+    actions: tuple[str, ...] = ()  # names in Config.actions, run on bans received from other hosts
     line: int = 0
+
+
+ACTION_TYPES = ("command", "webhook", "fail2ban")
+ACTION_EVENTS = ("ban", "unban")
+
+
+@dataclass(frozen=True, slots=True)
+class ActionConfig:
+    """`actions.NAME`: something run after a ban (or unban) is in the kernel (docs/actions.md).
+
+    `argv`/`env` (command) are templates checked by argtemplate.py; `file`/`options` (fail2ban) name an
+    action.d file and its `[Init]` overrides. The bounds apply to every type: at most `queue` events wait,
+    `concurrency` run at once, `rate` runs per second are started (bursts of `burst`), what is over a bound is
+    skipped and counted; a failed run is retried `retries` times, `retry_delay` seconds doubling.
+    """
+
+    name: str
+    type: str
+    on: tuple[str, ...] = ("ban",)
+    argv: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    url: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    batch: int = 1  # webhook: up to this many events in one request
+    file: str = ""
+    options: tuple[tuple[str, str], ...] = ()
+    timeout: float = 30.0
+    retries: int = 2
+    retry_delay: float = 1.0
+    queue: int = 1000
+    concurrency: int = 1
+    rate: float = 1.0
+    burst: int = 20
+    line: int = field(default=0, compare=False)
+    file_line: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +278,7 @@ class Config:
     leave_bans_on_stop: bool = True
     log_level: str = "info"
     fleet: FleetConfig | None = None
+    actions: tuple[ActionConfig, ...] = ()
     lines: dict[Path_, int] = field(default_factory=dict, compare=False, repr=False)
 
     def blocklist(self, name: str) -> BlocklistConfig:
@@ -383,7 +423,7 @@ class _Builder:
     def build(self) -> Config:
         top = self.mapping(self.doc.value, (), {
             "table", "chain", "control", "state_dir", "batch", "reconcile", "allowlist", "allowlist_self",
-            "blocklists", "metrics", "jails", "feeds", "leave_bans_on_stop", "log_level", "fleet",
+            "blocklists", "metrics", "jails", "feeds", "leave_bans_on_stop", "log_level", "fleet", "actions",
         })
         family, table, protect = self.table(top.get("table"))
         blocklists = self.blocklists(top.get("blocklists"))
@@ -406,6 +446,7 @@ class _Builder:
             feeds=self.feeds(top.get("feeds"), names),
             leave_bans_on_stop=self.get(top, "leave_bans_on_stop", (), bool, True),
             log_level=self.log_level(top),
+            actions=self.actions(top.get("actions")),
             lines=self.doc.lines,
         )
         if top.get("fleet") is not None:  # `fleet: null` (the example config's form) is no fleet
@@ -422,6 +463,7 @@ class _Builder:
             for w in j.watch:
                 if w not in names or w == j.name:
                     self.fail(("jails", j.name, "watch"), f"{w!r} is not another jail of this config")
+        self.action_refs(cfg)
         owned = {f.blocklist for f in cfg.feeds}
         for j in cfg.jails:
             if j.blocklist in owned:
@@ -576,7 +618,8 @@ class _Builder:
                 continue
             j = self.mapping(body, path, {
                 "files", "journal", "filter", "maxretry", "findtime", "bantime", "escalation", "blocklist",
-                "ignoreip", "ipv6_prefix", "enabled", "recidive", "watch", "fleet_maxretry", "fleet_findtime",
+                "ignoreip", "ipv6_prefix", "enabled", "recidive", "watch", "actions", "fleet_maxretry",
+                "fleet_findtime",
             })
             recidive = self.get(j, "recidive", path, bool, False)
             watch = j.get("watch") or []
@@ -648,6 +691,7 @@ class _Builder:
                                 if j.get("fleet_maxretry") is not None else None),
                 fleet_findtime=(self.duration(j, "fleet_findtime", path, 600.0, positive=True)
                                 if j.get("fleet_findtime") is not None else None),
+                actions=self.names(j, "actions", path),
                 line=self.doc.line(path),
                 filter_line=self.doc.line((*path, "filter")),
             ))
@@ -664,7 +708,7 @@ class _Builder:
             f = self.mapping(body, path, {
                 "url", "path", "format", "column", "refresh", "jitter", "timeout", "max_size", "blocklist",
                 "ban_timeout", "max_shrink", "min_prefix_v4", "min_prefix_v6", "allow_special", "defer_removals",
-                "max_retry_after", "max_stale",
+                "max_retry_after", "max_stale", "actions",
             })
             url = self.get(f, "url", path, str, None)
             fpath = self.get(f, "path", path, str, None)
@@ -705,9 +749,152 @@ class _Builder:
                                  else self.duration(f, "max_retry_after", path, 0.0)),
                 max_stale=(None if f.get("max_stale") is None or str(f["max_stale"]).lower() in PERMANENT_WORDS
                            else self.duration(f, "max_stale", path, 0.0, positive=True)),
+                actions=self.names(f, "actions", path),
                 line=self.doc.line(path),
             ))
         return tuple(out)
+
+    # -- actions (docs/actions.md) --------------------------------------------------------------------
+
+    def names(self, m: dict[str, Any], key: str, path: Path_) -> tuple[str, ...]:
+        """A list of action names (checked against `actions:` in action_refs, once every section is read)."""
+        raw = m.get(key)
+        if raw is None:
+            return ()
+        if isinstance(raw, str):
+            raw = [raw]
+        if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+            self.fail((*path, key), "actions is a list of action names (defined under the top-level actions:)")
+            return ()
+        return tuple(raw)
+
+    def action_refs(self, cfg: Config) -> None:
+        known = {a.name for a in cfg.actions}
+        users: list[tuple[Path_, tuple[str, ...]]] = [(("jails", j.name), j.actions) for j in cfg.jails]
+        users += [(("feeds", f.name), f.actions) for f in cfg.feeds]
+        if cfg.fleet is not None:
+            users.append((("fleet",), cfg.fleet.actions))
+        for path, names in users:
+            for i, n in enumerate(names):
+                if n not in known:
+                    hint = f" (defined: {', '.join(sorted(known))})" if known else " (no actions: are defined)"
+                    self.fail((*path, "actions", i), f"unknown action {n!r}{hint}")
+                elif n in names[:i]:
+                    self.fail((*path, "actions", i), f"action {n!r} is listed twice")
+
+    def str_pairs(self, value: Any, path: Path_, key_re: re.Pattern[str], what: str,
+                  banned: str = "\r\n\0") -> list[tuple[str, str]]:
+        """A mapping of names to scalar values (numbers become text), each name matching `key_re`, no value
+        holding a character of `banned`."""
+        if value is None:
+            return []
+        if not isinstance(value, dict):
+            self.fail(path, f"expected a mapping of {what}")
+            return []
+        out = []
+        for k, v in value.items():
+            if not isinstance(k, str) or not key_re.fullmatch(k):
+                self.fail((*path, k), f"{k!r} is not a valid {what} name")
+            elif isinstance(v, dict | list) or v is None:
+                self.fail((*path, k), f"the value of {k!r} must be a string or a number")
+            elif any(c in str(v) for c in banned):
+                self.fail((*path, k), f"the value of {k!r} must be one line (no CR, LF or NUL)" if "\n" in banned
+                          else f"the value of {k!r} cannot hold a NUL")
+            else:
+                out.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
+        return out
+
+    def actions(self, value: Any) -> tuple[ActionConfig, ...]:
+        m = self.mapping(value, ("actions",), set(value) if isinstance(value, dict) else set())
+        out = []
+        for name, body in m.items():
+            a = self.action(str(name), body)
+            if a is not None:
+                out.append(a)
+        return tuple(out)
+
+    # complexity exempt (C901): one flat walk over an action's keys, each checked where it is read
+    def action(self, name: str, body: Any) -> ActionConfig | None:  # noqa: C901
+        path: Path_ = ("actions", name)
+        if not NAME_RE.fullmatch(name):
+            self.fail(path, "an action name is a letter then up to 23 letters, digits or _")
+            return None
+        common = {"type", "on", "timeout", "retries", "retry_delay", "queue", "concurrency", "rate", "burst"}
+        kind = body.get("type") if isinstance(body, dict) else None
+        specific = {"command": {"argv", "env"}, "webhook": {"url", "headers", "batch"},
+                    "fail2ban": {"file", "options"}}
+        if kind not in ACTION_TYPES:
+            self.fail(path if kind is None else (*path, "type"),
+                      f"an action needs type: {', '.join(ACTION_TYPES)}" + ("" if kind is None else f"; got {kind!r}"))
+            return None
+        a = self.mapping(body, path, common | specific[str(kind)])
+        on_raw = a.get("on", ["ban"])
+        if isinstance(on_raw, str):
+            on_raw = [on_raw]
+        on: list[str] = []
+        if not isinstance(on_raw, list) or not on_raw:
+            self.fail((*path, "on"), "on is a list of events: ban, unban")
+        else:
+            for i, ev in enumerate(on_raw):
+                if ev not in ACTION_EVENTS:
+                    self.fail((*path, "on", i), f"unknown event {ev!r} (events: {', '.join(ACTION_EVENTS)})")
+                elif ev not in on:
+                    on.append(str(ev))
+        rate = self.get(a, "rate", path, (int, float), 1.0)
+        if not 0 < rate <= 10_000:
+            self.fail((*path, "rate"), "rate is runs per second, more than 0 and at most 10000")
+            rate = 1.0
+        cfg = ActionConfig(
+            name=name, type=str(kind), on=tuple(on) or ("ban",),
+            timeout=self.duration(a, "timeout", path, 30.0, positive=True, most=3600.0),
+            retries=self.positive_int(a, "retries", path, 2, 0, 100),
+            retry_delay=self.duration(a, "retry_delay", path, 1.0, most=3600.0),
+            queue=self.positive_int(a, "queue", path, 1000, 1, 1_000_000),
+            concurrency=self.positive_int(a, "concurrency", path, 1, 1, 64),
+            rate=float(rate),
+            burst=self.positive_int(a, "burst", path, 20, 1, 1_000_000),
+            line=self.doc.line(path),
+        )
+        if kind == "command":
+            argv = a.get("argv")
+            if not isinstance(argv, list) or not argv or not all(isinstance(x, str | int | float) for x in argv):
+                self.fail((*path, "argv"), "argv is a non-empty list of strings: the program, then its arguments "
+                          "(no shell; {address}-style placeholders are filled in each one)")
+                argv = []
+            args = [str(x) for x in argv]
+            for i, t in enumerate(args):
+                try:
+                    parse_template(t)
+                except TemplateError as exc:
+                    self.fail((*path, "argv", i), str(exc))
+            if args and not os.path.isabs(args[0]):
+                self.fail((*path, "argv", 0), f"the program must be an absolute path, got {args[0]!r} "
+                          "(no PATH lookup: the daemon's PATH is not the operator's)")
+            elif args and "{" in args[0]:
+                self.fail((*path, "argv", 0), "the program cannot hold a placeholder")
+            env = self.str_pairs(a.get("env"), (*path, "env"), _ENV_NAME_RE, "environment variable")
+            for k, v in env:
+                try:
+                    parse_template(v)
+                except TemplateError as exc:
+                    self.fail((*path, "env", k), str(exc))
+            return replace(cfg, argv=tuple(args), env=tuple(env))
+        if kind == "webhook":
+            url = self.get(a, "url", path, str, "")
+            if not re.fullmatch(r"https?://[^\s]+", url):
+                self.fail((*path, "url"), "a webhook needs url: http://... or https://...")
+            headers = self.str_pairs(a.get("headers"), (*path, "headers"), _HEADER_RE, "header")
+            return replace(cfg, url=url, headers=tuple(headers),
+                           batch=self.positive_int(a, "batch", path, 1, 1, 10_000))
+        # the file itself is read in the daemon's build step (daemon.compile_actions), as filters are
+        file = self.get(a, "file", path, str, "")
+        # fail2ban options may span lines (`logpath` of the *-lines actions), as in a jail.local
+        options = self.str_pairs(a.get("options"), (*path, "options"), _F2B_TAG_RE, "fail2ban option", "\0")
+        if not file:
+            self.fail(path, "a fail2ban action needs file: (an action.d .conf file)")
+        elif not os.path.isabs(file):
+            self.fail((*path, "file"), f"file must be an absolute path, got {file!r}")
+        return replace(cfg, file=file, options=tuple(options), file_line=self.doc.line((*path, "file")))
 
     def secret_file(self, m: dict[str, Any], key: str, path: Path_) -> str | None:
         """A path to a file only root (its owner) may read: a secret readable by others is refused."""
@@ -737,7 +924,7 @@ class _Builder:
         path: Path_ = ("fleet",)
         m = self.mapping(value, path, {
             "name", "host_id", "url", "sentinel", "username", "password_file", "tls", "share", "blocklist",
-            "trust", "history", "count",
+            "trust", "history", "actions", "count",
         })
         if not m:
             self.fail(path, "fleet needs at least a name and a server (url: or sentinel:)")
@@ -850,14 +1037,19 @@ class _Builder:
             rate=float(rate),
             burst=self.positive_int(trust, "burst", tp2, 20000, 1, 10_000_000),
             history=history,
+            actions=self.names(m, "actions", path),
             line=self.doc.line(path),
         )
 
 
 FLEET_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_HEADER_RE = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}")  # an HTTP token (RFC 9110)
+_F2B_TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 
 __all__ = [
-    "BatchConfig", "BlocklistConfig", "ChainConfig", "Config", "ConfigError", "ControlConfig", "Escalation",
+    "ACTION_EVENTS", "ACTION_TYPES", "ActionConfig", "BatchConfig", "BlocklistConfig", "ChainConfig", "Config",
+    "ConfigError", "ControlConfig", "Escalation",
     "FeedConfig", "FleetConfig", "FleetTLS", "JailConfig", "Problem", "SubnetEscalation", "examine_config",
     "examine_text",
     "in_file_order", "load_config", "parse_config",

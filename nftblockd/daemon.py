@@ -9,6 +9,7 @@ the cheap kernel generation check and the periodic reconcile.
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: the composition root: one TaskGroup, signals)
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -21,9 +22,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from nftblockd.actions.f2baction import F2bAction, check_action, load_action
+from nftblockd.actions.hub import ActionHub
 from nftblockd.addr import IPAddr, IPNet, host_net, unpack_hosts, unpack_target
 from nftblockd.allowlist import Allowlist, build_allowlist
-from nftblockd.config import Config, ConfigError, FleetConfig, JailConfig, Problem, load_config
+from nftblockd.config import Config, ConfigError, FeedConfig, FleetConfig, JailConfig, Problem, load_config
 from nftblockd.control.api import ControlAPI
 from nftblockd.control.server import ControlServer
 from nftblockd.detect.filterload import load_filter
@@ -72,6 +75,7 @@ FLEET_RESTART_BASE = 1.0  # seconds before a fleet service that failed unexpecte
 FLEET_RESTART_MAX = 300.0  # per failure in a row up to this (service/restart.py)
 
 SHUTDOWN_GRACE = 10.0
+ACTIONS_STOP_GRACE = 5.0  # seconds queued actions may still run at a stop (systemd waits 30 s)
 STUCK_AFTER = 30.0  # seconds: kernel ops pending this long, or no successful kernel check, is unhealthy
 
 
@@ -140,6 +144,15 @@ def _origin(text: str) -> Origin:
     return text if text in ("cli", "jail", "feed", "fail2ban", "store", "remote") else "store"  # type: ignore
 
 
+def guarded(fn: Callable[..., None], *args: Any) -> None:
+    """Offer events to the actions from the ban path: a bug there is logged, never raised into the path that
+    enforces (the ban is in the kernel already)."""
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("offering events to the actions failed; the bans stand")
+
+
 def compile_filters(cfg: Config) -> tuple[dict[str, Filter], list[Problem]]:
     """Compile every enabled jail's filter; a bad one is a problem with the jail's file and line."""
     out: dict[str, Filter] = {}
@@ -155,9 +168,32 @@ def compile_filters(cfg: Config) -> tuple[dict[str, Filter], list[Problem]]:
     return out, problems
 
 
+def compile_actions(cfg: Config) -> tuple[dict[str, F2bAction], list[Problem]]:
+    """Read every fail2ban action file; a file that cannot serve is a problem at the action's `file:` line."""
+    out: dict[str, F2bAction] = {}
+    problems = []
+    for a in cfg.actions:
+        if a.type != "fail2ban" or not a.file.startswith("/"):  # a relative file: refused by the config
+            continue
+        why = check_action(a.file, dict(a.options), a.on)
+        if why:
+            problems += [Problem(cfg.file, a.file_line or a.line, f"actions.{a.name}.file", w) for w in why]
+        else:
+            out[a.name] = load_action(a.file, dict(a.options))
+    return out, problems
+
+
 def build_filters(cfg: Config) -> dict[str, Filter]:
     """compile_filters, raising ConfigError for any problem."""
     out, problems = compile_filters(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def build_actions(cfg: Config) -> dict[str, F2bAction]:
+    """compile_actions, raising ConfigError for any problem."""
+    out, problems = compile_actions(cfg)
     if problems:
         raise ConfigError(problems)
     return out
@@ -196,6 +232,10 @@ class Daemon:
         self.metrics = Metrics()
         self.metrics_server: MetricsServer | None = None
         self.filters = build_filters(cfg)
+        # actions (docs/actions.md): fed after each kernel commit, never awaited by the ban path
+        self.actions = ActionHub(cfg, build_actions(cfg)) if cfg.actions else None
+        self._actions_task: asyncio.Task[None] | None = None
+        self._action_metrics()
         self._filter_defs = {n: f.definition for n, f in self.filters.items()}
         self.reload_changes = ""
         self.store: Store | None = None
@@ -213,8 +253,8 @@ class Daemon:
         self.fleet: FleetService | None = None
         self.fleet_counter: FleetCounter | None = None  # fleet counting, when a jail sets fleet_maxretry
         self._counted_tasks: set[asyncio.Task[None]] = set()
-        self.fleet_sink = EnforcerFleetSink(self.enforcer, cfg.fleet.blocklist, on_removed=self._fleet_removed) \
-            if cfg.fleet is not None else None
+        self.fleet_sink = EnforcerFleetSink(self.enforcer, cfg.fleet.blocklist, on_removed=self._fleet_removed,
+                                            on_applied=self._fleet_applied) if cfg.fleet is not None else None
         if self.fleet_sink is not None and self.subnets is not None:
             self.fleet_sink.on_banned = functools.partial(self.subnets.fleet_bans, self.fleet_sink.blocklist)
         self.fleet_failure = ""  # the last unexpected error that stopped the fleet service (it is restarted)
@@ -223,7 +263,8 @@ class Daemon:
         self.feeds: FeedManager | None = None
         if cfg.feeds:  # imported only when used: the HTTP client is a dependency of feeds alone
             from nftblockd.feeds.manager import FeedManager
-            self.feeds = FeedManager(cfg, self.enforcer, Path(cfg.state_dir) / "feeds", self.metrics)
+            self.feeds = FeedManager(cfg, self.enforcer, Path(cfg.state_dir) / "feeds", self.metrics,
+                                     on_changes=self._feed_changes)
 
         self.api = ControlAPI(self.enforcer, default_blocklist=self._default_blocklist(cfg),
                               status_extra=self._status_extra, reload=self._reload_for_api)
@@ -411,6 +452,7 @@ class Daemon:
                 if self.feeds is not None:
                     tg.create_task(self.feeds.run(self.stop), name="feeds")
                 fleet_task = tg.create_task(self._run_fleet(), name="fleet") if self.fleet is not None else None
+                self._start_actions(tg)
                 optional = self._start_optional(tg)
                 await self._sources_ready()
                 if self.store is not None:
@@ -434,6 +476,7 @@ class Daemon:
                     fleet_task.cancel()
                     await asyncio.gather(fleet_task, return_exceptions=True)
                     await self._close_fleet()
+                await self._stop_actions()
                 batcher_stop.set()
                 await self.server.close()
                 if self.metrics_server is not None:
@@ -588,8 +631,19 @@ class Daemon:
         for n in nets:
             self.tracker.forget_ban(n)
 
+    def _fleet_applied(self, n: int, nth: Callable[[int], tuple[str, float | None, str]], gone: list[IPNet],
+                       now: float) -> None:
+        """Received fleet bans and unbans are in the kernel: the `fleet: actions:` run for them."""
+        if self.actions is not None and self.cfg.fleet is not None:
+            guarded(self.actions.fleet_bans, n, nth, self.cfg.fleet.blocklist, now)
+            if gone:
+                guarded(self.actions.fleet_unbans, gone, self.cfg.fleet.blocklist, now)
+
     def _jail_bans_applied(self, bans: Sequence[Ban], now: float) -> None:
-        """The ban sink committed these jail bans: publish the shared ones (only after the kernel has them)."""
+        """The ban sink committed these jail bans: their actions are offered, and the shared ones published
+        (only after the kernel has them)."""
+        if self.actions is not None:
+            guarded(self.actions.jail_bans, bans, now)
         if self.subnets is not None:
             self.subnets.jail_bans(bans, now)
         if self.fleet is None or self.fleet_sink is None:
@@ -681,13 +735,22 @@ class Daemon:
             out["fleet"] = self._fleet_status()
         if self.subnets is not None:
             out["subnet_escalation"] = self.subnets.status()
+        if self.actions is not None:
+            out["actions"] = [{"name": n, "type": r.cfg.type, "runs": r.stats.runs, "failures": r.stats.failures,
+                               "retries": r.stats.retries, "skipped": dict(r.stats.skipped), "queued": r.queued(),
+                               "last_error": r.stats.last_error} for n, r in self.actions.runners.items()]
         return out
 
     def _changed(self, decisions: Sequence[Decision], results: Sequence[DecisionResult]) -> None:
-        """Unbans end the tracker's BANNED state, so new failures can ban again."""
+        """Unbans end the tracker's BANNED state, so new failures can ban again; the jails whose ban ended
+        run their unban actions."""
+        ended: list[tuple[str, IPNet, str, str, str]] = []
         for d, r in zip(decisions, results, strict=False):
             if isinstance(d, Unban) and r.outcome is BanOutcome.REMOVED:
-                self.tracker.forget_ban(d.target)
+                for jail, net in self.tracker.forget_ban(d.target):
+                    ended.append((jail, net, d.blocklist, d.origin, d.reason))
+        if ended and self.actions is not None:
+            guarded(self.actions.unbanned, ended, time.time())
 
     async def _reload_for_api(self) -> tuple[bool, str]:
         v = await self.reload_verdict()
@@ -727,7 +790,8 @@ class Daemon:
         return n
 
     def _runner(self, j: JailConfig) -> JailRunner:
-        r = JailRunner(j, self.filters[j.name], self.tracker, self.sink, self._positions, self.metrics)
+        r = JailRunner(j, self.filters[j.name], self.tracker, self.sink, self._positions, self.metrics,
+                       memory=self.actions.memory(j.name) if self.actions is not None else None)
         if self.fleet_counter is not None and j.fleet_maxretry is not None:
             r.on_failure = self.fleet_counter.failure
         return r
@@ -824,7 +888,13 @@ class Daemon:
         with a million of them, doing it each minute cost ~1 % CPU while idle)."""
         now = time.time()
         self._rounds += 1
-        self.tracker.sweep(now)
+        ended: dict[str, list[Ban]] | None = None
+        if self.actions is not None:  # bans that reached their end: their jails' unban actions
+            ended = {j.name: [] for j in self.cfg.jails if j.actions}
+        self.tracker.sweep(now, ended)
+        if ended and self.actions is not None:
+            guarded(self.actions.unbanned, [(b.jail, b.target, b.blocklist, b.origin, "ban ended")
+                                   for bs in ended.values() for b in bs], now)
         self.enforcer.state.expire(now)
         if self.store is not None and self._rounds % 15 == 0:
             try:
@@ -920,6 +990,7 @@ class Daemon:
         try:
             new = apply_overrides(load_config(self.config_path), self.overrides)
             filters = build_filters(new)  # a filter that does not compile refuses the reload, as at a start
+            f2b_actions = build_actions(new)
             policies = self._policies(new)
             Tracker(policies, self.allow)  # policies the tracker refuses (a bad watch list) refuse the reload
         except ConfigError as exc:
@@ -948,13 +1019,62 @@ class Daemon:
             await self.enforcer.reinstall(self.plan)
             log.info("chains now: %s", ", ".join(c.name for c in self.plan.chains))
             await self._warn_missing_devices()
+        actions = self._reload_actions(new, f2b_actions)
         jails = await self._reload_jails(old_cfg, new, filters, policies)
         feeds = await self._reload_feeds(old_cfg, new)
-        summary = "; ".join(x for x in (jails, feeds) if x)
+        summary = "; ".join(x for x in (jails, feeds, actions) if x)
         log.info("configuration reloaded from %s%s", self.config_path, f" ({summary})" if summary else "")
         self.notifier.ready("configuration reloaded")
         self.reload_changes = summary
         return True
+
+    def _feed_changes(self, feed: FeedConfig, added: list[tuple[int, int]], removed: list[tuple[int, int]],
+                      now: float) -> None:
+        if self.actions is not None:
+            guarded(self.actions.feed_changes, feed, added, removed, now)
+
+    def _start_actions(self, tg: asyncio.TaskGroup) -> None:
+        if self.actions is not None:
+            self._actions_task = tg.create_task(self.actions.run(), name="actions")
+
+    async def _stop_actions(self) -> None:
+        """After the last bans were applied: the actions get ACTIONS_STOP_GRACE seconds to run what is queued
+        (the mail of the last ban before a restart); what is left then is counted as skipped, not run."""
+        if self._actions_task is not None:
+            if self.actions is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.actions.idle(), ACTIONS_STOP_GRACE)
+            self._actions_task.cancel()
+            await asyncio.gather(self._actions_task, return_exceptions=True)
+            self._actions_task = None
+
+    def _action_metrics(self) -> None:
+        """Each action's figures, read from its runner at scrape time (none without actions)."""
+        mx = self.metrics
+
+        def runners() -> list[Any]:
+            return list(self.actions.runners.values()) if self.actions is not None else []
+
+        mx.action_runs.read = lambda: [((r.cfg.name, result), n) for r in runners()
+                                       for result, n in (("ok", r.stats.runs - r.stats.failures),
+                                                         ("failed", r.stats.failures))]
+        mx.action_retries.read = lambda: [((r.cfg.name,), r.stats.retries) for r in runners()]
+        mx.action_skipped.read = lambda: [((r.cfg.name, why), n) for r in runners()
+                                          for why, n in r.stats.skipped.items()]
+        mx.action_queue.read = lambda: [((r.cfg.name,), r.queued()) for r in runners()]
+
+    def _reload_actions(self, new: Config, f2b: dict[str, F2bAction]) -> str:
+        """A changed action gets a new runner (what its old one had queued is counted as skipped); jails whose
+        action list changed are restarted by _reload_jails, and take their line memory from the hub."""
+        if self.actions is None:
+            if not new.actions:
+                return ""
+            self.actions = ActionHub(new, f2b)
+            if self._tg is not None:
+                self._start_actions(self._tg)
+            return f"actions added: {', '.join(a.name for a in new.actions)}"
+        changed = self.actions.configure(new, f2b)
+        return f"actions changed: {', '.join(sorted(changed))}" if changed else ""
 
     async def _reload_feeds(self, old: Config, new: Config) -> str:
         """Apply feed changes (feeds/manager.py: `reconfigure`); the API learns which blocklists feeds own
@@ -963,7 +1083,8 @@ class Daemon:
             if not new.feeds:
                 return ""
             from nftblockd.feeds.manager import FeedManager
-            self.feeds = FeedManager(old, self.enforcer, Path(new.state_dir) / "feeds", self.metrics)
+            self.feeds = FeedManager(old, self.enforcer, Path(new.state_dir) / "feeds", self.metrics,
+                                     on_changes=self._feed_changes)
             if self._tg is not None:
                 self._tg.create_task(self.feeds.run(self.stop), name="feeds")
         owned = self.feeds.blocklists()
@@ -1007,7 +1128,7 @@ class Daemon:
 def _fleet_key(cfg: Config) -> FleetConfig | None:
     """The fleet block in meaning (without its line number): a reload that changes it is refused, because the
     server connections, the cursor and the outbox belong to one fleet setting (restart to apply)."""
-    return None if cfg.fleet is None else replace(cfg.fleet, line=0)
+    return None if cfg.fleet is None else replace(cfg.fleet, line=0, actions=())
 
 
 GC_THRESHOLDS = (50_000, 20, 50)

@@ -9,6 +9,7 @@ from nftblockd.config import ConfigError, examine_config, in_file_order, load_co
 from nftblockd.daemon import (
     Overrides,
     apply_overrides,
+    compile_actions,
     compile_filters,
     device_names,
     ingress_warnings,
@@ -24,7 +25,7 @@ def check_config(path: str) -> int:
     0 valid, 1 invalid."""
     cfg, problems = examine_config(path)
     if cfg is not None:
-        problems = problems + compile_filters(cfg)[1] + log_file_warnings(cfg)
+        problems = problems + compile_filters(cfg)[1] + compile_actions(cfg)[1] + log_file_warnings(cfg)
         if cfg.chain.ingress:
             problems += ingress_warnings(cfg, device_names())
     problems = in_file_order(problems)

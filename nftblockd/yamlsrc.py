@@ -122,6 +122,8 @@ def _convert(node: yaml.Node, path: Path_, lines: dict[Path_, int], budget: _Bud
                 if not isinstance(knode, yaml.ScalarNode):
                     raise YamlError(file, knode.start_mark.line + 1, "mapping keys must be plain text")
                 key = _scalar(knode)
+                if isinstance(key, bool):  # YAML 1.1 reads a plain `on:`/`yes:` key as a boolean: keep the text
+                    key = knode.value
                 if not isinstance(key, str | int):
                     raise YamlError(file, knode.start_mark.line + 1, f"mapping keys must be text, got {key!r}")
                 skey = str(key)

@@ -12,7 +12,10 @@
 #                                       entry scripts generated from pyproject's [project.scripts] by
 #                                       packaging/entry-script.sh; run by /usr/bin/python3 -I (nftblock:
 #                                       -IS) with /usr/lib/nftblockd first on sys.path
-#   /lib/systemd/system/nftblockd.service, /usr/lib/sysusers.d/nftblockd.conf
+#   /usr/lib/systemd/system/nftblockd.service, /usr/lib/sysusers.d/nftblockd.conf
+#   /usr/share/python3/runtime.d/nftblockd.rtupdate
+#                                       re-compiles the byte-code when the default python3 changes (an
+#                                       upgrade from Debian 12 to 13); postinst compiles it on install
 #   /etc/nftblockd/nftblockd.yaml       conffile (config/nftblockd.yaml)
 #   /etc/fail2ban/action.d/nftblock.conf, nftblock.py
 #                                       conffiles (fail2ban reads its actions from there)
@@ -21,8 +24,13 @@
 #   /usr/share/man/man8/nftblockd.8.gz, nftblock.8.gz, /usr/share/man/man5/nftblockd.yaml.5.gz
 #                                       rendered now by packaging/manpages.py from the real parsers and
 #                                       the example config, so they cannot drift from the programs
-# From Debian: python3 (>= 3.11), python3-systemd (C extension), python3-yaml, and what the native core links
-# (libpcre2-8-0, libc6; found by dpkg-shlibdeps).
+# From Debian: python3 (>= 3.11), python3-systemd (C extension), python3-yaml, python3-aiohttp, and what the
+# native core links (libpcre2-8-0, libc6; found by dpkg-shlibdeps).
+#
+# One package for Debian 12 (bookworm, Python 3.11) and Debian 13 (trixie, Python 3.13): the core uses the
+# stable ABI of 3.11, the Depends name no version only one release has, files are under /usr (trixie's
+# lintian refuses /lib), and the versions dpkg-shlibdeps derives from the build host are met by both when
+# that host is the older release, Debian 12 (build there). tests/systemd installs and runs it on both.
 #
 # Environment: OUT_DIR (default: dist), PYTHON (default: .venv/bin/python, else python3; must have the
 # bundled dependencies installed), EXAMPLE_CONFIG (default: config/nftblockd.yaml), CC (default: gcc),
@@ -63,7 +71,8 @@ PKG=$STAGE/debian/nftblockd
 LIB=$PKG/usr/lib/nftblockd
 DOC=$PKG/usr/share/doc/nftblockd
 MAN=$PKG/usr/share/man
-mkdir -p "$PKG/DEBIAN" "$LIB" "$PKG/usr/bin" "$PKG/lib/systemd/system" "$PKG/usr/lib/sysusers.d" \
+mkdir -p "$PKG/DEBIAN" "$LIB" "$PKG/usr/bin" "$PKG/usr/lib/systemd/system" "$PKG/usr/lib/sysusers.d" \
+    "$PKG/usr/share/python3/runtime.d" \
     "$PKG/etc/nftblockd" "$PKG/etc/fail2ban/action.d" "$DOC/examples" "$MAN/man5" "$MAN/man8"
 
 # Reproducible timestamps (files, man page dates): the last commit's, when there is one.
@@ -158,8 +167,9 @@ while IFS='=' read -r name target; do
     chmod 0755 "$PKG/usr/bin/$name"
 done < <(sed -n 's/^SCRIPT=//p' "$STAGE/meta")
 
-install -m 0644 systemd/nftblockd.service "$PKG/lib/systemd/system/nftblockd.service"
+install -m 0644 systemd/nftblockd.service "$PKG/usr/lib/systemd/system/nftblockd.service"
 install -m 0644 packaging/debian/sysusers.conf "$PKG/usr/lib/sysusers.d/nftblockd.conf"
+install -m 0755 packaging/debian/rtupdate "$PKG/usr/share/python3/runtime.d/nftblockd.rtupdate"
 install -m 0644 "$EXAMPLE_CONFIG" "$PKG/etc/nftblockd/nftblockd.yaml"
 install -m 0644 packaging/fail2ban/action.d/nftblock.conf packaging/fail2ban/action.d/nftblock.py \
     "$PKG/etc/fail2ban/action.d/"

@@ -46,7 +46,7 @@ NFTBLOCKD_SECTIONS = {
     "FILES": "/etc/nftblockd/nftblockd.yaml: the configuration, see nftblockd.yaml(5).\n"
              "/var/lib/nftblockd/: saved bans (SQLite) and cached feed copies.\n"
              "/run/nftblockd/control.sock: the control socket.\n"
-             "/lib/systemd/system/nftblockd.service: the hardened systemd unit.",
+             "/usr/lib/systemd/system/nftblockd.service: the hardened systemd unit.",
 }
 
 NFTBLOCK_DESCRIPTION = """\

@@ -24,7 +24,8 @@ from typing import Protocol
 from nftblockd.addr import IPAddr
 from nftblockd.config import JailConfig
 from nftblockd.detect.matcher import Filter, Match, MatchContext, Rejected
-from nftblockd.detect.tracker import BanRecord, Kind, Tracker
+from nftblockd.detect.matchmemory import MatchMemory
+from nftblockd.detect.tracker import BanRecord, Kind, Tracker, TrackOutcome
 from nftblockd.events import Ban, Hit
 from nftblockd.service.metrics import Metrics
 from nftblockd.sources.base import LineBatch, PositionStore, Source
@@ -55,6 +56,14 @@ class JailStats:
     by_reason: dict[str, int] = field(default_factory=dict)
 
 
+def _remember(memory: MatchMemory, r: Match, line: str, out: TrackOutcome) -> None:
+    """A counted failure's line is kept for the jail's actions; a ban takes its offender's lines along."""
+    if out.kind is _COUNTED or out.kind is _BANNED:
+        memory.add(r.host, line, r.fields)
+        if out.ban is not None and out.kind is _BANNED:
+            memory.decided(r.host, out.ban.target)
+
+
 class BanSink(Protocol):
     """Where a jail's bans go (kernel.sink.JailBanSink): a bounded queue in front of the kernel."""
 
@@ -70,8 +79,9 @@ def _no_failure(_jail: str, _host: IPAddr) -> None:
 class JailRunner:
     def __init__(self, jail: JailConfig, flt: Filter, tracker: Tracker, sink: BanSink,
                  positions: PositionStore, metrics: Metrics | None = None, *,
-                 sources: list[Source] | None = None) -> None:
+                 sources: list[Source] | None = None, memory: MatchMemory | None = None) -> None:
         self.jail = jail
+        self.memory = memory  # only a jail with actions keeps its offenders' lines (for `{matches}`)
         self.filter = flt
         self.tracker = tracker
         self.sink = sink
@@ -165,6 +175,7 @@ class JailRunner:
         observe = self.tracker.observe
         jail = self.jail.name
         on_failure = self.on_failure
+        memory = self.memory
         for i, r in flt.scan(texts, now, ctx):
             if type(r) is Rejected:
                 st.rejected += 1
@@ -182,6 +193,8 @@ class JailRunner:
                     t = now
             out = observe(Hit(jail, r.host, t, texts[i]), now, live=live)
             kind = out.kind
+            if memory is not None:
+                _remember(memory, r, texts[i], out)
             if kind is _COUNTED:
                 st.failures += 1
                 on_failure(jail, r.host)
@@ -200,13 +213,16 @@ class JailRunner:
                 st.stale += 1
             elif kind is _NEVER:
                 st.never_ban += 1
-        mx = self.metrics
-        if mx is not None:
-            name = self.jail.name
-            mx.lines.labels(name).inc(len(batch))
-            if st.matched:
-                mx.matched.labels(name).inc(st.matched - self._reported[0])
-                mx.ignored.labels(name).inc(st.ignored + st.rejected - self._reported[1])
-                mx.failures.labels(name).inc(st.failures - self._reported[2])
-                self._reported = (st.matched, st.ignored + st.rejected, st.failures)
+        if self.metrics is not None:
+            self._report(self.metrics, len(batch))
         return bans, records
+
+    def _report(self, mx: Metrics, lines: int) -> None:
+        st = self.stats
+        name = self.jail.name
+        mx.lines.labels(name).inc(lines)
+        if st.matched:
+            mx.matched.labels(name).inc(st.matched - self._reported[0])
+            mx.ignored.labels(name).inc(st.ignored + st.rejected - self._reported[1])
+            mx.failures.labels(name).inc(st.failures - self._reported[2])
+            self._reported = (st.matched, st.ignored + st.rejected, st.failures)

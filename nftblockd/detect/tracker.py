@@ -750,20 +750,26 @@ class Tracker:
 
     # -- upkeep and persistence ---------------------------------------------------------------------------
 
-    def sweep(self, now: float) -> int:
+    def sweep(self, now: float, ended: dict[str, list[Ban]] | None = None) -> int:
         """Drop ended bans, stale generations and history past the horizon; returns how many went.
 
-        Call it now and then (e.g. with each reconcile) so memory shrinks even when no hits arrive.
+        Call it now and then (e.g. with each reconcile) so memory shrinks even when no hits arrive. The bans
+        of the jails named in `ended` that reached their end are added to its lists (their unban actions).
         """
         gone = 0
         for j in self._jails.values():
             before = self._tracked
             self._rotate(j, now)
             gone += before - self._tracked
+            out = ended.get(j.name) if ended is not None else None
             for key, b in list(j.banned.items()):
                 if not b.since - self.max_skew <= now < b.until:
                     del j.banned[key]
                     gone += 1
+                    if out is not None and now >= b.until:
+                        ban = b.outcome.ban
+                        if ban is not None:
+                            out.append(ban)
             lo = now - j.horizon
             for key, past in list(j.history.items()):
                 keep = tuple(r for r in past if r[0] >= lo)

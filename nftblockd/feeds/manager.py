@@ -86,8 +86,13 @@ CRASH_RETRY_MAX = RESTART_MAX
 class FeedManager:
     def __init__(self, cfg: Config, enforcer: Enforcer, cache_dir: Path, metrics: Metrics | None = None, *,
                  fetcher: Callable[[FeedConfig, Path, Sequence[IPNet]], FeedFetcher] | None = None,
-                 crash_retry_base: float = CRASH_RETRY_BASE) -> None:
+                 crash_retry_base: float = CRASH_RETRY_BASE,
+                 on_changes: Callable[[FeedConfig, list[tuple[int, int]], list[tuple[int, int]], float], None]
+                 | None = None) -> None:
         self.cfg = cfg
+        # after a feed's refresh is in the kernel: (feed, added, removed (version, net key)s, now), for the
+        # feed's actions; only feeds with actions are diffed
+        self.on_changes = on_changes
         self.enforcer = enforcer
         self.metrics = metrics
         self.cache_dir = cache_dir
@@ -200,6 +205,7 @@ class FeedManager:
         return added, removed, changed
 
     async def on_update(self, upd: FeedUpdate) -> None:
+        before = self.latest.get(upd.name)
         self.latest[upd.name] = upd.sanitised
         if upd.deferred is not None:
             self.deferred[upd.name] = upd.deferred
@@ -208,6 +214,17 @@ class FeedManager:
         if self.metrics is not None:
             self.metrics.feed_fetch.labels(upd.name, upd.origin).inc()
         await self.sync(upd.blocklist)
+        feed = next((f for f in self.cfg.feeds if f.name == upd.name), None)
+        if self.on_changes is not None and feed is not None and feed.actions and before is not upd.sanitised:
+            added: list[tuple[int, int]] = []
+            removed: list[tuple[int, int]] = []
+            for version, new, old in ((4, upd.sanitised.v4, before.v4 if before else []),
+                                      (6, upd.sanitised.v6, before.v6 if before else [])):
+                new_set, old_set = set(new), set(old)
+                added += [(version, k) for k in new if k not in old_set]
+                removed += [(version, k) for k in old if k not in new_set]
+            if added or removed:
+                self.on_changes(feed, added, removed, time.time())
 
     async def sync(self, blocklist: str) -> int:
         """Make the blocklist's sets equal the aggregate of its feeds; one transaction."""

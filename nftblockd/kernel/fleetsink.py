@@ -29,6 +29,8 @@ fed by jails and the CLI, do). It does not import the fleet package (which sits 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import math
 import time
@@ -52,13 +54,18 @@ APPLIED = (BanOutcome.ADDED, BanOutcome.EXTENDED, BanOutcome.ABSORBED)
 class EnforcerFleetSink:
     def __init__(self, enforcer: Enforcer, blocklist: str, *, started: float | None = None,
                  clock: Callable[[], float] = time.time,
-                 on_removed: Callable[[list[IPNet]], None] | None = None) -> None:
+                 on_removed: Callable[[list[IPNet]], None] | None = None,
+                 on_applied: Callable[[int, Callable[[int], tuple[str, float | None, str]], list[IPNet], float],
+                                      None] | None = None) -> None:
         self.enforcer = enforcer
         self.blocklist = blocklist
         self.clock = clock
         self.on_removed = on_removed  # unbanned here (the tracker forgets those bans, so detection goes on)
         # banned here: (ranges, [(IP version, host keys)], now), for subnet escalation; must not raise
         self.on_banned: Callable[[list[IPNet], list[tuple[int, list[int]]], float], None] | None = None
+        # after each commit: (bans applied, i -> (address, end, reason) of the i-th, unbans, now) for actions;
+        # the addresses are formatted only for the bans an action takes (a catch-up can bring a million)
+        self.on_applied = on_applied
         self.started = clock() if started is None else started
         self._created: dict[tuple[str, int], float] = {}  # (set, key) -> when this host banned it locally
         self.applied = 0
@@ -135,6 +142,8 @@ class EnforcerFleetSink:
             self.on_banned([b.target for b, _a in ranges], [(h[1], h[2]) for h in hosts if h[2]], now)
         if plan.gone and self.on_removed is not None:
             self.on_removed(plan.gone)
+        if self.on_applied is not None and (applied or plan.gone):
+            self.on_applied(applied, _nth_ban(ranges, hosts), plan.gone, now)
 
     def _plan(self, change: FleetChange, now: float, plan: _Plan) -> list[Group]:
         """The state changes of `change`, into `plan`, and the kernel ops that follow them (under the
@@ -264,6 +273,22 @@ class EnforcerFleetSink:
 
 # (set name, IP version, keys applied, end or None, reason) of one group of single-address fleet bans
 _Hosts = tuple[str, int, list[int], float | None, str]
+
+
+def _nth_ban(ranges: list[tuple[Ban, tuple[IPNet, ...]]],
+             hosts: list[_Hosts]) -> Callable[[int], tuple[str, float | None, str]]:
+    """i -> (address, end, reason) of the i-th ban applied: the ranges, then each group's hosts in order."""
+    starts = list(itertools.accumulate((len(h[2]) for h in hosts), initial=len(ranges)))
+
+    def nth(i: int) -> tuple[str, float | None, str]:
+        if i < len(ranges):
+            b = ranges[i][0]
+            return format_target(b.target), b.until, b.reason
+        g = bisect.bisect_right(starts, i) - 1
+        _name, v, keys, until, reason = hosts[g]
+        return format_host(keys[i - starts[g]], v), until, reason
+
+    return nth
 
 
 @dataclass(slots=True)

@@ -232,6 +232,17 @@ class Metrics:
             "nftblock_fleet_service_failures", "Times the fleet service stopped on an unexpected error (a bug, a "
             "state database that fails; not the server going away, which it handles itself) and was started "
             "again after a backoff", registry=r)
+        # actions (docs/actions.md): read from each action's runner at scrape time
+        self.action_runs = Live("counter", "nftblock_action_runs", "Action runs by result: ok, or failed after "
+                                "every retry (each failure also writes an audit line)", ["action", "result"],
+                                registry=r)
+        self.action_retries = Live("counter", "nftblock_action_retries", "Action runs tried again after a failure",
+                                   ["action"], registry=r)
+        self.action_skipped = Live("counter", "nftblock_action_skipped", "Events an action did not run for, by "
+                                   "reason: rate (over its rate limit), queue_full, stopping (queued at shutdown); "
+                                   "the next run carries the count", ["action", "reason"], registry=r)
+        self.action_queue = Live("gauge", "nftblock_action_queue", "Events queued or running per action",
+                                 ["action"], registry=r)
         self.up = Gauge("nftblock_up", "1 while the daemon runs", registry=r)
         self.start_time = Gauge("nftblock_start_time_seconds", "Unix time the daemon started", registry=r)
         self.up.set(1)

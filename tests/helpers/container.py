@@ -1,9 +1,11 @@
-"""A Debian 12 container with systemd as PID 1, driven through tests/systemd/harness.sh.
+"""A Debian container (13 trixie or 12 bookworm) with systemd as PID 1, driven through tests/systemd/harness.sh.
 
-`Container.boot()` starts one on the harness's cached rootfs (throw-away: every write goes to a tmpfs
-overlay), `run()` executes a command inside as root, `show()` reads unit properties the way an operator's
-`systemctl show` does, and `wait_for()` polls a condition with a bound. Nothing here touches the host beyond
-the harness's cache and cgroup: the container has its own network namespace with only `lo`.
+`rootfs(suite)` builds (once) or finds the harness's cached tree of a release, with `extra` packages a test
+needs on top (part of the cache key). `Container(bind, suite=...).boot()` starts one on that tree
+(throw-away: every write goes to a tmpfs overlay), `run()` executes a command inside as root, `show()` reads
+unit properties the way an operator's `systemctl show` does, and `wait_for()` polls a condition with a bound.
+Nothing here touches the host beyond the harness's cache and cgroup: the container has its own network
+namespace with only `lo`.
 """
 
 from __future__ import annotations
@@ -14,12 +16,22 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
+
 HARNESS = Path(__file__).resolve().parents[1] / "systemd" / "harness.sh"
 T = TypeVar("T")
+# The releases the package supports, the current stable first (what a new server gets).
+SUITES = ("trixie", "bookworm")
+
+
+def harness_env(suite: str, extra: Sequence[str] = ()) -> dict[str, str]:
+    if suite not in SUITES:
+        raise ValueError(f"suite {suite!r}: one of {', '.join(SUITES)}")
+    return dict(os.environ, NFTBLOCKD_TEST_SUITE=suite, NFTBLOCKD_TEST_EXTRA=" ".join(extra))
 
 
 def unavailable() -> str | None:
@@ -32,22 +44,39 @@ def unavailable() -> str | None:
     return None
 
 
-def rootfs() -> Path:
-    """The cached rootfs, built on first use (a minute or two, network needed then only)."""
-    proc = subprocess.run(["bash", str(HARNESS), "rootfs"], capture_output=True, text=True, check=False)
+def rootfs(suite: str, extra: Sequence[str] = ()) -> Path:
+    """The cached rootfs of `suite` with `extra` packages, built on first use (a minute or two, network
+    needed then only)."""
+    proc = subprocess.run(["bash", str(HARNESS), "rootfs"], capture_output=True, text=True, check=False,
+                          env=harness_env(suite, extra))
     if proc.returncode != 0:
-        raise RuntimeError(f"building the container rootfs failed:\n{proc.stderr}")
+        raise RuntimeError(f"building the {suite} container rootfs failed:\n{proc.stderr}")
     return Path(proc.stdout.strip())
 
 
+def rootfs_all(suites: Sequence[str] = SUITES, extra: Sequence[str] = ()) -> dict[str, Path]:
+    """`rootfs()` of several suites, built side by side: on a fresh machine (CI) the builds wait on the
+    network and dpkg more than on the CPU, so two take little longer than one."""
+    procs = {s: subprocess.Popen(["bash", str(HARNESS), "rootfs"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=harness_env(s, extra)) for s in suites}
+    done = {s: p.communicate() for s, p in procs.items()}
+    failed = [f"{s}:\n{err}" for s, (_out, err) in done.items() if procs[s].returncode != 0]
+    if failed:
+        raise RuntimeError("building the container rootfs failed for " + "\n".join(failed))
+    return {s: Path(out.strip()) for s, (out, _err) in done.items()}
+
+
 class Container:
-    def __init__(self, bind: Path, prefix: str = "nbt") -> None:
+    def __init__(self, bind: Path, suite: str, prefix: str = "nbt",
+                 extra: Sequence[str] = ()) -> None:
+        self.env = harness_env(suite, extra)
+        self.suite = suite
         self.name = f"{prefix}-{uuid.uuid4().hex[:8]}"
         self.bind = bind  # host directory seen read-only at /srv/test inside
 
     def boot(self) -> Container:
         proc = subprocess.run(["bash", str(HARNESS), "boot", self.name, str(self.bind)], capture_output=True,
-                              text=True, check=False)
+                              text=True, check=False, env=self.env)
         if proc.returncode != 0:
             self.stop()
             raise RuntimeError(f"booting {self.name} failed:\n{proc.stderr}")
@@ -96,3 +125,12 @@ def copy_into_bind(bind: Path, *files: Path) -> None:
     bind.mkdir(parents=True, exist_ok=True)
     for f in files:
         shutil.copy2(f, bind / f.name)
+
+
+# What the real-systemd tier measured per release (install time, start to READY, the stock start's journal),
+# kept on the pytest config for tests/systemd/conftest.py to print and save at the end of the run.
+RECORDS_KEY = pytest.StashKey[dict[str, dict[str, object]]]()
+
+
+def records(config: pytest.Config) -> dict[str, dict[str, object]]:
+    return config.stash.setdefault(RECORDS_KEY, {})

@@ -11,9 +11,11 @@ import ctypes
 import json
 import os
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal, overload
 
 CLONE_NEWNET = 0x40000000
@@ -86,6 +88,20 @@ def inside(ns: NetNS) -> Iterator[None]:
             yield
         finally:
             _setns(orig.fileno())
+
+
+@contextlib.contextmanager
+def http_server(ns: NetNS, handler: type[BaseHTTPRequestHandler]) -> Iterator[int]:
+    """A threaded HTTP server on the loopback of `ns` (its socket made inside it); yields its port."""
+    with inside(ns):
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield srv.server_address[1]
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:

@@ -6,15 +6,14 @@ daemon fetches from 127.0.0.1 exactly as it would in production, and nothing lea
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.daemon import DaemonProc
-from tests.helpers.netns import NetNS, inside, wait_for
+from tests.helpers.netns import NetNS, http_server, wait_for
 
 DROP_V1 = """; an example feed, Spamhaus DROP style
 45.10.0.0/24 ; SBL1
@@ -65,13 +64,8 @@ def server(netns: NetNS) -> Iterator[tuple[Feeds, int]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    with inside(netns):
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield feeds, srv.server_address[1]
-    srv.shutdown()
-    srv.server_close()
+    with http_server(netns, Handler) as port:
+        yield feeds, port
 
 
 def config(port: int, local: Path) -> str:

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# harness.sh: boot a Debian 12 container with a real systemd as PID 1 (systemd-nspawn), for the tests in
-# tests/systemd/. Works on a host whose own PID 1 is not systemd (a CI VM, a container runner).
+# harness.sh: boot a Debian container (13 trixie or 12 bookworm) with a real systemd as PID 1
+# (systemd-nspawn), for the tests in tests/systemd/. Works on a host whose own PID 1 is not systemd (a CI VM,
+# a container runner).
+#
+# Environment: NFTBLOCKD_TEST_SUITE (bookworm | trixie; default bookworm) picks the release, for `rootfs`
+# and `boot` alike; NFTBLOCKD_TEST_EXTRA (package names, space- or comma-separated) adds packages a test
+# needs to the rootfs (e.g. redis-server). Suite and extra packages are part of the cache key: each
+# combination is its own cached tree. `run` and `stop` need neither.
 #
 #   harness.sh rootfs              print the cached rootfs directory, building it first if needed (mmdebstrap)
 #   harness.sh boot NAME [DIR]     boot a throw-away container NAME on the cached rootfs; DIR (host) is
@@ -30,16 +36,25 @@
 set -euo pipefail
 
 CACHE=${NFTBLOCKD_TEST_CACHE:-/var/cache/nftblockd-test}
-SUITE=bookworm
+SUITE=${NFTBLOCKD_TEST_SUITE:-bookworm}
+EXTRA=${NFTBLOCKD_TEST_EXTRA:-}
 MIRROR=${NFTBLOCKD_TEST_MIRROR:-http://deb.debian.org/debian}
 SECURITY=${NFTBLOCKD_TEST_SECURITY:-http://deb.debian.org/debian-security}
 BOOT_TIMEOUT=${NFTBLOCKD_TEST_BOOT_TIMEOUT:-120}
 STATE_ROOT=/run/nftblockd-test
 HERE=$(cd "$(dirname "$0")" && pwd)
 CONTROL=$HERE/../../packaging/debian/control
-# systemd as init with what a stock Debian 12 server has around it, plus what the tests use inside
-# (iproute2 for a dummy interface, python3's http.server for a feed).
-BASE_PKGS=(systemd systemd-sysv dbus libnss-systemd nftables iproute2 procps python3)
+# systemd as init with what a stock Debian server has around it (openssh-server: the shipped config's sshd
+# jail reads its journal lines), plus what the tests use inside (iproute2 for a dummy interface and a
+# network namespace, python3's http.server for a feed, the ssh client for failed logins). redis-server is
+# what the fleet test (NFTBLOCKD_TEST_EXTRA=redis-server) adds: named here too, its tree and this one are the
+# same (one key: the list is sorted and made unique), so a fresh machine builds two trees, not four.
+BASE_PKGS=(systemd systemd-sysv dbus libnss-systemd nftables iproute2 procps python3 openssh-server
+           openssh-client redis-server)
+# Debian 13's lintian checks the .deb inside (its checks differ from 12's). Not in Debian 12's tree: 12's
+# lintian is the build host's (make deps; tests/unit/test_lintian.py), and lintian brings about 160
+# packages, half of a tree's build time.
+[[ $SUITE = trixie ]] && BASE_PKGS+=(lintian)
 INSIDE_ENV=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
             SYSTEMD_PAGER=cat SYSTEMD_COLORS=0 TERM=dumb)
 
@@ -55,7 +70,7 @@ package_deps() {
     echo libpcre2-8-0
 }
 
-rootfs_packages() { printf '%s\n' "${BASE_PKGS[@]}" $(package_deps) | sort -u; }
+rootfs_packages() { printf '%s\n' "${BASE_PKGS[@]}" $(package_deps) ${EXTRA//,/ } | sort -u; }
 
 rootfs_dir() {
     local key
@@ -70,13 +85,18 @@ need_tools() {
     done
 }
 
+check_suite() {
+    case $SUITE in bookworm | trixie) ;; *) die "NFTBLOCKD_TEST_SUITE='$SUITE': bookworm or trixie" ;; esac
+}
+
 cmd_rootfs() {
+    check_suite
     need_tools
     local dir tmp t0=$SECONDS pkgs
     dir=$(rootfs_dir)
     mkdir -p "$CACHE"
-    exec 8>"$CACHE/.lock"
-    flock 8       # one builder; the others wait and then find it built
+    exec 8>"$dir.lock"
+    flock 8       # one builder per tree; the others wait and then find it built
     if [[ -f $dir/.complete ]]; then echo "$dir"; return 0; fi
     pkgs=$(rootfs_packages | paste -sd,)
     say "building the $SUITE rootfs $dir ($pkgs); once per package list, about a minute or two"

@@ -1,13 +1,22 @@
-"""The installed package under a real systemd: `make deb`'s .deb, `dpkg -i` into a Debian 12 container booted
-with systemd as PID 1, then what an operator does to it.
+"""The installed package under a real systemd, on each Debian release it supports: `make deb`'s .deb,
+installed with `apt-get install ./nftblockd_*.deb` into a container of Debian 13 (trixie, the current stable)
+and of Debian 12 (bookworm, oldstable) booted with systemd as PID 1, then what an operator does to it.
 
-One container for the module; the tests run in file order and each leaves the service as the next expects
-(active, one ban from the CLI). What is checked is what only a real systemd shows: Type=notify READY, the
+One container per release (the module fixture is parametrized, trixie first); within it the tests run in
+file order and each leaves the service as the next expects (active, bans from sshd and from the CLI). What is
+checked is what only a real system shows: Type=notify READY, a quiet journal on a stock start, a real ban from
+sshd's journal lines on a stock install (journald only, no rsyslog: failed logins from a network namespace of
+the test's own, so the source is not the container's address), the metrics endpoint scraped and parsed, the
 watchdog pinged and enforced, ExecReload's verdict, a clean stop, the unit's sandbox (users, capabilities,
-IPAddressDeny= through the cgroup BPF filter) around the real daemon, and a quiet journal on a stock start.
-The only change to the shipped unit is a drop-in shortening the watchdog (and the restart delay) so the
-watchdog tests take seconds. The container's Python packages are Debian 12's (the package's Depends), not
-the development venv's: a call that only newer library versions accept fails here.
+IPAddressDeny= through the cgroup BPF filter) around the real daemon, Debian 13's lintian on the .deb (12's
+is the build host's, tests/unit), and a purge that leaves nothing behind. The only change to the shipped unit
+is a drop-in shortening the watchdog (and the restart delay) so the watchdog tests take seconds. The
+container's Python packages are the release's (the package's Depends), not the development venv's: a call
+that only newer library versions accept fails here, and so does one that the newer release dropped.
+
+Each release's install time, its start-to-READY time and the unit's journal of the stock start are recorded
+(tests/systemd/conftest.py prints them at the end of the run and writes systemd-tier.json in pytest's base
+temporary directory).
 
 Waits poll a condition with a bound; the bounds only stop a broken test from hanging. The watchdog test
 waits 2.5 watchdog periods by design: surviving them is what it checks.
@@ -16,14 +25,16 @@ waits 2.5 watchdog periods by design: surviving them is what it checks.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers.container import Container, copy_into_bind, rootfs, unavailable
+from tests.helpers.container import SUITES, Container, copy_into_bind, records, rootfs_all, unavailable
 
 pytestmark = pytest.mark.systemd
 
@@ -42,23 +53,52 @@ COMMENT = "real systemd test"
 FEED_ENTRY = "198.51.100.0/24"
 REMOTE = "192.0.2.1"  # an address on the container's lo that is not `localhost` for IPAddressAllow=
 FEED_PORT = 8099
+# The sshd check's attacker: a network namespace inside the container behind a veth pair, so failed logins
+# come from an address that is not the container's own (allowlist_self would spare those).
+SSH_SERVER, SSH_ATTACKER = "10.77.0.1", "10.77.0.2"
+ATTACKER_NS = "attacker"
+METRICS_URL = "http://127.0.0.1:9789/metrics"  # the shipped config's metrics.listen
 
 
 @pytest.fixture(scope="module")
-def box(built_deb: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
+def rootfs_built() -> None:
+    """Every release's rootfs, built side by side (or found in the cache) before the clock of any boot
+    starts."""
     reason = unavailable()
     if reason:
         pytest.skip(reason)
-    rootfs()  # built (or found in the cache) before the clock of any boot starts
-    bind = tmp_path_factory.mktemp("systemd-bind")
+    rootfs_all(SUITES)
+
+
+@pytest.fixture(scope="module", params=SUITES)
+def box(request: pytest.FixtureRequest, rootfs_built: None, built_deb: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[Container]:
+    suite: str = request.param
+    bind = tmp_path_factory.mktemp(f"systemd-bind-{suite}")
     copy_into_bind(bind, built_deb)
     (bind / "feed").mkdir()
     (bind / "feed" / "list.txt").write_text(f"{FEED_ENTRY}\n")
-    c = Container(bind).boot()
+    c = Container(bind, suite).boot()
     try:
         c.write(f"/etc/systemd/system/{UNIT}.d/test.conf", DROPIN)
-        # As an operator installs it: dpkg -i; postinst enables and starts the unit.
-        c.run("env", "DEBIAN_FRONTEND=noninteractive", "dpkg", "-i", f"/srv/test/{built_deb.name}")
+        # As an operator installs a downloaded .deb: apt resolves its Depends from the release (all in the
+        # rootfs, the container is offline); postinst enables and starts the unit, and deb-systemd-invoke
+        # returns once the Type=notify unit is READY. apt's download sandbox user must read the file.
+        c.run("install", "-m", "0644", f"/srv/test/{built_deb.name}", f"/tmp/{built_deb.name}")
+        t0 = time.monotonic()
+        c.run("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q",
+              "--no-install-recommends", f"/tmp/{built_deb.name}")
+        install_s = time.monotonic() - t0
+        p = unit(c, "InactiveExitTimestampMonotonic", "ActiveEnterTimestampMonotonic")
+        records(request.config)[suite] = {
+            "release": c.run("sh", "-c", ". /etc/os-release && echo $PRETTY_NAME").stdout.strip(),
+            "python": c.run("python3", "-V").stdout.strip(),
+            "apt_install_seconds": round(install_s, 2),
+            # systemd's own clock: leaving `inactive` (ExecStart) to READY=1 (`active`)
+            "start_to_ready_seconds": round((int(p["ActiveEnterTimestampMonotonic"])
+                                             - int(p["InactiveExitTimestampMonotonic"])) / 1e6, 3),
+            "stock_start_journal": c.journal(UNIT, "-o", "short-iso-precise").splitlines(),
+        }
         yield c
     finally:
         c.stop()
@@ -134,6 +174,18 @@ def test_the_sandbox_is_what_the_unit_says(box: Container) -> None:
     assert status["NoNewPrivs"].strip() == "1" and status["Seccomp"].strip() == "2"
 
 
+def test_the_byte_code_is_the_releases_python_s(box: Container) -> None:
+    # The unit cannot write __pycache__ (ProtectSystem=strict): postinst compiles for the release's python3,
+    # and the runtime.d hook compiles again when the default python3 changes (Debian 12 -> 13).
+    probe = ("import importlib.util, os; print(os.path.isfile(importlib.util.cache_from_source("
+             "'/usr/lib/nftblockd/nftblockd/daemon.py')))")
+    assert box.run("python3", "-c", probe).stdout.strip() == "True"
+    box.run("find", "/usr/lib/nftblockd", "-name", "__pycache__", "-prune", "-exec", "rm", "-r", "{}", "+")
+    assert box.run("python3", "-c", probe).stdout.strip() == "False"
+    box.run("/usr/share/python3/runtime.d/nftblockd.rtupdate", "rtupdate", "python3.11", "python3.13")
+    assert box.run("python3", "-c", probe).stdout.strip() == "True"
+
+
 # --- the CLI -------------------------------------------------------------------------------------------
 
 
@@ -145,6 +197,60 @@ def test_a_ban_through_the_cli_reaches_the_kernel_and_the_audit_log(box: Contain
     assert audit and audit[0].get("ORIGIN") == "cli", audit
     check = box.run("nftblock", "check", BANNED).stdout
     assert f"{BANNED} is banned" in check and COMMENT in check
+
+
+def test_failed_ssh_logins_are_banned_from_the_journal(box: Container) -> None:
+    # The shipped sshd jail on a stock install: journald only (no rsyslog, no /var/log/auth.log), matched by
+    # _SYSTEMD_UNIT=ssh.service. Debian 12 runs OpenSSH 9.2 (lines from `sshd`), Debian 13 OpenSSH 10
+    # (lines from `sshd-session`), both in ssh.service: ssh.socket is disabled on both.
+    assert box.run("systemctl", "is-enabled", "ssh.service").stdout.strip() == "enabled"
+    assert box.run("test", "-e", "/var/log/auth.log", check=False).returncode != 0  # no syslog daemon
+    assert box.run("systemctl", "is-enabled", "ssh.socket", check=False).stdout.strip() == "disabled"
+    box.sh(f"""
+        ip netns add {ATTACKER_NS}
+        ip link add nbt-srv type veth peer name nbt-att netns {ATTACKER_NS}
+        ip address add {SSH_SERVER}/24 dev nbt-srv && ip link set nbt-srv up
+        ip -n {ATTACKER_NS} address add {SSH_ATTACKER}/24 dev nbt-att
+        ip -n {ATTACKER_NS} link set nbt-att up && ip -n {ATTACKER_NS} link set lo up
+    """)
+
+    def login(timeout: int = 10) -> str:
+        proc = box.run("ip", "netns", "exec", ATTACKER_NS, "ssh", "-o", "BatchMode=yes", "-o",
+                       "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
+                       f"ConnectTimeout={timeout}", f"nosuchuser@{SSH_SERVER}", "true", check=False)
+        return proc.stderr
+
+    maxretry = int(shipped_config(box)["jails"]["sshd"]["maxretry"])
+    for _ in range(maxretry):
+        # sshd answered and refused: one "Invalid user nosuchuser from 10.77.0.2" line each
+        assert "Permission denied" in login(), "sshd did not answer from the attacker's namespace"
+    box.wait_for(lambda: SSH_ATTACKER in kernel_elements(box, "default_ip4"), "the attacker's ban in the kernel")
+    audit = [e for e in journal_json(box) if e.get("ADDRESS") == SSH_ATTACKER]
+    assert audit and audit[0].get("JAIL") == "sshd", audit
+    # The ban is enforced: the next connection's SYN is dropped, so ssh times out instead of being refused.
+    assert "timed out" in login(timeout=2)
+
+
+def scrape(c: Container) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The metrics endpoint as Prometheus reads it (from inside the container, outside the unit's sandbox):
+    sample name and sorted labels to value."""
+    text = c.run("python3", "-c", f"import urllib.request; print(urllib.request.urlopen('{METRICS_URL}', "
+                 "timeout=10).read().decode())").stdout
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_the_metrics_endpoint_reports_what_the_kernel_holds(box: Container) -> None:
+    m = scrape(box)
+    kernel = kernel_elements(box, "default_ip4")
+    assert {SSH_ATTACKER, BANNED} <= set(kernel)
+    sizes = {dict(labels)["set"]: v for (name, labels), v in m.items() if name == "nftblock_set_elements"}
+    assert sizes["default_ip4"] == len(kernel), sizes
+    assert m[("nftblock_up", ())] == 1
+    assert m[("nftblock_bans_total", (("jail", "sshd"), ("origin", "jail")))] == 1, \
+        {k: v for k, v in m.items() if k[0] == "nftblock_bans_total"}
+    assert m[("nftblock_failures_total", (("jail", "sshd"),))] >= int(
+        shipped_config(box)["jails"]["sshd"]["maxretry"])
 
 
 # --- the watchdog --------------------------------------------------------------------------------------
@@ -308,3 +414,53 @@ def test_the_documented_feeds_drop_in_lets_feeds_out(box: Container) -> None:
 def test_no_unit_failed(box: Container) -> None:
     failed = box.run("systemctl", "list-units", "--failed", "--no-legend", "--plain").stdout
     assert failed.strip() == "", failed
+
+
+def test_the_releases_lintian_finds_no_errors_or_warnings(box: Container, built_deb: Path) -> None:
+    # tests/unit/test_lintian.py runs the build host's lintian (Debian 12's); this is Debian 13's, whose
+    # checks differ (it refuses files under /lib, an alias of /usr/lib since the /usr merge). Only the
+    # trixie tree has lintian (harness.sh).
+    if box.run("sh", "-c", "command -v lintian", check=False).returncode != 0:
+        pytest.skip(f"no lintian in the {box.suite} tree: Debian 12's runs on the build host (tests/unit)")
+    proc = box.run("lintian", "--tag-display-limit", "0", "--no-cfg", f"/tmp/{built_deb.name}", check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    bad = [line for line in proc.stdout.splitlines() if line.startswith(("E: ", "W: "))]
+    assert bad == [], "\n".join(bad)
+
+
+# What a purge must leave behind: nothing of the package. Its files, its conffiles and their directories,
+# the state (saved bans) and runtime directories, the unit's enablement and deb-systemd-helper's records,
+# and its nftables table (prerm deletes it: nothing would manage or expire-check those bans any more).
+# What stays, as Debian practice has it: the system user and group (a UID must not be reused for
+# another user while files of it may survive in backups), owning nothing, without a login shell; and
+# the journal, which is the administrator's record.
+PURGED_PATHS = ("/etc/nftblockd", "/var/lib/nftblockd", "/var/lib/private/nftblockd", "/run/nftblockd",
+                "/usr/lib/nftblockd", "/usr/lib/systemd/system/nftblockd.service",
+                "/lib/systemd/system/nftblockd.service",
+                "/usr/lib/sysusers.d/nftblockd.conf", "/etc/fail2ban/action.d/nftblock.conf",
+                "/etc/fail2ban/action.d/nftblock.py", "/usr/bin/nftblockd", "/usr/bin/nftblock",
+                "/etc/systemd/system/multi-user.target.wants/nftblockd.service",
+                f"/etc/systemd/system/{UNIT}.d", "/usr/share/doc/nftblockd",
+                "/var/lib/systemd/deb-systemd-helper-enabled/nftblockd.service.dsh-also",
+                "/var/lib/systemd/deb-systemd-helper-enabled/multi-user.target.wants/nftblockd.service",
+                "/var/lib/systemd/deb-systemd-helper-masked/nftblockd.service")
+
+
+def test_purge_leaves_nothing_behind(box: Container) -> None:
+    box.run("systemctl", "start", UNIT)  # purge a running service, as an operator would
+    active_pid(box)
+    # The test's own drop-in is the administrator's file, not the package's: dpkg would rightly keep it.
+    box.run("rm", "-r", f"/etc/systemd/system/{UNIT}.d")
+    box.run("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "purge", "-y", "-q", "nftblockd")
+    status = box.run("dpkg-query", "-W", "-f", "${db:Status-Abbrev}", "nftblockd", check=False)
+    assert status.returncode != 0 or status.stdout.strip() in ("", "un"), status.stdout
+    left = box.run("sh", "-c", " ".join(f"test ! -e {p} || echo {p};" for p in PURGED_PATHS)).stdout.split()
+    assert left == []
+    assert box.run("nft", "list", "table", "inet", "nftblock", check=False).returncode != 0
+    assert "nftblockd" not in box.run("systemctl", "list-units", "--all", "--no-legend", "--plain").stdout
+    assert "nftblockd" not in box.run("systemctl", "list-unit-files", "--no-legend", "--plain").stdout
+    user = box.run("getent", "passwd", "nftblockd").stdout.strip().split(":")
+    assert user[6] == "/usr/sbin/nologin", user
+    owned = box.run("find", "/", "-xdev", "(", "-user", "nftblockd", "-o", "-group", "nftblockd", ")",
+                    "-print", check=False).stdout
+    assert owned == "", owned

@@ -146,3 +146,28 @@ async def test_status_shows_a_crashed_feed_while_it_waits_to_start_again(tmp_pat
         assert "starting it again in 300s" in a["error"]  # the cap
         stop.set()  # stopping does not wait for the backoff
         await running
+
+
+async def test_a_feed_with_actions_reports_what_each_refresh_added_and_removed(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("1.2.3.4\n5.6.7.8\n")
+    cfg = parse_config(BLOCKLISTS + f"""
+actions: {{n: {{type: command, argv: [/bin/true]}}}}
+feeds:
+  a: {{path: {tmp_path}/a.txt, blocklist: fa, refresh: 1h, actions: [n]}}
+""")
+    seen: list[tuple[str, list[tuple[int, int]], list[tuple[int, int]]]] = []
+    async with api_rig(BLOCKLISTS) as rig:
+        mgr = FeedManager(cfg, rig.enforcer, tmp_path / "cache", fetcher=local,
+                          on_changes=lambda f, added, removed, now: seen.append((f.name, added, removed)))
+        stop = asyncio.Event()
+        running = asyncio.create_task(mgr.run(stop))
+        await mgr.refresh("a")
+        (tmp_path / "a.txt").write_text("1.2.3.4\n9.9.9.9\n")
+        await mgr.refresh("a")
+        await mgr.refresh("a")  # unchanged: nothing to report
+        stop.set()
+        await running
+    def key(a: str) -> tuple[int, int]:
+        return 4, k(a) << 8 | 32
+
+    assert seen == [("a", [key("1.2.3.4"), key("5.6.7.8")], []), ("a", [key("9.9.9.9")], [key("5.6.7.8")])]

@@ -174,3 +174,15 @@ async def test_host_keys_are_applied_as_the_same_bans_would_be(rig: Rig) -> None
     info = rig.enforcer.state.covering(net("203.0.113.2"))[0]
     assert fleet_origin_host(info.origin, info.reason) == "web-02"
     assert [(p[2], len(p[1])) for p in rig.saved[-1].packed_saves] == [(T0 + 60, 1), (None, 1)]
+
+
+def test_the_nth_applied_fleet_ban_is_found_across_ranges_and_host_groups() -> None:
+    from nftblockd.events import Ban
+    from nftblockd.kernel.fleetsink import _nth_ban
+
+    rng = Ban(ipaddress.ip_network("10.1.0.0/16"), "default", 50.0, "remote", "fleet:a")
+    hosts = [("default_ip4", 4, [0x0A000001, 0x0A000002], 100.0, "fleet:b"),
+             ("default_ip6", 6, [1], None, "fleet:c")]
+    nth = _nth_ban([(rng, ())], hosts)
+    assert [nth(i) for i in range(4)] == [("10.1.0.0/16", 50.0, "fleet:a"), ("10.0.0.1", 100.0, "fleet:b"),
+                                          ("10.0.0.2", 100.0, "fleet:b"), ("::1", None, "fleet:c")]

@@ -4,7 +4,7 @@ Layers, lowest first (a module may import its own package and anything in a lowe
   0  nftblockd/*.py (values, addresses, allowlist, config) and service/ (logging, sd_notify, metrics)
   1  sources/, state/
   2  detect/, kernel/
-  3  feeds/, fleet/
+  3  feeds/, fleet/, actions/
   4  control/
   5  the entry points and the composition root (cli.py, daemon_main.py, daemon.py)
 """
@@ -19,12 +19,14 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "nftblockd"
 
 ENTRY = {"nftblockd.cli", "nftblockd.daemon_main", "nftblockd.daemon"}
-RANK = {"service": 0, "sources": 1, "state": 1, "detect": 2, "kernel": 2, "feeds": 3, "fleet": 3, "control": 4}
+RANK = {"service": 0, "sources": 1, "state": 1, "detect": 2, "kernel": 2, "feeds": 3, "fleet": 3, "actions": 3,
+        "control": 4}
 
 # Pure: parsing, matching, tracking, diffing, encoding. No IO, no event loop, no clock. (`socket` is allowed:
 # its inet_pton/inet_ntoa are the fast pure address codecs.)
 PURE = {
     "nftblockd.events", "nftblockd.durations", "nftblockd.allowlist", "nftblockd.addr", "nftblockd.neverban",
+    "nftblockd.argtemplate",
     "nftblockd.detect.matcher", "nftblockd.detect.native", "nftblockd.detect.timestamps", "nftblockd.detect.rxlint",
     "nftblockd.detect.rxopt", "nftblockd.detect.tracker", "nftblockd.detect.subnet",
     "nftblockd.feeds.parse", "nftblockd.feeds.aggregate", "nftblockd.feeds.delta",

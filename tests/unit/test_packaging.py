@@ -672,7 +672,7 @@ def test_control_fields(deb: Path) -> None:
 def test_files_land_where_the_unit_and_fail2ban_expect_them(contents: dict[str, tuple[str, str]]) -> None:
     for path in ("/usr/bin/nftblockd", "/usr/bin/nftblock"):
         assert contents[path][0] == "-rwxr-xr-x", path
-    for path in ("/lib/systemd/system/nftblockd.service", "/usr/lib/sysusers.d/nftblockd.conf",
+    for path in ("/usr/lib/systemd/system/nftblockd.service", "/usr/lib/sysusers.d/nftblockd.conf",
                  "/etc/nftblockd/nftblockd.yaml", "/etc/fail2ban/action.d/nftblock.conf",
                  "/etc/fail2ban/action.d/nftblock.py", "/usr/lib/nftblockd/nftblockd/__init__.py",
                  "/usr/lib/nftblockd/nftblockd/py.typed", "/usr/share/doc/nftblockd/copyright",
@@ -691,7 +691,7 @@ def test_files_land_where_the_unit_and_fail2ban_expect_them(contents: dict[str, 
 
 @needs_dpkg
 def test_the_unit_finds_its_binary_and_config(extracted: Path) -> None:
-    shipped = (extracted / "lib/systemd/system/nftblockd.service").read_text()
+    shipped = (extracted / "usr/lib/systemd/system/nftblockd.service").read_text()
     assert shipped == (ROOT / "systemd" / "nftblockd.service").read_text()
     service = unit_service(shipped)
     for line in service["ExecStart"] + service["ExecReload"]:

@@ -952,3 +952,13 @@ def test_an_ipv6_neighbour_of_never_ban_space_is_banned_alone() -> None:
     tr = Tracker([sshd(maxretry=1, ipv6_prefix=64)])
     out = tr.observe(hit("sshd", "::2", T0), T0)
     assert out.kind is Kind.BANNED and out.ban is not None and out.ban.target == N("::2/128")
+
+
+def test_sweep_hands_over_the_ended_bans_of_the_jails_asked_for() -> None:
+    tr = Tracker([sshd(), sshd(name="web")])
+    fail(tr, "192.0.2.1", 5, T0)
+    fail(tr, "192.0.2.2", 5, T0, jail="web")
+    fail(tr, "192.0.2.3", 5, T0 + H)  # ends an hour later
+    ended: dict[str, list[Ban]] = {"sshd": []}
+    assert tr.sweep(T0 + H + 1, ended) == 2
+    assert [(b.jail, str(b.target)) for b in ended["sshd"]] == [("sshd", "192.0.2.1/32")]

@@ -1,0 +1,199 @@
+"""Which actions a ban or unban goes to, and the runners' lives under the daemon's TaskGroup.
+
+The daemon calls `jail_bans`, `unbanned`, `fleet_bans`, `feed_bans` after the kernel committed (never
+before: an action must not announce a ban the kernel refused) and never awaits anything: each call only
+builds events and offers them to the runners' bounded queues. An event a runner cannot take is counted there
+(skipped), and a flood's remainder is counted without even being built (`room`).
+"""
+
+from __future__ import annotations
+
+import asyncio  # noqa: TID251 (an IO edge: the runners' tasks)
+import logging
+import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from nftblockd.actions.f2baction import F2bAction
+from nftblockd.actions.render import ActionEvent
+from nftblockd.actions.runner import ActionRunner, Executor, RealExecutor
+from nftblockd.addr import IPNet, format_target, key_net
+from nftblockd.config import Config, FeedConfig
+from nftblockd.detect.matchmemory import MatchMemory
+from nftblockd.durations import ban_end
+from nftblockd.events import Ban
+
+log = logging.getLogger("nftblockd.actions")
+
+
+def _left(until: float, now: float) -> float:
+    """Whole seconds a ban has left (the tracker and the sink read the clock moments apart)."""
+    return float(max(0, round(until - now)))
+
+
+class ActionHub:
+    def __init__(self, cfg: Config, f2b: Mapping[str, F2bAction], execute: Executor | None = None) -> None:
+        self.execute = execute if execute is not None else RealExecutor()
+        self.host = cfg.fleet.host_id if cfg.fleet is not None else socket.gethostname()
+        self.runners: dict[str, ActionRunner] = {}
+        self.memories: dict[str, MatchMemory] = {}  # per jail with actions: its offenders' recent lines
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self.configure(cfg, f2b)
+
+    def configure(self, cfg: Config, f2b: Mapping[str, F2bAction]) -> list[str]:
+        """Take `cfg`'s actions: an action whose config changed gets a new runner (its queue is dropped,
+        counted); returns the names that changed."""
+        old = self.runners
+        self.runners = {}
+        changed = []
+        for a in cfg.actions:
+            r = old.pop(a.name, None)
+            if r is None or r.cfg != a or (a.type == "fail2ban" and r.f2b.get(a.name) != f2b.get(a.name)):
+                new = ActionRunner(a, f2b, self.execute)
+                if r is not None:
+                    self._stop(a.name)
+                    new.stats = r.stats  # the counters go on (what the old one had queued is counted there)
+                r = new
+                changed.append(a.name)
+                if self._tg is not None:
+                    self._start(r)
+            self.runners[a.name] = r
+        for name in old:
+            self._stop(name)
+            changed.append(name)
+        self.jail_actions = {j.name: [self.runners[n] for n in j.actions if n in self.runners] for j in cfg.jails}
+        self.feed_actions = {f.name: [self.runners[n] for n in f.actions if n in self.runners] for f in cfg.feeds}
+        self.fleet_actions = [self.runners[n] for n in cfg.fleet.actions if n in self.runners] \
+            if cfg.fleet is not None else []
+        self.memories = {j.name: self.memories.get(j.name) or MatchMemory(j.ipv6_prefix) for j in cfg.jails
+                         if j.actions}
+        return changed
+
+    def memory(self, jail: str) -> MatchMemory | None:
+        return self.memories.get(jail)
+
+    def _start(self, r: ActionRunner) -> None:
+        assert self._tg is not None
+        self._tasks[r.cfg.name] = self._tg.create_task(r.run(), name=f"action-{r.cfg.name}")
+
+    def _stop(self, name: str) -> None:
+        t = self._tasks.pop(name, None)
+        if t is not None:
+            t.cancel()
+
+    async def run(self) -> None:
+        """Run every action's workers until cancelled; then the HTTP session is closed."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                for r in self.runners.values():
+                    self._start(r)
+                await asyncio.Event().wait()  # the runners live in tg; this task only keeps it open
+        finally:
+            self._tg = None
+            close = getattr(self.execute, "close", None)
+            if close is not None:
+                await close()
+
+    async def idle(self) -> None:
+        """Until every action has run what it had queued."""
+        await asyncio.gather(*(r.idle() for r in self.runners.values()))
+
+    # -- events -------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _offer(runners: Sequence[ActionRunner], event: str, n: int,
+               make: Callable[[int], ActionEvent]) -> None:
+        """Offer `n` events, built by `make(i)` only for the runners that can take them."""
+        made: dict[int, ActionEvent] = {}  # each event built once, whichever runners take it
+
+        def get(i: int) -> ActionEvent:
+            ev = made.get(i)
+            if ev is None:
+                ev = made[i] = make(i)
+            return ev
+
+        for r in runners:
+            if not r.accepts(event):
+                continue
+            room = min(n, r.room())
+            for i in range(room):
+                r.submit(get(i))
+            if n > room:
+                r.skip(n - room, "rate" if r.room() == 0 and not r.paced else "queue_full")
+
+    def jail_bans(self, bans: Sequence[Ban], now: float) -> None:
+        """The kernel holds these jail bans (kernel/sink.py `on_applied`)."""
+        by_jail: dict[str, list[Ban]] = {}
+        for b in bans:
+            if self.jail_actions.get(b.jail):
+                by_jail.setdefault(b.jail, []).append(b)
+        for jail, bs in by_jail.items():
+            memory = self.memories.get(jail)
+
+            def make(i: int, bs: list[Ban] = bs, memory: MatchMemory | None = memory) -> ActionEvent:
+                b = bs[i]
+                recent = memory.take(b.target) if memory is not None else None
+                return self._ban_event(b, now, recent.failures if recent else 0, recent.lines if recent else (),
+                                       recent.fields if recent else ())
+
+            self._offer(self.jail_actions[jail], "ban", len(bs), make)
+            if memory is not None:  # lines of bans no runner took are not kept waiting
+                for b in bs:
+                    memory.take(b.target)
+
+    def _ban_event(self, b: Ban, now: float, failures: int = 0, lines: tuple[str, ...] = (),
+                   fields: tuple[tuple[str, str], ...] = ()) -> ActionEvent:
+        return ActionEvent("ban", format_target(b.target), b.jail, b.blocklist, b.origin, b.reason,
+                           None if b.until is None else _left(b.until, now), b.until, now, failures, lines,
+                           fields, self.host)
+
+    def unbanned(self, items: Iterable[tuple[str, IPNet, str, str, str]], now: float) -> None:
+        """Jail bans that ended here: (jail, target, blocklist, origin, reason) - an unban or the ban's end."""
+        by_jail: dict[str, list[tuple[str, IPNet, str, str, str]]] = {}
+        for it in items:
+            if self.jail_actions.get(it[0]):
+                by_jail.setdefault(it[0], []).append(it)
+        for jail, its in by_jail.items():
+            def make(i: int, its: list[tuple[str, IPNet, str, str, str]] = its) -> ActionEvent:
+                j, target, blocklist, origin, reason = its[i]
+                return ActionEvent("unban", format_target(target), j, blocklist, origin, reason, None, None, now,
+                                   host=self.host)
+
+            self._offer(self.jail_actions[jail], "unban", len(its), make)
+
+    def fleet_bans(self, n: int, make: Callable[[int], tuple[str, float | None, str]], blocklist: str,
+                   now: float) -> None:
+        """`n` bans received from other hosts are in the kernel; `make(i)`: (address, until, reason)."""
+        def event(i: int) -> ActionEvent:
+            addr, until, reason = make(i)
+            return ActionEvent("ban", addr, "fleet", blocklist, "remote", reason,
+                               None if until is None else _left(until, now), until, now, host=self.host)
+
+        self._offer(self.fleet_actions, "ban", n, event)
+
+    def fleet_unbans(self, nets: Sequence[IPNet], blocklist: str, now: float) -> None:
+        self._offer(self.fleet_actions, "unban", len(nets), lambda i: ActionEvent(
+            "unban", format_target(nets[i]), "fleet", blocklist, "remote", "fleet-wide unban", time=now,
+            host=self.host))
+
+    def feed_changes(self, feed: FeedConfig, added: Sequence[tuple[int, int]], removed: Sequence[tuple[int, int]],
+                     now: float) -> None:
+        """A feed refresh in the kernel added and removed these entries ((IP version, net key)s)."""
+        runners = self.feed_actions.get(feed.name)
+        if not runners:
+            return
+        until = ban_end(feed.ban_timeout, now)
+        duration = None if until is None else _left(until, now)
+        why = f"feed {feed.name}"
+
+        def text(vk: tuple[int, int]) -> str:
+            return format_target(key_net(vk[1], vk[0]))
+
+        self._offer(runners, "ban", len(added), lambda i: ActionEvent(
+            "ban", text(added[i]), "", feed.blocklist, "feed", why, duration, until, now, host=self.host))
+        self._offer(runners, "unban", len(removed), lambda i: ActionEvent(
+            "unban", text(removed[i]), "", feed.blocklist, "feed", why, time=now, host=self.host))
+
+
+__all__ = ["ActionHub"]

@@ -1,0 +1,27 @@
+"""The real-systemd tier's figures, per Debian release, at the end of the run: the time `apt-get install` of
+the .deb took (postinst starts the unit and waits for READY), systemd's start-to-READY time, and the unit's
+journal of that stock start. Printed in the terminal summary and saved as systemd-tier.json in pytest's base
+temporary directory, so every `make test` leaves them for the release notes and for the next session."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers.container import RECORDS_KEY
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    recorded = config.stash.get(RECORDS_KEY, {})
+    if not recorded:
+        return
+    path = config._tmp_path_factory.getbasetemp() / "systemd-tier.json"  # type: ignore[attr-defined]
+    path.write_text(json.dumps(recorded, indent=2) + "\n")
+    terminalreporter.section("real systemd: install and first start per release")
+    for suite, r in recorded.items():
+        terminalreporter.write_line(f"{suite} ({r['release']}, {r['python']}): apt-get install "
+                                    f"{r['apt_install_seconds']} s, start to READY {r['start_to_ready_seconds']} s")
+        for line in r["stock_start_journal"]:  # type: ignore[attr-defined]
+            terminalreporter.write_line(f"    {line}")
+    terminalreporter.write_line(f"(saved in {path})")
