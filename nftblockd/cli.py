@@ -798,6 +798,7 @@ def _cmd_check(ctx: _Context, ns: Any) -> int:
                   + (f"; {why}" if why else ""))
     if not bans and not allow:
         ctx.print(f"{shown} is not banned")
+    _print_fleet_count(ctx, shown, result.get("fleet_count"))
     return EXIT_OK
 
 
@@ -940,6 +941,31 @@ def _print_fleet(ctx: _Context, f: Mapping[str, Any], indent: str) -> None:
               f"{f.get('reasserted', 0)} own bans re-asserted; {f.get('connects', 0)} connects")
     if f.get("last_error"):
         ctx.print(f"{indent}last error ({_ago(f.get('last_error_at'), now)}): {f['last_error']}")
+    c = f.get("counting")
+    if isinstance(c, dict):
+        ctx.print(f"{indent}counting ({'on' if c.get('connected') else 'paused'}): {c.get('sent', 0)} failures sent, "
+                  f"{c.get('accepted', 0)} counted, {c.get('limited', 0)} over the rate limit, "
+                  f"{c.get('skipped', 0)} already banned, {c.get('lost', 0)} lost while offline; "
+                  f"{c.get('decided', 0)} bans decided here, {c.get('malformed', 0)} malformed entries dropped")
+
+
+def _print_fleet_count(ctx: _Context, shown: str, fc: Any) -> None:
+    """`check`: which fleet hosts saw failures of the address (fleet counting)."""
+    if not isinstance(fc, dict):
+        return
+    if "error" in fc:
+        ctx.print(f"fleet count: unknown ({fc['error']})")
+        return
+    for jail, v in sorted(fc.items()):
+        if not isinstance(v, dict):
+            continue
+        d = v.get("decided")
+        if isinstance(d, dict):
+            ctx.print(f"fleet count, jail {jail}: banned fleet-wide after {d.get('count')} failures seen by "
+                      f"{', '.join(d.get('seen_by') or []) or '?'} (decided by {d.get('by') or '?'})")
+        if v.get("counting"):
+            ctx.print(f"fleet count, jail {jail}: {v['counting']} failures of {shown} in the window, seen by "
+                      f"{', '.join(v.get('seen_by') or [])}")
 
 
 def _cmd_test_filter(ctx: _Context, ns: Any) -> int:

@@ -82,10 +82,24 @@ class ConfigError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class SubnetEscalation:
+    """`subnet_escalation:` of a blocklist: `threshold` bans inside one /`ipv4_prefix` (IPv4) or /`ipv6_prefix`
+    (IPv6) within `window` ban that prefix for `bantime` (detect/subnet.py)."""
+
+    ipv4_prefix: int = 24
+    ipv6_prefix: int = 48
+    threshold: int = 5
+    window: float = 600.0
+    bantime: float = 86400.0  # bounded on purpose: a prefix changes hands, so no permanent prefix bans
+    max_prefixes: int = 100_000  # prefixes tracked at once (memory bound)
+
+
+@dataclass(frozen=True, slots=True)
 class BlocklistConfig:
     name: str
     timeout: BanLength = 3600.0  # default ban length for bans that do not say
     size: int = 262144  # per kernel set; the kernel answers ENFILE beyond it
+    subnet: SubnetEscalation | None = None  # subnet escalation (None: off)
     # Where it was written: for messages only, never for equality (a reload compares meaning, and a comment
     # added above must not make the same blocklist look changed).
     line: int = field(default=0, compare=False)
@@ -137,6 +151,9 @@ class JailConfig:
     enabled: bool = True
     recidive: bool = False  # counts bans of other jails (`watch`, or all) instead of log lines
     watch: tuple[str, ...] = ()
+    # fleet counting (fleet/counting.py): failures of all hosts add up; None: this jail counts alone
+    fleet_maxretry: int | None = None
+    fleet_findtime: float | None = None  # None: findtime
     actions: tuple[str, ...] = ()  # names in Config.actions, run on this jail's bans (and unbans)
     line: int = field(default=0, compare=False)  # for messages only, as BlocklistConfig.line
     filter_line: int = field(default=0, compare=False)
@@ -200,6 +217,8 @@ class FleetConfig:
     rate: float = 2000.0  # events per second one origin may push (sustained)
     burst: int = 20000  # ... and at once
     history: float = 7 * 86400.0  # how long the stream and the tombstones keep an event
+    count_rate: float = 100.0  # failures per second one host may add to the fleet's counts (fleet counting)
+    count_burst: int = 1000  # ... and at once
     actions: tuple[str, ...] = ()  # names in Config.actions, run on bans received from other hosts
     line: int = 0
 
@@ -434,6 +453,13 @@ class _Builder:
             cfg = replace(cfg, fleet=self.fleet(top["fleet"], cfg))
         names = {j.name for j in cfg.jails}
         for j in cfg.jails:
+            if j.fleet_maxretry is not None and cfg.fleet is None:
+                self.fail(("jails", j.name, "fleet_maxretry"), "fleet counting needs a fleet: block")
+            if j.fleet_maxretry is not None and j.recidive:
+                self.fail(("jails", j.name, "fleet_maxretry"), "a recidive jail counts bans, not failures: no "
+                          "fleet counting")
+            if j.fleet_findtime is not None and j.fleet_maxretry is None:
+                self.fail(("jails", j.name, "fleet_findtime"), "fleet_findtime needs fleet_maxretry")
             for w in j.watch:
                 if w not in names or w == j.name:
                     self.fail(("jails", j.name, "watch"), f"{w!r} is not another jail of this config")
@@ -552,16 +578,35 @@ class _Builder:
                 self.fail(path, "a blocklist name is a letter then up to 23 letters, digits or _ "
                                 "('allow' is reserved for the allowlist)")
                 continue
-            b = self.mapping(body, path, {"timeout", "size"})
+            b = self.mapping(body, path, {"timeout", "size", "subnet_escalation"})
             out.append(BlocklistConfig(
                 name=name,
                 timeout=self.timeout(b, "timeout", path, 3600.0),
                 size=self.positive_int(b, "size", path, 262144, 1, 2**28),
+                subnet=self.subnet_escalation(b.get("subnet_escalation"), (*path, "subnet_escalation")),
                 line=self.doc.line(path),
             ))
         if not out:
             self.fail(("blocklists",), "at least one blocklist is needed")
         return tuple(out)
+
+    def subnet_escalation(self, value: Any, path: Path_) -> SubnetEscalation | None:
+        """A blocklist's `subnet_escalation:` (absent or `enabled: false`: None)."""
+        if value is None:
+            return None
+        m = self.mapping(value, path, {"ipv4_prefix", "ipv6_prefix", "threshold", "window", "bantime",
+                                       "max_prefixes", "enabled"})
+        if not self.get(m, "enabled", path, bool, True):
+            return None
+        return SubnetEscalation(
+            # no wider than /8 and /32: an escalation is for a provider's customer block, not a whole provider
+            ipv4_prefix=self.positive_int(m, "ipv4_prefix", path, 24, 8, 31),
+            ipv6_prefix=self.positive_int(m, "ipv6_prefix", path, 48, 32, 127),
+            threshold=self.positive_int(m, "threshold", path, 5, 2, 65536),
+            window=self.duration(m, "window", path, 600.0, positive=True, most=MAX_TIMEOUT),
+            bantime=self.duration(m, "bantime", path, 86400.0, positive=True, most=MAX_TIMEOUT),
+            max_prefixes=self.positive_int(m, "max_prefixes", path, 100_000, 1, 10_000_000),
+        )
 
     def jails(self, value: Any, blocklists: set[str]) -> tuple[JailConfig, ...]:
         m = self.mapping(value, ("jails",), set(value) if isinstance(value, dict) else set())
@@ -573,7 +618,8 @@ class _Builder:
                 continue
             j = self.mapping(body, path, {
                 "files", "journal", "filter", "maxretry", "findtime", "bantime", "escalation", "blocklist",
-                "ignoreip", "ipv6_prefix", "enabled", "recidive", "watch", "actions",
+                "ignoreip", "ipv6_prefix", "enabled", "recidive", "watch", "actions", "fleet_maxretry",
+                "fleet_findtime",
             })
             recidive = self.get(j, "recidive", path, bool, False)
             watch = j.get("watch") or []
@@ -641,6 +687,10 @@ class _Builder:
                 enabled=self.get(j, "enabled", path, bool, True),
                 recidive=recidive,
                 watch=tuple(watch),
+                fleet_maxretry=(self.positive_int(j, "fleet_maxretry", path, 2, 2, 1_000_000)
+                                if j.get("fleet_maxretry") is not None else None),
+                fleet_findtime=(self.duration(j, "fleet_findtime", path, 600.0, positive=True)
+                                if j.get("fleet_findtime") is not None else None),
                 actions=self.names(j, "actions", path),
                 line=self.doc.line(path),
                 filter_line=self.doc.line((*path, "filter")),
@@ -874,7 +924,7 @@ class _Builder:
         path: Path_ = ("fleet",)
         m = self.mapping(value, path, {
             "name", "host_id", "url", "sentinel", "username", "password_file", "tls", "share", "blocklist",
-            "trust", "history", "actions",
+            "trust", "history", "actions", "count",
         })
         if not m:
             self.fail(path, "fleet needs at least a name and a server (url: or sentinel:)")
@@ -960,7 +1010,15 @@ class _Builder:
         if rate <= 0:
             self.fail((*tp2, "rate"), "rate must be positive (events per second per origin)")
             rate = 2000.0
+        cp: Path_ = (*path, "count")
+        count = self.mapping(m.get("count"), cp, {"rate", "burst"})
+        count_rate = self.get(count, "rate", cp, (int, float), 100.0)
+        if count_rate <= 0:
+            self.fail((*cp, "rate"), "rate must be positive (failures per second one host may count)")
+            count_rate = 100.0
         return FleetConfig(
+            count_rate=float(count_rate),
+            count_burst=self.positive_int(count, "burst", cp, 1000, 1, 10_000_000),
             name=name,
             host_id=host_id,
             url=url,
@@ -992,7 +1050,8 @@ _F2B_TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 __all__ = [
     "ACTION_EVENTS", "ACTION_TYPES", "ActionConfig", "BatchConfig", "BlocklistConfig", "ChainConfig", "Config",
     "ConfigError", "ControlConfig", "Escalation",
-    "FeedConfig", "FleetConfig", "FleetTLS", "JailConfig", "Problem", "examine_config", "examine_text",
+    "FeedConfig", "FleetConfig", "FleetTLS", "JailConfig", "Problem", "SubnetEscalation", "examine_config",
+    "examine_text",
     "in_file_order", "load_config", "parse_config",
 ]
 

@@ -32,6 +32,8 @@ from nftblockd.control.server import ControlServer
 from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.matcher import Filter, FilterError
+from nftblockd.detect.subnet import SubnetEscalator
+from nftblockd.detect.subnetrun import SubnetRunner
 from nftblockd.detect.tracker import JailPolicy, Tracker
 from nftblockd.events import Ban, Decision, Origin, Unban
 from nftblockd.kernel import links, ownaddr
@@ -65,6 +67,8 @@ T = TypeVar("T")
 
 if TYPE_CHECKING:
     from nftblockd.feeds.manager import FeedManager
+    from nftblockd.fleet.counter import FleetCounter
+    from nftblockd.fleet.counting import Decided
     from nftblockd.fleet.service import FleetService
 
 FLEET_RESTART_BASE = 1.0  # seconds before a fleet service that failed unexpectedly starts again; doubling
@@ -243,11 +247,16 @@ class Daemon:
                                  persist=self.persister.submit, on_change=self._changed)
         self.tracker = self._tracker(cfg)
         self.sink = JailBanSink(self.enforcer, self.tracker, on_applied=self._jail_bans_applied)
+        self.subnets = self._subnets(cfg)  # subnet escalation (None: no blocklist asks for it)
         # fleet mode: the kernel side is built here; the service (and with it the `redis` import) in run(),
         # once the state database it keeps its outbox and cursor in is open
         self.fleet: FleetService | None = None
+        self.fleet_counter: FleetCounter | None = None  # fleet counting, when a jail sets fleet_maxretry
+        self._counted_tasks: set[asyncio.Task[None]] = set()
         self.fleet_sink = EnforcerFleetSink(self.enforcer, cfg.fleet.blocklist, on_removed=self._fleet_removed,
                                             on_applied=self._fleet_applied) if cfg.fleet is not None else None
+        if self.fleet_sink is not None and self.subnets is not None:
+            self.fleet_sink.on_banned = functools.partial(self.subnets.fleet_bans, self.fleet_sink.blocklist)
         self.fleet_failure = ""  # the last unexpected error that stopped the fleet service (it is restarted)
         self.jails: list[JailRunner] = []
         self._kernel_checked = time.monotonic()  # last successful kernel check (the health check reads it)
@@ -263,6 +272,7 @@ class Daemon:
             self.api.set_feeds(self.feeds.status, self.feeds.refresh, self.feeds.blocklists())
         if cfg.fleet is not None:
             self.api.set_fleet(self._fleet_status, self._api_banned, self._api_unbanned)
+            self.api.check_more = self._check_fleet_count
         self.server: ControlServer | None = None
         self._hooks: list[Callable[[], Awaitable[None]]] = []
         self.watch_interval = 0.5
@@ -283,6 +293,16 @@ class Daemon:
     def _tracker(self, cfg: Config) -> Tracker:
         return Tracker(self._policies(cfg), self.allow)
 
+    def _subnets(self, cfg: Config) -> SubnetRunner | None:
+        policies = {b.name: b.subnet for b in cfg.blocklists if b.subnet is not None}
+        if not policies:
+            return None
+        runner = SubnetRunner(SubnetEscalator(policies, self.allow), lambda bans: self.enforcer.apply(bans))
+        st = runner.escalator.stats
+        self.metrics.subnet_escalations.read = lambda: [((), st.escalated)]
+        self.metrics.subnet_refused.read = lambda: [((k,), n) for k, n in st.refused.items()]
+        return runner
+
     def _allowlist(self, cfg: Config) -> Allowlist:
         self._own = own_addresses() if cfg.allowlist_self else []
         return build_allowlist(cfg.allowlist, self._own, include_self=cfg.allowlist_self)
@@ -294,6 +314,8 @@ class Daemon:
         self.enforcer.allow = allow
         if self.fleet is not None:
             self.fleet.gate.allow = allow  # received bans meet the same allowlist as local ones
+        if self.subnets is not None:
+            self.subnets.escalator.allow = allow
         lifted = self.tracker.replace_allowlist(allow)
         if lifted:
             log.warning("the new allowlist protects %d banned addresses; lifting their bans", len(lifted))
@@ -431,6 +453,7 @@ class Daemon:
                     tg.create_task(self.feeds.run(self.stop), name="feeds")
                 fleet_task = tg.create_task(self._run_fleet(), name="fleet") if self.fleet is not None else None
                 self._start_actions(tg)
+                optional = self._start_optional(tg)
                 await self._sources_ready()
                 if self.store is not None:
                     tg.create_task(self._after_ready(self.store), name="verify-store")
@@ -448,6 +471,7 @@ class Daemon:
                 log.info("stopping: closing the control socket, flushing pending bans")
                 await self.sink.close()
                 await sink
+                await self._stop_optional(optional)
                 if fleet_task is not None:
                     fleet_task.cancel()
                     await asyncio.gather(fleet_task, return_exceptions=True)
@@ -488,8 +512,74 @@ class Daemon:
         mx.fleet_outbox.read = lambda: [((), st.outbox)]
         mx.fleet_snapshots.read = lambda: [((), st.snapshots)]
         mx.fleet_connected.read = lambda: [((), 1 if st.connected else 0)]
+        self._build_counter(fc)
         log.info("fleet %s: this host is %s, sharing through %s", fc.name, fc.host_id,
                  fc.url or f"Sentinels {', '.join(f'{h}:{p}' for h, p in fc.sentinel_hosts)}")
+
+    def _start_optional(self, tg: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
+        """Subnet escalation's and fleet counting's tasks, when configured."""
+        out = []
+        if self.subnets is not None:
+            out.append(tg.create_task(self.subnets.run(), name="subnets"))
+        if self.fleet_counter is not None:
+            out.append(tg.create_task(self._run_counter(), name="fleet-count"))
+        return out
+
+    async def _stop_optional(self, tasks: list[asyncio.Task[None]]) -> None:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, *self._counted_tasks, return_exceptions=True)
+        if self.fleet_counter is not None:
+            await self.fleet_counter.link.close()
+
+    def _build_counter(self, fc: FleetConfig) -> None:
+        """Fleet counting (fleet/counter.py), when some jail sets fleet_maxretry."""
+        from nftblockd.fleet.counter import FleetCounter
+        from nftblockd.fleet.counting import CountPolicy
+        from nftblockd.fleet.countlink import CountLink
+
+        policies = {j.name: CountPolicy(j.fleet_maxretry, j.fleet_findtime or j.findtime,
+                                        min(fc.max_ban, j.bantime if isinstance(j.bantime, float) else fc.max_ban),
+                                        j.ipv6_prefix)
+                    for j in self.cfg.jails if j.enabled and j.fleet_maxretry is not None}
+        if not policies:
+            return
+        self.fleet_counter = counter = FleetCounter(fc, CountLink(fc), policies, self._fleet_counted)
+        st = counter.stats
+        self.metrics.fleet_count_failures.read = lambda: [((k,), getattr(st, k)) for k in (
+            "sent", "accepted", "limited", "skipped", "lost", "dropped", "malformed")]
+        self.metrics.fleet_count_decisions.read = lambda: [((), st.decided)]
+
+    def _fleet_counted(self, decided: list[Decided]) -> None:
+        """Bans this host's count calls decided (the server already put them in the fleet's stream): apply them
+        here, with the jail's blocklist, and tell the tracker (the offender's next failures are ALREADY_BANNED)."""
+        jails = {j.name: j for j in self.cfg.jails}
+        bans = [Ban(d.net, jails[d.jail].blocklist, d.until, "jail", d.reason(), d.jail) for d in decided
+                if d.jail in jails]
+        task = asyncio.ensure_future(self._apply_counted(bans))
+        self._counted_tasks.add(task)
+        task.add_done_callback(self._counted_tasks.discard)
+
+    async def _apply_counted(self, bans: list[Ban]) -> None:
+        now = time.time()
+        try:
+            results = await self.enforcer.apply(bans, now=now)
+        except Exception:
+            log.exception("applying %d fleet-counted bans failed", len(bans))
+            return
+        applied = [b for b, r in zip(bans, results, strict=True) if r.code is None]
+        for b in applied:
+            self.tracker.note_ban(b, now)
+        if self.fleet_sink is not None:
+            self.fleet_sink.note_local([b.target for b in applied if b.blocklist == self.fleet_sink.blocklist], now)
+        if self.subnets is not None:
+            self.subnets.jail_bans(applied, now)
+
+    async def _run_counter(self) -> None:
+        counter = self.fleet_counter
+        assert counter is not None
+        await keep_running(counter.run, self.stop, what="fleet counting stopped after an unexpected error; "
+                           "local detection goes on", failures=self.metrics.fleet_service_failures, logger=log)
 
     async def _run_fleet(self) -> None:
         """The fleet service under the daemon's TaskGroup. It handles the server going away itself; anything
@@ -526,7 +616,15 @@ class Daemon:
                              "refused": self.fleet_sink.refused}
         if self.fleet_failure:
             out["failure"] = self.fleet_failure
+        if self.fleet_counter is not None:
+            out["counting"] = self.fleet_counter.status()
         return out
+
+    async def _check_fleet_count(self, target: IPNet) -> dict[str, Any]:
+        """`nftblock check`: which hosts saw failures of `target` (fleet counting)."""
+        if self.fleet_counter is None:
+            return {}
+        return {"fleet_count": await self.fleet_counter.seen(target)}
 
     def _fleet_removed(self, nets: list[IPNet]) -> None:
         """A fleet-wide unban lifted these here: a jail ban among them ends, so new failures can ban again."""
@@ -546,6 +644,8 @@ class Daemon:
         (only after the kernel has them)."""
         if self.actions is not None:
             guarded(self.actions.jail_bans, bans, now)
+        if self.subnets is not None:
+            self.subnets.jail_bans(bans, now)
         if self.fleet is None or self.fleet_sink is None:
             return
         self.fleet_sink.note_local([b.target for b in bans if b.blocklist == self.fleet_sink.blocklist], now)
@@ -633,6 +733,8 @@ class Daemon:
                                            "evicted_several": self.tracker.evicted_several}, "store": store}
         if self.cfg.fleet is not None:
             out["fleet"] = self._fleet_status()
+        if self.subnets is not None:
+            out["subnet_escalation"] = self.subnets.status()
         if self.actions is not None:
             out["actions"] = [{"name": n, "type": r.cfg.type, "runs": r.stats.runs, "failures": r.stats.failures,
                                "retries": r.stats.retries, "skipped": dict(r.stats.skipped), "queued": r.queued(),
@@ -688,8 +790,11 @@ class Daemon:
         return n
 
     def _runner(self, j: JailConfig) -> JailRunner:
-        return JailRunner(j, self.filters[j.name], self.tracker, self.sink, self._positions, self.metrics,
-                          memory=self.actions.memory(j.name) if self.actions is not None else None)
+        r = JailRunner(j, self.filters[j.name], self.tracker, self.sink, self._positions, self.metrics,
+                       memory=self.actions.memory(j.name) if self.actions is not None else None)
+        if self.fleet_counter is not None and j.fleet_maxretry is not None:
+            r.on_failure = self.fleet_counter.failure
+        return r
 
     async def _load_saved(self) -> tuple[SavedBans, float, float] | None:
         if self.store is None:

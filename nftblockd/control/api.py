@@ -75,6 +75,7 @@ class ControlAPI:
         self._fleet: Extra | None = None
         self._banned: Banned | None = None
         self._unbanned: Unbanned | None = None
+        self.check_more: Callable[[IPNet], Awaitable[dict[str, Any]]] | None = None
 
     async def __call__(self, cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
         parsed = parse_args(cmd, args)
@@ -91,7 +92,7 @@ class ControlAPI:
             return self.list(parsed)
         if cmd == "check":
             assert isinstance(parsed, CheckArgs)
-            return self.check(parsed)
+            return await self._check(parsed)
         if cmd == "status":
             return await self.status()
         if cmd == "feeds":
@@ -317,6 +318,12 @@ class ControlAPI:
                 if info.until is None or info.until > now]
         bans.sort(key=lambda b: (b["blocklist"], b["set"], b["target"]))
         return {"bans": bans}
+
+    async def _check(self, a: CheckArgs) -> dict[str, Any]:
+        out = self.check(a)
+        if self.check_more is not None:  # fleet counting: which hosts saw it (asks the fleet server)
+            out.update(await self.check_more(parse_target(out["target"])))
+        return out
 
     def check(self, a: CheckArgs) -> dict[str, Any]:
         try:

@@ -17,9 +17,11 @@ import asyncio  # noqa: TID251 (an IO edge: the jail runner feeds source batches
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from nftblockd.addr import IPAddr
 from nftblockd.config import JailConfig
 from nftblockd.detect.matcher import Filter, Match, MatchContext, Rejected
 from nftblockd.detect.matchmemory import MatchMemory
@@ -70,6 +72,10 @@ class BanSink(Protocol):
     def submit_nowait(self, bans: list[Ban], records: list[BanRecord], arrival: float) -> bool: ...
 
 
+def _no_failure(_jail: str, _host: IPAddr) -> None:
+    pass
+
+
 class JailRunner:
     def __init__(self, jail: JailConfig, flt: Filter, tracker: Tracker, sink: BanSink,
                  positions: PositionStore, metrics: Metrics | None = None, *,
@@ -85,6 +91,9 @@ class JailRunner:
         # multi-line filters (connection ids) keep per-stream memory
         self._ctx: MatchContext | None = MatchContext() if flt.uses_context else None
         self._reported = (0, 0, 0)
+        # fleet counting: each failure the tracker counted, (jail, host); must not raise (a dict update).
+        # A no-op by default rather than None: a test per failure would take `process` past its complexity cap
+        self.on_failure: Callable[[str, IPAddr], None] = _no_failure
         log.info("jail %s: filter %s runs on %s", jail.name, flt.name, flt.scanner)
 
     def _make_sources(self, positions: PositionStore) -> list[Source]:
@@ -165,6 +174,7 @@ class JailRunner:
         texts = [line.text for line in batch]
         observe = self.tracker.observe
         jail = self.jail.name
+        on_failure = self.on_failure
         memory = self.memory
         for i, r in flt.scan(texts, now, ctx):
             if type(r) is Rejected:
@@ -187,6 +197,7 @@ class JailRunner:
                 _remember(memory, r, texts[i], out)
             if kind is _COUNTED:
                 st.failures += 1
+                on_failure(jail, r.host)
             elif kind is _BANNED:
                 st.failures += 1
                 st.bans += 1

@@ -61,6 +61,8 @@ class EnforcerFleetSink:
         self.blocklist = blocklist
         self.clock = clock
         self.on_removed = on_removed  # unbanned here (the tracker forgets those bans, so detection goes on)
+        # banned here: (ranges, [(IP version, host keys)], now), for subnet escalation; must not raise
+        self.on_banned: Callable[[list[IPNet], list[tuple[int, list[int]]], float], None] | None = None
         # after each commit: (bans applied, i -> (address, end, reason) of the i-th, unbans, now) for actions;
         # the addresses are formatted only for the bans an action takes (a catch-up can bring a million)
         self.on_applied = on_applied
@@ -136,6 +138,8 @@ class EnforcerFleetSink:
                                         for _name, v, keys, until, reason in hosts if keys]
             await e.persist(StateChange([b for b, _a in ranges], deletes, packed_saves=packed))
         self._audit(ranges, hosts, plan.gone, now)
+        if applied and self.on_banned is not None:
+            self.on_banned([b.target for b, _a in ranges], [(h[1], h[2]) for h in hosts if h[2]], now)
         if plan.gone and self.on_removed is not None:
             self.on_removed(plan.gone)
         if self.on_applied is not None and (applied or plan.gone):

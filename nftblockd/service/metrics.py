@@ -217,6 +217,17 @@ class Metrics:
                                     registry=r)
         self.fleet_connected = Live("gauge", "nftblock_fleet_connected", "1 while connected to the fleet server",
                                     registry=r)
+        self.fleet_count_failures = Live(
+            "counter", "nftblock_fleet_count_failures", "Fleet counting: failures this host sent, and what became "
+            "of them (accepted, limited by the per-host rate, skipped as already banned, lost while the server was "
+            "unreachable, dropped when too many waited; malformed: foreign members removed from count keys)",
+            ["result"], registry=r)
+        self.fleet_count_decisions = Live("counter", "nftblock_fleet_count_decisions",
+                                          "Fleet-counted bans this host's count calls decided", registry=r)
+        self.subnet_escalations = Live("counter", "nftblock_subnet_escalations",
+                                       "Prefix bans decided by subnet escalation", registry=r)
+        self.subnet_refused = Live("counter", "nftblock_subnet_refused", "Subnet escalations refused, by reason "
+                                   "(allowlisted, never_ban)", ["reason"], registry=r)
         self.fleet_service_failures = Counter(
             "nftblock_fleet_service_failures", "Times the fleet service stopped on an unexpected error (a bug, a "
             "state database that fails; not the server going away, which it handles itself) and was started "

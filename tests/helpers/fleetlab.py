@@ -24,7 +24,7 @@ def host_addr(i: int) -> str:
 class FleetLab:
     def __init__(self, tmp: Path, hosts: tuple[str, ...] = ("a", "b", "c"), *, fleet: str = "lab",
                  maxretry: int = 2, allowlist: str = "[192.0.2.0/24]", fleet_extra: str = "",
-                 jail_extra: str = "", set_size: int | None = None) -> None:
+                 jail_extra: str = "", set_size: int | None = None, blocklists: str | None = None) -> None:
         self.tmp = tmp
         self.hosts = hosts
         self.name = fleet
@@ -33,7 +33,9 @@ class FleetLab:
         self.allowlist = allowlist
         self.fleet_extra = fleet_extra
         self.jail_extra = jail_extra
-        self.set_size = set_size  # blocklists.default.size (the default holds 262,144 per family)
+        # `blocklists:` of every host's config; `set_size` sets blocklists.default.size alone (the default holds
+        # 262,144 per family)
+        self.blocklists = blocklists or f"{{default: {{timeout: 1h{f', size: {set_size}' if set_size else ''}}}}}"
         self.server_ns: NetNS | None = None
         self.server: RedisServer | None = None
         self.nss: dict[str, NetNS] = {}
@@ -45,7 +47,7 @@ class FleetLab:
         return f"""
 allowlist: {self.allowlist}
 reconcile: {{interval: 1h}}
-blocklists: {{default: {{timeout: 1h{f", size: {self.set_size}" if self.set_size else ""}}}}}
+blocklists: {self.blocklists}
 jails:
   sshd:
     files: ["{self.logs[host]}"]

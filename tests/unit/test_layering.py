@@ -30,7 +30,7 @@ PURE = {
     "nftblockd.events", "nftblockd.durations", "nftblockd.allowlist", "nftblockd.addr", "nftblockd.neverban",
     "nftblockd.argtemplate",
     "nftblockd.detect.matcher", "nftblockd.detect.native", "nftblockd.detect.timestamps", "nftblockd.detect.rxlint",
-    "nftblockd.detect.rxopt", "nftblockd.detect.tracker",
+    "nftblockd.detect.rxopt", "nftblockd.detect.tracker", "nftblockd.detect.subnet",
     "nftblockd.feeds.parse", "nftblockd.feeds.aggregate", "nftblockd.feeds.delta",
     "nftblockd.kernel.bans", "nftblockd.kernel.nfmsg", "nftblockd.kernel.rtnl",
     "nftblockd.control.protocol", "nftblockd.control.wire", "nftblockd.sources.linesplit",
