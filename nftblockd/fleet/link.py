@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -325,19 +325,12 @@ class RedisLink:
         return SnapshotData(_info_field(info, "run_id"), last, _zmap(_pairs(active)), _zmap(_pairs(tomb)))
 
 
-def _aclose(c: Redis) -> Callable[[], Awaitable[None]]:
-    """The client's close coroutine: `aclose` since redis-py 5.0.1; 5.0.0 (the oldest fleet/client.py accepts)
-    has only `close`, which later versions deprecate (hence not simply `close` everywhere)."""
-    fn: Callable[[], Awaitable[None]] = getattr(c, "aclose", None) or c.close
-    return fn
-
-
 async def _close_client(c: Redis) -> None:
     """Close a client and every connection of its pool, in use or idle, and for a client of the primary the
     Sentinels name, the Sentinel clients it asks: a call that outlived the link's close reconnects through
     them too (`RedisLink._done_with`). A failing close is not an error."""
     with contextlib.suppress(rexc.RedisError, OSError):
-        await _aclose(c)()
+        await c.aclose()
     with contextlib.suppress(rexc.RedisError, OSError):
         await c.connection_pool.disconnect()
     manager = getattr(c.connection_pool, "sentinel_manager", None)
