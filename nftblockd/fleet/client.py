@@ -5,13 +5,13 @@ install: for `--check-config` and for the daemon's start, before anything import
 never an import of `redis` itself: a broken install must give the sentence, not a traceback). This module
 must NOT import `redis`, connect to anything or decide anything about the config beyond "fleet is on".
 
-Why the minimum is 6.1, Debian 13's python3-redis (measured, see docs/fleet.md): the oldest release
-the fleet's unit and Redis integration tests were seen to pass on unchanged (5.0.0 and 5.0.8 each fail two:
-replay after downtime, server restart with empty data). Debian 12's 4.3.4 fails nine:
+Why the minimum is 6.1, Debian 13's python3-redis (measured, see docs/fleet.md): it is the oldest release
+the fleet's unit and Redis integration tests were run on in full (the package meets only Debian's 4.3.4 and
+6.1.0). Debian 12's 4.3.4 does not serve:
 - 4.3.4's async client polls the socket under `async_timeout(0)`; with Debian 12's python3-async-timeout
   4.0.2 every poll leaves a cancel request counted on the calling task (`Task.cancelling()` 0 -> 2 after two
   commands), so the fleet's receiver takes it for a stop request and ends: bans are published, never
-  received.
+  received (seen in the fleet's Redis integration tests).
 - it lacks the fixes for CVE-2023-28858/28859 (a cancelled command leaves its reply for the next caller on the
   same connection); Debian 12's 4.3.4-3 carries no patch for them.
 Debian 12's python3-hiredis 1.0.1 is no obstacle: redis-py 6 checks the hiredis version and falls back to its
