@@ -122,6 +122,14 @@ def refused(c: Container, unit: str, found: str) -> None:
     assert "python3-redis" in lines[0] and found in lines[0] and "Traceback" not in log, log
 
 
+def arrives(c: Container, addr: str, table: str) -> None:
+    try:
+        c.wait_for(lambda: addr in elements(c, table), f"{addr} in {table}'s kernel set", bound=30)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{c.journal(A)}\n{c.journal(B)}\n"
+                             f"{c.run('nftblock', 'status', check=False).stdout}") from None
+
+
 def test_two_daemons_share_a_ban_through_debians_redis(box: Container) -> None:
     version = box.run("python3", "-c", "from importlib.metadata import version; print(version('redis'))").stdout
     if box.suite == "bookworm":
@@ -134,9 +142,9 @@ def test_two_daemons_share_a_ban_through_debians_redis(box: Container) -> None:
     assert start(box, A) == 0, box.journal(A)
     assert start(box, B) == 0, box.journal(B)
     box.run("nftblock", "ban", "203.0.113.10", "--timeout", "1h")
-    box.wait_for(lambda: "203.0.113.10" in elements(box, "nftblock_b"), "a's ban in b's kernel set", bound=30)
+    arrives(box, "203.0.113.10", "nftblock_b")
     box.run("nftblock", "--socket", "/run/nftblockd-b/control.sock", "ban", "203.0.113.20", "--timeout", "1h")
-    box.wait_for(lambda: "203.0.113.20" in elements(box, "nftblock"), "b's ban in a's kernel set", bound=30)
+    arrives(box, "203.0.113.20", "nftblock")
     for unit in (A, B):
         assert "Traceback" not in box.journal(unit)
 
