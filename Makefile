@@ -49,8 +49,9 @@ demo: venv
 	$(PY) tools/demo.py
 
 # The unit tests, measuring the pure modules' coverage against its floor (pyproject.toml [tool.coverage]);
-# then the integration tests (root, namespaces) and the real-systemd tier (the built .deb in a container booted
-# with systemd as PID 1, ~1 min). The unit part alone needs no root: `make coverage`.
+# then the integration tests (root, namespaces) and the real-systemd tier (the built .deb in containers of
+# Debian 13 and 12 booted with systemd as PID 1, ~1.5 min; a fresh machine first builds each release's rootfs,
+# side by side, a few minutes). The unit part alone needs no root: `make coverage`.
 test: coverage
 	$(PY) -m pytest -q -p no:cacheprovider tests/integration tests/systemd
 
