@@ -1,9 +1,10 @@
 """Whether the Redis client this Python finds can run fleet mode, and if not, one sentence that says what to
 install: for `--check-config` and for the daemon's start, before anything imports `redis`.
 
-`problem()` is pure (the version found is its argument); `found_version()` is the one IO (package metadata,
-never an import of `redis` itself: a broken install must give the sentence, not a traceback). This module
-must NOT import `redis`, connect to anything or decide anything about the config beyond "fleet is on".
+`problem()` is pure (the version found is its argument); `found_version()` reads package metadata, and only
+when that version serves does `check()` import `redis.asyncio`, turning a broken install (a dependency
+missing) into a sentence too, never a traceback. This module must NOT connect to anything or decide anything
+about the config beyond "fleet is on".
 
 Why the minimum is 6.1, Debian 13's python3-redis (measured, see docs/fleet.md): it is the oldest release
 the fleet's unit and Redis integration tests were run on in full (the package meets only Debian's 4.3.4 and
@@ -67,8 +68,17 @@ def found_version() -> str | None:
 
 
 def check() -> str | None:
-    """`problem()` for this Python."""
-    return problem(found_version())
+    """`problem()` for this Python, then whether the client imports at all."""
+    found = found_version()
+    msg = problem(found)
+    if msg is not None:
+        return msg
+    try:
+        import redis.asyncio  # noqa: F401 (the import is the check: fleet/link.py needs it next)
+    except ImportError as exc:  # e.g. a dependency of a pip-installed redis-py that is not there
+        return (f"fleet mode cannot import python3-redis {found} ({exc}): reinstall it, "
+                f"apt install --reinstall python3-redis or pip install --force-reinstall 'redis>={_text(MIN_REDIS)}'")
+    return None
 
 
 __all__ = ["MIN_REDIS", "check", "found_version", "problem"]
