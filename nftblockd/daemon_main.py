@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from nftblockd import __version__
-from nftblockd.config import ConfigError, examine_config, in_file_order, load_config
+from nftblockd.config import Config, ConfigError, Problem, examine_config, in_file_order, load_config
 from nftblockd.daemon import (
     Overrides,
     apply_overrides,
@@ -21,6 +21,17 @@ from nftblockd.detect import native
 from nftblockd.service.logsetup import setup_logging
 
 
+def fleet_client_problem(cfg: Config, path: str) -> Problem | None:
+    """With a `fleet:` block, a Redis client that cannot serve it (missing, too old) is a config error: the
+    sentence says what to install, at `--check-config` and at start, before `redis` is ever imported."""
+    if cfg.fleet is None:
+        return None
+    from nftblockd.fleet import client  # only with a fleet: block, like the rest of the package
+
+    msg = client.check()
+    return None if msg is None else Problem(path, cfg.fleet.line, "fleet", msg)
+
+
 def check_config(path: str) -> int:
     """Every problem in one run, in file order: the file's own (types, unknown and duplicate keys), the
     filters that do not compile, and as warnings the log files and the ingress devices that do not exist.
@@ -28,6 +39,9 @@ def check_config(path: str) -> int:
     cfg, problems = examine_config(path)
     if cfg is not None:
         problems = problems + compile_filters(cfg)[1] + compile_actions(cfg)[1] + log_file_warnings(cfg)
+        fleet = fleet_client_problem(cfg, path)
+        if fleet is not None:
+            problems.append(fleet)
         if cfg.chain.ingress:
             problems += ingress_warnings(cfg, device_names())
     problems = in_file_order(problems)
@@ -73,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 1
     cfg = apply_overrides(cfg, Overrides(a.socket, a.state_dir, a.metrics))
+    fleet = fleet_client_problem(cfg, a.config)
+    if fleet is not None:  # one line in the journal (stderr), no traceback: what to install is all it needs
+        print(f"nftblockd: {fleet}", file=sys.stderr)
+        return 1
     setup_logging(a.log_level or cfg.log_level)
     try:
         return run(cfg, a.config, Overrides(a.socket, a.state_dir, a.metrics))

@@ -61,7 +61,11 @@ ARCH=$(dpkg --print-architecture)
 
 # Python dependency → how the package gets it. A new dependency in pyproject.toml fails the build until it is
 # listed here: bundled (pure Python, pinned) or a Debian package.
-declare -A DEBIAN_PROVIDES=([systemd-python]=python3-systemd [pyyaml]=python3-yaml [aiohttp]=python3-aiohttp)
+# The `fleet` extra is optional at run time: its packages are Recommends/Suggests in debian/control (checked
+# below), and nftblockd/fleet/client.py refuses a version that does not serve, naming what to install.
+declare -A DEBIAN_PROVIDES=([systemd-python]=python3-systemd [pyyaml]=python3-yaml [aiohttp]=python3-aiohttp
+                            [redis]=python3-redis [hiredis]=python3-hiredis)
+DEBIAN_EXTRAS=(fleet)
 BUNDLED=(asyncinotify prometheus-client)
 
 STAGE=$(mktemp -d)
@@ -81,10 +85,11 @@ if [[ -z ${SOURCE_DATE_EPOCH:-} ]] && SOURCE_DATE_EPOCH=$(git -C "$ROOT" log -1 
 fi
 
 # Version, entry points and package data, from pyproject.toml; the checks keep this script honest.
-"$PYTHON" - "$STAGE/meta" "${!DEBIAN_PROVIDES[@]}" -- "${BUNDLED[@]}" <<'PY'
+PROVIDES_MAP=$(for k in "${!DEBIAN_PROVIDES[@]}"; do echo "$k=${DEBIAN_PROVIDES[$k]}"; done)
+"$PYTHON" - "$STAGE/meta" "$PROVIDES_MAP" "${DEBIAN_EXTRAS[*]}" "${!DEBIAN_PROVIDES[@]}" -- "${BUNDLED[@]}" <<'PY'
 import re, sys, tomllib
 from importlib import metadata
-out, rest = sys.argv[1], sys.argv[2:]
+out, provides, extras, rest = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4:]
 debian, bundled = rest[:rest.index("--")], rest[rest.index("--") + 1:]
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 init = open("nftblockd/__init__.py").read()
@@ -98,6 +103,19 @@ unmapped = deps - {norm(d) for d in debian} - {norm(b) for b in bundled}
 if unmapped:
     sys.exit(f"build-deb: decide how to ship {', '.join(sorted(unmapped))} (bundle it or map it to a "
              "Debian package in packaging/build-deb.sh)")
+# Optional extras shipped as Debian packages: every requirement mapped, and the package named in control's
+# Recommends or Suggests (an operator who turns the feature on finds it there)
+pkg_of = {norm(k): v for k, v in (line.split("=", 1) for line in provides.splitlines())}
+control = open("packaging/debian/control").read()
+optional = " ".join(re.findall(r"^(?:Recommends|Suggests):(.*)$", control, re.M))
+for extra in extras:
+    for req in project["optional-dependencies"][extra]:
+        name = norm(re.split(r"[ <>=!~;\[]", req, maxsplit=1)[0])
+        if name not in pkg_of:
+            sys.exit(f"build-deb: map {name} (the {extra} extra) to a Debian package in packaging/build-deb.sh")
+        if not re.search(rf"(^|[ ,|]){re.escape(pkg_of[name])}([ ,(]|$)", optional):
+            sys.exit(f"build-deb: {pkg_of[name]} (the {extra} extra's {name}) is in neither Recommends nor "
+                     "Suggests of packaging/debian/control")
 pins = []
 for b in bundled:
     try:

@@ -474,6 +474,10 @@ def _raw(response: Any, **_options: Any) -> Any:
 
 def _xget(d: Any, key: str) -> Any:
     """A field of an XINFO reply, whichever way the parser keyed it (bytes by default, str when decoding)."""
+    if isinstance(d, list) and len(d) % 2 == 0:
+        # redis-py 6.1 (Debian 13's python3-redis) applies no callback to `XINFO STREAM` sent through
+        # execute_command (8.x does): the reply stays the flat [field, value, ...] list
+        d = dict(zip(d[::2], d[1::2], strict=True))
     if not isinstance(d, dict):
         raise LinkError(f"unexpected XINFO reply: {type(d).__name__}")
     v = d.get(key.encode())
