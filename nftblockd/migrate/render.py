@@ -3,7 +3,6 @@ from and what was not carried over. Pure: text in memory, nothing read or writte
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
@@ -17,10 +16,21 @@ _YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
 
 
 def yaml_scalar(s: str) -> str:
-    """`s` as a YAML scalar that reads back as the same string (JSON's double quotes when not plain)."""
+    """`s` as a YAML scalar that reads back as the same string (double-quoted when it is not plain)."""
     if _PLAIN_RE.fullmatch(s) and s.lower() not in _YAML_WORDS:
         return s
-    return json.dumps(s, ensure_ascii=False)
+    return '"' + "".join(_escape(c) for c in s) + '"'
+
+
+def _escape(c: str) -> str:
+    if c in '"\\':
+        return "\\" + c
+    o = ord(c)
+    # what YAML lets stand in a document unescaped (its c-printable, less the line breaks)
+    if (c == "\t" or 0x20 <= o <= 0x7E or 0xA0 <= o <= 0xD7FF or 0xE000 <= o <= 0xFFFD or o >= 0x10000) \
+            and o != 0xFEFF:  # a byte order mark inside a document is refused
+        return c
+    return f"\\x{o:02x}" if o <= 0xFF else f"\\u{o:04x}"
 
 
 def _comment(text: str, indent: str = "", width: int = 110, first: str = "# ", rest: str = "# ") -> list[str]:
