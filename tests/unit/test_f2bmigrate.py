@@ -267,9 +267,10 @@ def test_f2b_seconds_sums_its_parts(parts: list[tuple[int, str]]) -> None:
 @given(st.text(max_size=20))
 def test_f2b_seconds_refuses_or_reads(text: str) -> None:
     try:
-        f2b_seconds(text)
+        v = f2b_seconds(text)
     except ValueError:
-        pass
+        return  # refused with a reason, never another exception
+    assert isinstance(v, float) and v == v
 
 
 def test_split_spec_reads_quoted_commas() -> None:
