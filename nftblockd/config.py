@@ -732,8 +732,10 @@ class _Builder:
                 elif n in names[:i]:
                     self.fail((*path, "actions", i), f"action {n!r} is listed twice")
 
-    def str_pairs(self, value: Any, path: Path_, key_re: re.Pattern[str], what: str) -> list[tuple[str, str]]:
-        """A mapping of names to scalar values (numbers become text), each name matching `key_re`."""
+    def str_pairs(self, value: Any, path: Path_, key_re: re.Pattern[str], what: str,
+                  banned: str = "\r\n\0") -> list[tuple[str, str]]:
+        """A mapping of names to scalar values (numbers become text), each name matching `key_re`, no value
+        holding a character of `banned`."""
         if value is None:
             return []
         if not isinstance(value, dict):
@@ -745,8 +747,9 @@ class _Builder:
                 self.fail((*path, k), f"{k!r} is not a valid {what} name")
             elif isinstance(v, dict | list) or v is None:
                 self.fail((*path, k), f"the value of {k!r} must be a string or a number")
-            elif any(c in str(v) for c in "\r\n\0"):
-                self.fail((*path, k), f"the value of {k!r} must be one line (no CR, LF or NUL)")
+            elif any(c in str(v) for c in banned):
+                self.fail((*path, k), f"the value of {k!r} must be one line (no CR, LF or NUL)" if "\n" in banned
+                          else f"the value of {k!r} cannot hold a NUL")
             else:
                 out.append((k, str(v).lower() if isinstance(v, bool) else str(v)))
         return out
@@ -835,7 +838,8 @@ class _Builder:
                            batch=self.positive_int(a, "batch", path, 1, 1, 10_000))
         # the file itself is read in the daemon's build step (daemon.compile_actions), as filters are
         file = self.get(a, "file", path, str, "")
-        options = self.str_pairs(a.get("options"), (*path, "options"), _F2B_TAG_RE, "fail2ban option")
+        # fail2ban options may span lines (`logpath` of the *-lines actions), as in a jail.local
+        options = self.str_pairs(a.get("options"), (*path, "options"), _F2B_TAG_RE, "fail2ban option", "\0")
         if not file:
             self.fail(path, "a fail2ban action needs file: (an action.d .conf file)")
         elif not os.path.isabs(file):

@@ -633,6 +633,10 @@ class Daemon:
                                            "evicted_several": self.tracker.evicted_several}, "store": store}
         if self.cfg.fleet is not None:
             out["fleet"] = self._fleet_status()
+        if self.actions is not None:
+            out["actions"] = [{"name": n, "type": r.cfg.type, "runs": r.stats.runs, "failures": r.stats.failures,
+                               "retries": r.stats.retries, "skipped": dict(r.stats.skipped), "queued": r.queued(),
+                               "last_error": r.stats.last_error} for n, r in self.actions.runners.items()]
         return out
 
     def _changed(self, decisions: Sequence[Decision], results: Sequence[DecisionResult]) -> None:

@@ -24,12 +24,15 @@ pytestmark = pytest.mark.skipif(not F2B_MAIL.is_file(), reason="fail2ban's actio
 METRICS_PORT = 9791
 ADDR = "198.51.100.5"
 
+# writes a file and renames it into place: the test never reads one half written
 RECORDER = """import json, os, sys
 out = sys.argv[1]
 n = len(os.listdir(out))
-with open(os.path.join(out, f"{n:03d}.json"), "w") as f:
+tmp = os.path.join(out, f".{n:03d}.tmp")
+with open(tmp, "w") as f:
     json.dump({"argv": sys.argv[2:], "matches_env": os.environ.get("NFTBLOCK_MATCHES"),
                "path": os.environ.get("PATH"), "home": os.environ.get("HOME")}, f)
+os.rename(tmp, os.path.join(out, f"{n:03d}.json"))
 """
 
 
@@ -113,7 +116,8 @@ def test_command_webhook_and_fail2ban_mail_run_on_ban_and_log_text_never_runs(
     mails = tmp_path / "mails"
     mails.mkdir()
     stub = tmp_path / "sendmail"
-    stub.write_text(f'#!/bin/sh\n{{ echo "ARGS: $*"; cat; }} > {mails}/mail-$$.txt\n')
+    tmp = f"{mails}/.tmp-$$"
+    stub.write_text(f'#!/bin/sh\n{{ echo "ARGS: $*"; cat; }} > {tmp} && mv {tmp} {mails}/mail-$$.txt\n')
     stub.chmod(0o755)
     log = tmp_path / "auth.log"
     log.write_text("")
@@ -127,7 +131,8 @@ def test_command_webhook_and_fail2ban_mail_run_on_ban_and_log_text_never_runs(
         wait_for(lambda: ADDR in netns.set_elements("nftblock", "default_ip4"), what="the ban")
 
         # the command: each value one argument, the matches as logged
-        (rec,) = wait_for(lambda: [json.loads(p.read_text()) for p in sorted(out.iterdir())], what="the command")
+        (rec,) = wait_for(lambda: [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))],
+                          what="the command")
         event, address, jail, duration, failures, reason, matches = rec["argv"]
         assert (event, address, jail, failures) == ("ban", ADDR, "sshd", "8")
         assert 3590 <= int(duration) <= 3600 and reason.startswith("8 failures in 10m")
@@ -143,7 +148,7 @@ def test_command_webhook_and_fail2ban_mail_run_on_ban_and_log_text_never_runs(
         assert body["matches"] == lines and body["fields"]["user"] == hostile_users(pwn)[-1]
 
         # the fail2ban mail action, through its own shell script, to the sendmail stub
-        mail = wait_for(lambda: [p.read_text() for p in mails.iterdir()], what="the mail")[0]
+        mail = wait_for(lambda: [p.read_text() for p in mails.glob("mail-*.txt")], what="the mail")[0]
         assert mail.startswith("ARGS: -f nftblock@example.org ops@example.org\n")
         assert f"Subject: [Fail2Ban] sshd: banned {ADDR} from " in mail
         assert "whois-disabled-in-tests" in mail and "after\n8 attempts against sshd" in mail
@@ -153,17 +158,21 @@ def test_command_webhook_and_fail2ban_mail_run_on_ban_and_log_text_never_runs(
         # unban: the command runs again (on: [ban, unban]); the others are for bans only
         r = d.cli("unban", ADDR)
         assert r.returncode == 0, r.stderr
-        wait_for(lambda: len(list(out.iterdir())) == 2, what="the unban command")
-        unban = json.loads(sorted(out.iterdir())[1].read_text())["argv"]
+        wait_for(lambda: len(list(out.glob("*.json"))) == 2, what="the unban command")
+        unban = json.loads(sorted(out.glob("*.json"))[1].read_text())["argv"]
         assert unban[:3] == ["unban", ADDR, "sshd"]
 
-        text = scrape(netns, METRICS_PORT)
-        for sample in ('nftblock_action_runs_total{action="hook",result="ok"} 1.0',
-                       'nftblock_action_retries_total{action="hook"} 1.0',
-                       'nftblock_action_runs_total{action="record",result="ok"} 2.0',
-                       'nftblock_action_runs_total{action="mail",result="ok"} 1.0'):
-            assert sample in text, text
-        assert len(srv.posts) == 2 and len(list(mails.iterdir())) == 1
+        # the unban's file is in place a moment before its process has exited and been counted
+        samples = ('nftblock_action_runs_total{action="hook",result="ok"} 1.0',
+                   'nftblock_action_retries_total{action="hook"} 1.0',
+                   'nftblock_action_runs_total{action="record",result="ok"} 2.0',
+                   'nftblock_action_runs_total{action="mail",result="ok"} 1.0',
+                   'nftblock_action_runs_total{action="mail",result="failed"} 0.0')
+        wait_for(lambda: all(x in scrape(netns, METRICS_PORT) for x in samples), what=f"metrics {samples}")
+        status = {a["name"]: a for a in d.cli_json("status")["actions"]}
+        assert (status["hook"]["runs"], status["hook"]["retries"], status["hook"]["failures"]) == (1, 1, 0)
+        assert "503" in status["hook"]["last_error"] and status["record"]["queued"] == 0
+        assert len(srv.posts) == 2 and len(list(mails.glob("mail-*.txt"))) == 1
     finally:
         d.close()
     assert list(pwn.iterdir()) == []  # no hostile name ran in any action

@@ -158,3 +158,16 @@ def test_a_bad_config_raises_with_every_problem() -> None:
     with pytest.raises(ConfigError) as exc:
         parse_config("actions:\n  a:\n    type: webhook\n")
     assert "a webhook needs url:" in str(exc.value)
+
+
+def test_values_spanning_lines_only_where_fail2ban_has_them() -> None:
+    cfg, found = examine_text(r"""actions:
+  m: {type: fail2ban, file: /etc/fail2ban/action.d/mail-whois-lines.conf, options: {logpath: "/a\n/b"}}
+  w: {type: webhook, url: "http://127.0.0.1:1/", headers: {X-A: "x\r\nInjected: 1"}}
+  c: {type: command, argv: [/bin/true], env: {A: "x\ny", B: "\0"}}
+""", "c.yaml")
+    assert [str(p) for p in found] == [
+        "c.yaml:3: actions.w.headers.X-A: the value of 'X-A' must be one line (no CR, LF or NUL)",
+        "c.yaml:4: actions.c.env.A: the value of 'A' must be one line (no CR, LF or NUL)",
+        "c.yaml:4: actions.c.env.B: the value of 'B' must be one line (no CR, LF or NUL)"]
+    assert cfg is not None and dict(cfg.actions[0].options) == {"logpath": "/a\n/b"}
