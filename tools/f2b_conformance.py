@@ -366,15 +366,19 @@ def conformance_main(argv: Sequence[str]) -> int:
                     print(f"    {s.filter}: {_printable(f)}")
         print()
     if "imported" in which:
-        print("Multi-line filters (maxlines > 1), not implemented on purpose (docs/fail2ban.md):")
-        for flt, why in MULTILINE.items():
-            print(f"  {flt}: {why}")
-        print()
+        _print_multiline()
     if "builtin" in which and DEVIATIONS:
         print("Documented deviations:")
         for (flt, text), why in DEVIATIONS.items():
             print(f"  {flt}: ...{text}...: {why}")
     return 0
+
+
+def _print_multiline() -> None:
+    print("Multi-line filters (maxlines > 1), not implemented on purpose (docs/fail2ban.md):")
+    for flt, why in MULTILINE.items():
+        print(f"  {flt}: {why}")
+    print()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
