@@ -27,7 +27,7 @@ from nftblockd.detect.filterload import builtin_filters, load_filter
 from nftblockd.detect.matcher import Filter, FilterError, Match, MatchContext, parse_host
 from nftblockd.detect.testfilter import printable as _printable
 
-__all__ = ["MULTILINE", "SampleScore", "builtin_conformance", "conformance", "conformance_main", "imported_conformance"]
+__all__ = ["SampleScore", "builtin_conformance", "conformance", "conformance_main", "imported_conformance"]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -48,18 +48,6 @@ DEVIATIONS: dict[tuple[str, str], str] = {
         "a password failure never carries auth-info after 'ssh2: ', so the user name is 'test from 127.0.0.1 "
         "port 58946 ssh2:' and the client is 10.10.1.2; taking the first address instead lets a user name "
         "frame a victim (fail2ban 1.0.2 bans 6.6.6.6 for user 'x from 6.6.6.6 port 22 ssh2: y')",
-}
-
-
-# fail2ban filters that need `maxlines` > 1 (a regex run over the last N lines joined), which nftblockd does not
-# implement on purpose (docs/fail2ban.md, "Multi-line filters"): their misses are these, and only these.
-MULTILINE: dict[str, str] = {
-    "guacamole": "Tomcat's default log puts the user on one line and the address on the next (maxlines 2); "
-                 "`guacamole[logging=webapp]` reads the one-line webapp log and passes",
-    "mongodb-auth": "the failure and the client's address are on different lines tied by a connection id, "
-                    "up to 10 lines apart",
-    "slapd": "the bind failure and the client's address are tied by slapd's conn= id, up to 20 lines apart",
-    "ejabberd-auth": "the address sits on the line after the failure (maxlines 2)",
 }
 
 
@@ -365,20 +353,11 @@ def conformance_main(argv: Sequence[str]) -> int:
                 for f in s.failures:
                     print(f"    {s.filter}: {_printable(f)}")
         print()
-    if "imported" in which:
-        _print_multiline()
     if "builtin" in which and DEVIATIONS:
         print("Documented deviations:")
         for (flt, text), why in DEVIATIONS.items():
             print(f"  {flt}: ...{text}...: {why}")
     return 0
-
-
-def _print_multiline() -> None:
-    print("Multi-line filters (maxlines > 1), not implemented on purpose (docs/fail2ban.md):")
-    for flt, why in MULTILINE.items():
-        print(f"  {flt}: {why}")
-    print()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

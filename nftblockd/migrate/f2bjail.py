@@ -44,9 +44,6 @@ class Host(Protocol):
     def journalmatch(self, filter_path: str, options: Mapping[str, str]) -> str | None:
         """The filter's `journalmatch` with its options applied; raises FilterError if unreadable."""
 
-    def maxlines(self, filter_path: str, options: Mapping[str, str]) -> int:
-        """The filter's maxlines with its options applied (1 for a one-line filter)."""
-
     def action_file(self, name: str) -> str | None:
         """The path of action.d/NAME.conf (or .local), None if neither exists."""
 
@@ -318,10 +315,6 @@ def _plan_jail(jail: _Jail, host: Host, dropped: list[Dropped],  # noqa: C901
         if path is None:
             raise ValueError(f"filter {fname!r}: no filter.d/{fname}.conf or .local")
         filter_spec = _spec(path, fopts)
-        lines = host.maxlines(path, fopts)
-        if lines > 1:
-            drop(f"filter {fname}: maxlines = {lines}", "nftblockd matches one line at a time; this filter's "
-                 "regexes that span lines never match (docs/fail2ban.md, Multi-line filters)")
         backend_spec = jail.get("backend") or "auto"
         bname, bopts = split_spec(backend_spec)
         if bname == "systemd":

@@ -6,7 +6,6 @@ writes, never runs anything. Everything it answers is what f2bjail.Host asks.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,8 +15,7 @@ from nftblockd.detect.f2b import F2bConfig, read_config, read_filter
 __all__ = ["FsHost", "read_jails"]
 
 _UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
-_JOURNALMATCH = "journalmatch: "
-_MAXLINES = re.compile(r"maxlines = (\d+):")  # how read_filter reports a filter's journalmatch (Filter.notes)
+_JOURNALMATCH = "journalmatch: "  # how read_filter reports a filter's journalmatch (Filter.notes)
 
 
 def read_jails(confdir: str | Path) -> F2bConfig:
@@ -45,13 +43,6 @@ class FsHost:
             if note.startswith(_JOURNALMATCH):
                 return note[len(_JOURNALMATCH):]
         return None
-
-    def maxlines(self, filter_path: str, options: Mapping[str, str]) -> int:
-        for note in read_filter(filter_path, options).notes:
-            m = _MAXLINES.search(note)  # read_filter reports maxlines > 1 in its notes, never failing
-            if m is not None:
-                return int(m.group(1))
-        return 1
 
     def action_file(self, name: str) -> str | None:
         return self._find("action.d", name)

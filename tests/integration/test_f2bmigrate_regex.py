@@ -9,6 +9,7 @@ import ast
 import io
 import ipaddress
 import json
+import random
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,6 +22,7 @@ from nftblockd.migrate.f2bjail import f2b_seconds, plan_migration
 from nftblockd.migrate.host import FsHost, read_jails
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fail2ban"
+F2B_FILTERS = DATA / "debian" / "filter.d"
 LOGS = {"sshd": "sshd.log", "nginx_http_auth": "nginx-error.log", "postfix": "mail.log", "myapp": "myapp.log"}
 
 pytestmark = pytest.mark.skipif(shutil.which("fail2ban-regex") is None, reason="fail2ban-regex is not installed")
@@ -100,3 +102,25 @@ def test_the_plan_reads_jails_as_fail2ban_does(tmp_path: Path, scenario: str | N
         assert len(mine) <= len(notify)
         for plan in mine:
             assert any(all(o.get(k) == v for k, v in plan.options) for o in notify), (j.name, plan)
+
+
+def test_a_multi_line_filter_matches_fail2ban_regex_on_interleaved_connections(tmp_path: Path) -> None:
+    """slapd's filter (maxlines 20, <SKIPLINES>, a backreference to the connection id) over 3,000 lines of
+    100 interleaved connections: the same addresses as fail2ban, in the same order."""
+    rnd = random.Random(1)
+    log = tmp_path / "slapd.log"
+    with log.open("w") as f:
+        for i in range(3000):
+            c = rnd.randint(1000, 1100)
+            r = rnd.random()
+            head = f"Dec  3 10:{i // 60 % 60:02d}:{i % 60:02d} host slapd[123]: conn={c}"
+            if r < 0.3:
+                f.write(f"{head} fd=12 ACCEPT from IP=198.51.100.{c % 250}:5{i:04d} (IP=0.0.0.0:389)\n")
+            elif r < 0.4:
+                f.write(f"{head} op=1 RESULT tag=97 err=49 text=\n")
+            else:
+                f.write(f'{head} op=2 SRCH base="dc=example,dc=org" scope=2 filter="(uid=x)"\n')
+    spec = str(F2B_FILTERS / "slapd.conf")
+    ours = _ours(spec, log)
+    assert len(ours) > 5
+    assert ours == _fail2ban(spec, log)

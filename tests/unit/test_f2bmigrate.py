@@ -185,9 +185,6 @@ class FakeHost:
     def journalmatch(self, filter_path: str, options: Mapping[str, str]) -> str | None:
         return self.jm or None
 
-    def maxlines(self, filter_path: str, options: Mapping[str, str]) -> int:
-        return 2 if "slapd" in filter_path else 1
-
     def action_file(self, name: str) -> str | None:
         return f"/f/action.d/{name}.conf"
 
@@ -244,14 +241,13 @@ def test_ignoreip_splits_into_common_and_per_jail() -> None:
 def test_actions_shared_renamed_and_refused() -> None:
     text = BASE + ("[a]\naction = iptables-multiport[port=ssh]\n  mail-whois[dest=x@y, chain=\"<known/chain>\"]\n"
                    "  broken\n[b-c]\naction = mail-whois[dest=x@y]\n  mail-whois[dest=z@y]\n"
-                   "[d]\nfilter = missing\n[e]\nenabled = false\nfilter = missing\n[slapd]\n")
+                   "[d]\nfilter = missing\n[e]\nenabled = false\nfilter = missing\n")
     m = plan_migration(_cfg(text), "/f", FakeHost())
-    assert [j.name for j in m.jails] == ["a", "b_c", "slapd"]
+    assert [j.name for j in m.jails] == ["a", "b_c"]
     assert [(a.name, a.options) for a in m.actions] == [
         ("mail_whois", (("dest", "x@y"),)), ("mail_whois_2", (("dest", "z@y"),))]
     assert m.jails[1].actions == ("mail_whois", "mail_whois_2")
-    assert {(d.jail, d.what) for d in m.dropped} == {("a", "action broken"), ("d", "the whole jail"),
-                                                      ("slapd", "filter slapd: maxlines = 2")}
+    assert {(d.jail, d.what) for d in m.dropped} == {("a", "action broken"), ("d", "the whole jail")}
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
