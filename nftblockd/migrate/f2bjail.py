@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from nftblockd.detect.f2b import F2bConfig
+from nftblockd.detect.filterload import parse_spec
 from nftblockd.detect.matcher import FilterError
 from nftblockd.durations import MAX_TIMEOUT, PERMANENT, BanLength
 
@@ -141,28 +142,13 @@ def f2b_seconds(text: str) -> float:
     return total
 
 
-_SPEC_RE = re.compile(r"^\s*(?P<name>[^\[\]\s]+)\s*(?:\[(?P<opts>.*)\])?\s*$", re.DOTALL)
-_OPT_RE = re.compile(r"""\s*([\w\-.]+)\s*=\s*("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^,]*?)\s*(?:,|$)""", re.DOTALL)
-
-
 def split_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """fail2ban's extractOptions: `name[a=1, b="x, y"]` -> ("name", {"a": "1", "b": "x, y"}). ValueError."""
-    m = _SPEC_RE.match(spec)
-    if m is None:
+    """fail2ban's extractOptions: `name[a=1, b="x, y"]` -> ("name", {"a": "1", "b": "x, y"}). ValueError
+    (FilterError is one) when it cannot be read; the reading is the filter specs' (filterload.parse_spec)."""
+    name, opts = parse_spec(spec)
+    if not name or any(c.isspace() for c in name):
         raise ValueError(f"cannot read {spec!r} as NAME[option=value, ...]")
-    opts: dict[str, str] = {}
-    text = m.group("opts") or ""
-    pos = 0
-    while text[pos:].strip():
-        om = _OPT_RE.match(text, pos)
-        if om is None or om.end() == pos:
-            raise ValueError(f"cannot read the options of {spec!r} near {text[pos:pos + 30]!r}")
-        value = om.group(2)
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
-        opts[om.group(1)] = value
-        pos = om.end()
-    return m.group("name"), opts
+    return name, opts
 
 
 def _action_lines(value: str) -> list[str]:
