@@ -284,3 +284,50 @@ def test_split_spec_reads_quoted_commas() -> None:
 def test_yaml_scalar_reads_back_as_the_same_string(s: str) -> None:
     doc = load_yaml(f"k: {yaml_scalar(s)}\n", "x")
     assert doc.value["k"] == s
+
+
+def test_every_option_it_cannot_carry_is_listed_with_a_reason() -> None:
+    text = BASE + (
+        "[a]\nmaxretry = 0\nlogtimezone = UTC\nlogencoding = latin-1\nfailregex = ^x <HOST>$\n"
+        "logpath = /var/log/a.log head\n  /var/log/b.log odd words\nbantime = 1h\nbantime.increment = true\n"
+        "bantime.overalljails = true\nbantime.formula = ban.Time * 3\nbantime.maxtime = 100y\n"
+        "action = mail[dest=\"a@b\", logpath=\"/x\n  /y\"]\n"
+        "[b]\nbackend = systemd[journalpath=/var/log/journal/remote, journalflags=1]\n"
+        "journalmatch = _COMM=b _PID=1 + _SYSTEMD_UNIT=b.service\nfilter = b[mode=\"a b\", x=1]\n"
+        "[c]\nbackend = gamin2\nbantime.increment = true\nbantime.multipliers = 1 x\n"
+        "[d]\nfilter =\n[e]\nbackend = systemd\n[f]\nlogpath =\n[1x]\njournalmatch = bad\nbackend = systemd\n"
+        "[g]\nbantime = -1\nbantime.increment = true\n[h]\nmaxretry = lots\n")
+    m = plan_migration(_cfg(text), "/f", FakeHost())
+    by = {j.f2b_name: j for j in m.jails}
+    dropped = {(d.jail, d.what) for d in m.dropped}
+    assert set(by) == {"a", "b", "c", "g"}
+    a = by["a"]
+    assert a.maxretry == 1 and a.files == ("/var/log/a.log", "/var/log/b.log")
+    assert a.escalation == (2.0, 3650 * 86400.0)  # 100y capped at nftblockd's longest ban
+    assert {("a", "maxretry"), ("a", "logtimezone"), ("a", "logencoding = latin-1"), ("a", "failregex"),
+            ("a", "logpath /var/log/a.log head"), ("a", "logpath /var/log/b.log odd words"),
+            ("a", "bantime.overalljails"), ("a", "bantime.formula")} <= dropped
+    assert dict(m.actions[0].options) == {"dest": "a@b", "logpath": "/x /y"}  # lines joined: shell words
+    b = by["b"]
+    assert b.journal == (("_SYSTEMD_UNIT", ("b.service",)),) and b.journal_path == "/var/log/journal/remote"
+    assert b.filter == '/f/filter.d/b.conf[mode="a b", x=1]'
+    assert {("b", "backend option journalflags=1"), ("b", "journalmatch alternative _COMM=b _PID=1")} <= dropped
+    assert ("c", "backend = gamin2") in dropped and ("c", "bantime.multipliers") in dropped
+    assert by["c"].escalation == (2.0, 3650 * 86400.0)  # 10m x 2**20 is longer than nftblockd allows
+    assert by["g"].escalation is None and by["g"].bantime is PERMANENT
+    for jail in ("d", "e", "f", "1x", "h"):
+        assert (jail, "the whole jail") in dropped, jail
+    reasons = {d.jail: d.reason for d in m.dropped if d.what == "the whole jail"}
+    assert "no filter" in reasons["d"] and "journalmatch" in reasons["e"] and "no logpath" in reasons["f"]
+    assert "journalmatch term 'bad'" in reasons["1x"]
+    text = render_config(m)
+    assert all(line.startswith("#") or len(line) <= 120 for line in text.splitlines())
+    assert load_yaml(text, "x").problems == []
+
+
+def test_jail_names_that_nftblockd_cannot_take_are_renamed() -> None:
+    m = plan_migration(_cfg(BASE + "[9lives]\n[a-b]\n[a_b]\n[" + "x" * 30 + "]\n"), "/f", FakeHost())
+    assert [j.name for j in m.jails] == ["j_9lives", "a_b", "a_b_2", "x" * 24]
+    assert split_spec("  name  ") == ("name", {})
+    with pytest.raises(ValueError):
+        split_spec("two words")

@@ -9,7 +9,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nftblockd.detect.matcher import FilterDef, Match, MatchContext, RegexSource, compile_filter
+from nftblockd.detect.matcher import MAX_LINE, FilterDef, Match, MatchContext, RegexSource, compile_filter
 from nftblockd.detect.multiline import MAX_MAXLINES, BufferedLine, expand_skiplines, joined, split_match
 
 NOW = 1_800_000_000.0
@@ -121,3 +121,14 @@ def test_the_buffer_stays_bounded_and_batches_agree(lines: list[str], maxlines: 
     assert batch == single
     for i, r in batch:
         assert lines[i].endswith("FAIL") and isinstance(r, Match)
+
+
+def test_names_and_missing_addresses_are_rejected_and_long_lines_cut() -> None:
+    f = _filter((r"^conn=(?P<_c>\d+) ACCEPT from <HOST><SKIPLINES>conn=(?P=_c) FAIL$",
+                 r"^conn=(?P<_c>\d+) OPEN\nconn=(?P=_c) NOADDR$"))
+    found = f.scan(["conn=1 ACCEPT from host.example.org", "conn=1 FAIL", "conn=2 OPEN", "conn=2 NOADDR",  # type: ignore[attr-defined]
+                    "conn=3 ACCEPT from 192.0.2.3" + " " * (MAX_LINE + 10), "conn=3 FAIL"], NOW, MatchContext())
+    assert [(i, type(r).__name__, getattr(r, "reason", None)) for i, r in found] == [
+        (1, "Rejected", "dns-name"), (3, "Rejected", "no-address")]  # line 4 (cut): text after the address
+    g = _filter((r"^<F-NOFAIL>ok</F-NOFAIL> from <HOST>\nbye$",), maxlines=2)
+    assert g.scan(["ok from 192.0.2.4", "bye"], NOW, MatchContext()) == []  # type: ignore[attr-defined]
