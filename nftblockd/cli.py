@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 DEFAULT_SOCKET = "/run/nftblockd/control.sock"
 DEFAULT_F2B_DB = "/var/lib/fail2ban/fail2ban.sqlite3"
+DEFAULT_F2B_DIR = "/etc/fail2ban"
 SOCKET_ENV = "NFTBLOCK_SOCKET"
 CLIENT_TIMEOUT = 120.0  # seconds to wait for the daemon; a bulk ban waits for the kernel's acknowledgement
 
@@ -271,6 +272,14 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
     sp.add_argument("db", nargs="?", default=DEFAULT_F2B_DB, metavar="PATH",
                     help=f"fail2ban's database (default: {DEFAULT_F2B_DB})")
     sp.add_argument("--set", metavar="NAME", help="blocklist (default: the default blocklist)")
+
+    sp = add("import-fail2ban-config", _cmd_import_fail2ban_config,
+             "write an nftblockd config with fail2ban's enabled jails (no daemon needed)")
+    sp.add_argument("confdir", nargs="?", default=DEFAULT_F2B_DIR, metavar="DIR",
+                    help=f"fail2ban's configuration directory (default: {DEFAULT_F2B_DIR})")
+    sp.add_argument("-o", "--output", metavar="FILE", help="write the config to FILE (mode 0600) instead of "
+                    "stdout")
+    sp.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
     return p
 
 
@@ -1032,6 +1041,42 @@ def _cmd_import_fail2ban(ctx: _Context, ns: Any) -> int:
         ctx.print(f"imported {n} ban{'s' if n != 1 else ''} from {ns.db}{extra}")
     _report_each(ctx, refused)
     return EXIT_FAILED if refused or skipped else EXIT_OK
+
+
+def _cmd_import_fail2ban_config(ctx: _Context, ns: Any) -> int:
+    from nftblockd.detect.matcher import FilterError
+    from nftblockd.migrate.f2bjail import plan_migration
+    from nftblockd.migrate.host import FsHost, read_jails
+    from nftblockd.migrate.render import render_config
+
+    if not posix.access(f"{ns.confdir}/jail.conf", posix.R_OK):
+        raise Failed(f"{ns.confdir}/jail.conf: cannot read it (is {ns.confdir} fail2ban's directory?)")
+    try:
+        plan = plan_migration(read_jails(ns.confdir), ns.confdir, FsHost(ns.confdir))
+    except FilterError as exc:
+        raise Failed(f"cannot read fail2ban's jails: {exc}") from None
+    text = render_config(plan)
+    if ns.output is None:
+        ctx.out.write(text)
+    else:
+        flags = posix.O_WRONLY | posix.O_CREAT | posix.O_CLOEXEC | (posix.O_TRUNC if ns.force else posix.O_EXCL)
+        try:
+            fd = posix.open(ns.output, flags, 0o600)  # it may hold API keys (abuseipdb), as jail.local did
+        except FileExistsError:
+            raise Failed(f"{ns.output} exists; give --force to overwrite it") from None
+        except OSError as exc:
+            raise Failed(f"{ns.output}: {exc.strerror}") from None
+        try:
+            posix.write(fd, text.encode())
+        finally:
+            posix.close(fd)
+    for d in plan.dropped:
+        ctx.err.write(f"nftblock: not carried over: {d}\n")
+    where = "stdout" if ns.output is None else ns.output
+    ctx.err.write(f"nftblock: {len(plan.jails)} jail{'s' if len(plan.jails) != 1 else ''} and "
+                  f"{len(plan.actions)} action{'s' if len(plan.actions) != 1 else ''} written to {where}; "
+                  f"{len(plan.dropped)} item{'s' if len(plan.dropped) != 1 else ''} not carried over\n")
+    return EXIT_OK
 
 
 # --- formatting ----------------------------------------------------------------------------------------

@@ -15,9 +15,10 @@ What a fail2ban filter file may use, and what this module implements of it:
 - `prefregex` (with `<F-CONTENT>`), `failregex`, `ignoreregex`, `datepattern`; `<HOST>`, `<ADDR>`,
   `<F-...>` tags are the matcher's job (matcher.expand_tags).
 
-Not implemented, and reported in `Filter.notes` rather than failing: `maxlines` > 1 (regexes spanning lines
-and `<SKIPLINES>` are dropped), `usedns` (nftblockd never resolves names), `journalmatch` (exposed in the
-notes for the operator to copy into the jail's `journal.matches`).
+`maxlines` > 1 is passed on (FilterDef.maxlines; the matcher searches a buffer of that many lines,
+detect/multiline.py). Not implemented, and reported in `Filter.notes` rather than failing: `usedns`
+(nftblockd never resolves names), `journalmatch` (exposed in the notes for the operator to copy into the
+jail's `journal.matches`).
 
 Pure apart from reading the filter files it is pointed at; nothing here touches the network or the clock.
 """
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nftblockd.detect.matcher import FilterDef, FilterError, RegexSource
+from nftblockd.detect.multiline import MAX_MAXLINES
 
 __all__ = ["F2bConfig", "read_config", "read_filter"]
 
@@ -378,10 +380,19 @@ def read_filter(path: str | Path, options: Mapping[str, str] | None = None) -> F
         return tuple(RegexSource(r, at) for r in (v or "").split("\n") if r.strip())
 
     notes: list[str] = []
-    maxlines = final("maxlines")
-    if maxlines and maxlines.strip() not in ("", "1"):
-        notes.append(f"{where.get('maxlines', path)}: maxlines = {maxlines.strip()}: nftblockd matches one "
-                     "line at a time; regexes that span lines are skipped")
+    maxlines = 1
+    raw_max = (final("maxlines") or "").strip()
+    if raw_max:
+        try:
+            maxlines = int(raw_max)
+        except ValueError:
+            raise FilterError(where.get("maxlines", str(path)), f"maxlines must be a number, got {raw_max!r}") from None
+        if maxlines > MAX_MAXLINES:
+            notes.append(f"{where.get('maxlines', path)}: maxlines = {maxlines}: nftblockd buffers at most "
+                         f"{MAX_MAXLINES} lines")
+        elif maxlines > 1:
+            notes.append(f"{where.get('maxlines', path)}: maxlines = {maxlines}: the regexes search the last "
+                         f"{maxlines} lines of each source (on Python's re)")
     journal = final("journalmatch")
     if journal and journal.strip():
         notes.append(f"journalmatch: {' '.join(journal.split())}")
@@ -397,4 +408,5 @@ def read_filter(path: str | Path, options: Mapping[str, str] | None = None) -> F
         ignore_whole_line=True,
         notes=tuple(notes),
         options=dict(options or {}),
+        maxlines=max(1, maxlines),
     )

@@ -61,6 +61,7 @@ from types import MappingProxyType
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 from nftblockd.addr import IPAddr, normalise_address, parse_v4
+from nftblockd.detect.multiline import MAX_MAXLINES, BufferedLine, expand_skiplines, joined, split_match
 from nftblockd.detect.native import Hooks as NativeHooks
 from nftblockd.detect.native import Parts as NativeParts
 from nftblockd.detect.native import build as build_native
@@ -160,6 +161,7 @@ class FilterDef:
     prefilter: tuple[str, ...] | None = None  # None: derived from the regexes
     ignore_whole_line: bool = False  # fail2ban also tries ignoreregex on the whole line
     notes: tuple[str, ...] = ()
+    maxlines: int = 1  # fail2ban's: > 1 searches the last N lines joined (multiline.py)
     options: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -211,7 +213,7 @@ def expand_tags(regex: str) -> str:
     """Replace `<HOST>`, `<ADDR>`, `<IP4>`, `<IP6>`, `<F-ID/>`, `<F-NAME>...</F-NAME>` with regex groups.
 
     Unknown `<tags>` stay as they are (they are literal text to the regex). `<SKIPLINES>` raises
-    UnsupportedRegex: nftblockd matches one line at a time.
+    UnsupportedRegex: only a filter with maxlines > 1 has it, expanded first (multiline.expand_skiplines).
     """
     opened: set[str] = set()
 
@@ -368,10 +370,11 @@ class MatchContext:
     thread-safe; one per task.
     """
 
-    __slots__ = ("_conns", "max_age", "max_entries")
+    __slots__ = ("_conns", "lines", "max_age", "max_entries")
 
     def __init__(self, max_entries: int = 1000, max_age: float = 300.0) -> None:
         self._conns: dict[str, _Conn] = {}
+        self.lines: list[BufferedLine] = []  # the maxlines buffer of a multi-line filter (at most MAX_MAXLINES)
         self.max_entries = max_entries
         self.max_age = max_age
 
@@ -561,8 +564,8 @@ class Filter:
     """
 
     __slots__ = ("_dates", "_fast", "_fast_plans", "_gate", "_heads", "_heads_len", "_hosts", "_ignore",
-                 "_ignore_rx", "_ignore_whole", "_native", "_pref", "_pref_rx", "_rules", "_unheaded", "definition",
-                 "engines", "name", "native_notes", "notes", "scanner", "uses_context")
+                 "_ignore_rx", "_ignore_whole", "_ml", "_native", "_pref", "_pref_rx", "_rules", "_unheaded",
+                 "definition", "engines", "name", "native_notes", "notes", "scanner", "uses_context")
 
 
     # complexity exempt (C901): building a filter's engines: each optional part is one branch
@@ -573,6 +576,9 @@ class Filter:
         notes = list(definition.notes)
         engines: list[str] = []
         rules: list[_Rule] = []
+        self._ml = _multiline(definition, notes)
+        if self._ml is not None:
+            fast = native = False  # the buffer is searched on `re` (multiline.py); the lanes are per line
         for i, src in enumerate(definition.failregex):
             try:
                 pattern = expand_tags(src.text)
@@ -591,7 +597,7 @@ class Filter:
             fields = tuple(n for n in names if n not in _INTERNAL and not n.startswith(("cond_", "alt_")))
             rules.append(_Rule(c.find, required_literal(pattern), i, pattern, c.engine, alts, fields,
                                literal_heads(pattern), names, c.rx, c.limit))
-        if not rules:
+        if not rules and self._ml is None:
             raise FilterError(definition.source, "the filter has no usable failregex")
         self._rules = tuple(rules)
         ignores = [self._compile_aux(src, engine, notes, engines) for src in definition.ignoreregex]
@@ -638,7 +644,7 @@ class Filter:
         self._hosts: dict[str, IPAddr | RejectReason] = {}
         self.notes = tuple(notes)
         self.engines = tuple(engines)
-        self.uses_context = any(
+        self.uses_context = self._ml is not None or any(
             "<F-MLFID>" in src.text
             for src in (definition.prefregex, definition.prefix, *definition.failregex) if src is not None)
         self._fast: re.Pattern[str] | None = None
@@ -796,7 +802,56 @@ class Filter:
         native = self._native
         if native is not None:
             return native.scan(lines, now, ctx, self._scan_one)  # type: ignore[no-any-return]
+        if self._ml is not None:
+            return self._scan_multi(lines, now, ctx)
         return self._scan_py(lines, now, ctx)
+
+    def _scan_multi(self, lines: Sequence[str], now: float, ctx: MatchContext | None
+                    ) -> list[tuple[int, Match | Rejected]]:
+        """fail2ban's maxlines buffer (multiline.py): each line joins the buffer, which the regexes search;
+        without a context each line stands alone."""
+        ml = self._ml
+        assert ml is not None
+        buf: list[BufferedLine] = ctx.lines if ctx is not None else []
+        out: list[tuple[int, Match | Rejected]] = []
+        for i, line in enumerate(lines):
+            if len(line) > MAX_LINE:
+                line = line[:MAX_LINE]
+            found = self._dates.find_span(line, now)
+            if found is not None and found[1] < found[2]:
+                when: float | None = found[0]
+                text = line[:found[1]] + line[found[2]:]
+            else:  # no date, or an empty one (`^WARNING:()**`): fail2ban's last known date, the message's
+                when, text = (buf[-1].time if buf else None), line
+            if "\n" in text:  # a journal message may hold one: it must not pass for a line of its own (`^`)
+                text = text.replace("\n", " ")
+            buf.append(BufferedLine(text, when))
+            del buf[:-ml.maxlines]
+            window = joined(buf)
+            for index, rx in ml.rules:
+                m = rx.search(window)
+                if m is None:
+                    continue
+                used, rest = split_match(m, buf)
+                ignored = any(ig.search(joined(used)) is not None for ig in ml.ignores)
+                buf[:] = rest
+                groups = m.groupdict()
+                if not groups.get("nofail"):
+                    out.append((i, self._multi_result(index, groups, when, ignored)))
+                break
+        return out
+
+    def _multi_result(self, index: int, groups: dict[str, Any], when: float | None, ignored: bool
+                      ) -> Match | Rejected:
+        raw = groups.get("ip4") or groups.get("ip6") or groups.get("dns") or groups.get("fid")
+        if not raw:
+            return Rejected("", "no-address", when, ignored, index)
+        host = self._host(raw)
+        if isinstance(host, str):
+            return Rejected(raw, host, when, ignored, index)
+        fields = {k: v for k, v in groups.items() if isinstance(v, str) and k not in _INTERNAL
+                  and not k.startswith(("cond_", "alt_", "_", "skiplines"))}
+        return Match(host, when, ignored, fields, index)
 
     def _scan_one(self, line: str, now: float, ctx: MatchContext | None) -> MatchResult:
         """The Python path for one line (the native core's fallback)."""
@@ -1044,6 +1099,35 @@ class Filter:
 
     def __repr__(self) -> str:
         return f"Filter({self.name!r}, {len(self._rules)} regexes)"
+
+
+@dataclass(frozen=True, slots=True)
+class _MultiLine:
+    maxlines: int
+    rules: tuple[tuple[int, re.Pattern[str]], ...]  # (failregex index, pattern), searched in order
+    ignores: tuple[re.Pattern[str], ...]
+
+
+def _multiline(definition: FilterDef, notes: list[str]) -> _MultiLine | None:
+    """The multi-line form of a filter whose maxlines > 1 (None: it matches line by line)."""
+    if definition.maxlines <= 1:
+        return None
+    if definition.prefregex is not None or definition.prefix is not None:
+        notes.append(f"{definition.source}: maxlines = {definition.maxlines} with a prefregex is not "
+                     "implemented; lines are matched one at a time and regexes that span lines are skipped")
+        return None
+
+    def compile_ml(src: RegexSource) -> re.Pattern[str]:
+        try:
+            return re.compile(expand_tags(expand_skiplines(src.text)), re.MULTILINE)
+        except (re.error, UnsupportedRegex) as exc:
+            raise FilterError(src.where, f"invalid regex: {exc}") from None
+
+    rules = tuple((i, compile_ml(src)) for i, src in enumerate(definition.failregex))
+    if not rules:
+        raise FilterError(definition.source, "the filter has no usable failregex")
+    return _MultiLine(min(definition.maxlines, MAX_MAXLINES), rules,
+                      tuple(compile_ml(src) for src in definition.ignoreregex))
 
 
 def _check_groups(pattern: str, where: str, definition: FilterDef) -> tuple[str, ...]:

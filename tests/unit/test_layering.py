@@ -5,7 +5,7 @@ Layers, lowest first (a module may import its own package and anything in a lowe
   1  sources/, state/
   2  detect/, kernel/
   3  feeds/, fleet/, actions/
-  4  control/
+  4  control/, migrate/
   5  the entry points and the composition root (cli.py, daemon_main.py, daemon.py)
 
 And no import cycle anywhere inside nftblockd/, counting imports under TYPE_CHECKING and inside functions.
@@ -22,7 +22,7 @@ PKG = Path(__file__).resolve().parents[2] / "nftblockd"
 
 ENTRY = {"nftblockd.cli", "nftblockd.daemon_main", "nftblockd.daemon"}
 RANK = {"service": 0, "sources": 1, "state": 1, "detect": 2, "kernel": 2, "feeds": 3, "fleet": 3, "actions": 3,
-        "control": 4}
+        "control": 4, "migrate": 4}
 
 # Pure: parsing, matching, tracking, diffing, encoding. No IO, no event loop, no clock. (`socket` is allowed:
 # its inet_pton/inet_ntoa are the fast pure address codecs.)
@@ -34,6 +34,7 @@ PURE = {
     "nftblockd.feeds.parse", "nftblockd.feeds.aggregate", "nftblockd.feeds.delta",
     "nftblockd.kernel.bans", "nftblockd.kernel.nfmsg", "nftblockd.kernel.rtnl",
     "nftblockd.control.protocol", "nftblockd.control.wire", "nftblockd.sources.linesplit",
+    "nftblockd.migrate.f2bjail", "nftblockd.migrate.render", "nftblockd.detect.multiline",
 }
 IMPURE_IMPORTS = {"asyncio", "sqlite3", "pyroute2", "subprocess", "aiohttp", "redis", "systemd",
                   "asyncinotify", "prometheus_client", "time", "threading"}
