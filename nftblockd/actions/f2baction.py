@@ -178,7 +178,9 @@ def load_action(path: str | Path, options: Mapping[str, str] | None = None) -> F
     given = {k.lower(): v for k, v in (options or {}).items()}
     combined: dict[str, str] = {}
     for opt in cfg.own_options("Init"):
-        v = cfg.get("Init", opt, given) or ""
+        # `<known/opt>` is the file's own value, read without the jail's option of that name: a jail's
+        # `chain="<known/chain>"` (what jail.conf's action_ passes) means "the action's default", not itself.
+        v = cfg.get("Init", opt, {k: x for k, x in given.items() if k != opt}) or ""
         combined.setdefault("known/" + opt, v)
         if not is_event_tag(opt):  # `[Init] name = default`: the event's jail wins, as in fail2ban
             combined[opt] = v

@@ -198,3 +198,14 @@ def test_every_shipped_action_is_refused_or_keeps_log_text_out_of_its_script(pat
         scripts.add(text)
         assert hostile not in text
     assert len(scripts) == 1
+
+
+def test_a_jail_option_naming_its_known_default_is_the_files_own_value(tmp_path: Path) -> None:
+    # jail.conf's action_ passes `chain="<known/chain>"` to every action: "the action's own default". It used
+    # to be read with the jail's option in place, so the file's value referred to itself (a refusal).
+    path = tmp_path / "notify.conf"
+    path.write_text("[Definition]\nactionban = echo <chain> <ip> <dest>\n\n[Init]\nchain = INPUT\ndest = root\n")
+    action = load_action(path, {"chain": "<known/chain>", "dest": "<known/dest>@example.org"})
+    ban = action.command("actionban")
+    assert ban is not None
+    assert render_shell(ban, {"ip": "192.0.2.7"})[0].strip() == "echo INPUT 192.0.2.7 root@example.org"
