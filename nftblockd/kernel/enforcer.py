@@ -181,7 +181,7 @@ class Enforcer:
 
         self.writer = await self.kernel(setup)
         self.generation = self.writer.last_generation
-        log.info("table inet %s ready (%s)", self.plan.table, self.writer.features.describe())
+        log.info("table inet %s ready (%s)", self.plan.table, self.writer.features.sentence())
 
     @property
     def features(self) -> Features | None:

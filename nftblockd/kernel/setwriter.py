@@ -33,6 +33,14 @@ class Features:
                 "table_persist": self.persist, "destroy_setelem": self.destroy,
                 "timeout_update": self.timeout_update}
 
+    def sentence(self) -> str:
+        """The same for an operator's log line: what the kernel does, and what it lacks."""
+        have = {"table owned by nftblockd": self.owner, "kept across restarts": self.persist,
+                "idempotent element deletes": self.destroy, "timeouts refreshed in place": self.timeout_update}
+        text = f"kernel {self.release[0]}.{self.release[1]}: " + ", ".join(k for k, v in have.items() if v)
+        missing = [k for k, v in have.items() if not v]
+        return text + (f"; without: {', '.join(missing)}" if missing else "")
+
 
 @dataclass(slots=True)
 class WriteResult:

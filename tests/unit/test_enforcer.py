@@ -307,3 +307,14 @@ async def test_ingress_chains_follow_devices_and_a_reload_replaces_the_chains() 
     with pytest.raises(ValueError, match="cannot change the sets"):
         await enforcer.reinstall(plan_ruleset(parse_config("blocklists: {other: {}}\n")))
     await enforcer.close()
+
+
+def test_the_kernel_features_line_is_a_sentence_naming_what_is_missing() -> None:
+    from nftblockd.kernel.setwriter import Features
+
+    full = Features((6, 18), owner=True, persist=True, destroy=True, timeout_update=True)
+    assert full.sentence() == ("kernel 6.18: table owned by nftblockd, kept across restarts, idempotent element "
+                               "deletes, timeouts refreshed in place")
+    old = Features((6, 1), owner=True, persist=False, destroy=False, timeout_update=False)
+    assert old.sentence() == ("kernel 6.1: table owned by nftblockd; without: kept across restarts, idempotent "
+                              "element deletes, timeouts refreshed in place")
