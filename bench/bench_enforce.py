@@ -164,8 +164,9 @@ async def throughput(n: int, chunk: int) -> float:
 
 
 def cli_bulk(d: DaemonProc, script: Path, version: int = 4) -> None:
-    """`nftblock ban -` of 100,000 addresses (parsed, in the kernel, saved with synchronous=full) against
-    `nft -f` of the same elements into an identical set, alternating, median of the rounds. The command is
+    """`nftblock ban -` of 100,000 addresses of IP `version` (parsed, in the kernel, saved with
+    synchronous=full) against `nft -f` of the same elements into an identical set (ipv4_addr or ipv6_addr),
+    alternating, median of the rounds. IPv4 lines go packed in `hosts4`, IPv6 lines in `hosts6`. The command is
     the script the package installs (packaging/entry-script.sh) with this checkout as its library, as
     bench_cli.py runs it; the daemon answers once the kernel acknowledged and the state database saved.
     CPU seconds are reported beside the wall times (the machine may be shared): the CLI process's and the
