@@ -36,6 +36,7 @@ from tests.helpers.netns import NetNS, inside
 from tests.helpers.package import write_entry_script
 
 ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_ROUNDS", "3"))
+CLI_FAMILY = int(os.environ.get("NFTBLOCK_BENCH_CLI_FAMILY", "0"))  # 4 or 6: only that `ban -` row (0: both)
 CONFIG = "blocklists: {default: {timeout: 1h, size: 2000000}}\nallowlist_self: false\nreconcile: {interval: 1h}\n"
 
 
@@ -47,6 +48,20 @@ def addresses(n: int, seed: int = 1) -> list[str]:
         if never_ban_range(4, a, a) is None:  # loopback and link-local are refused, as from any source
             out.add(a)
     return [str(ipaddress.IPv4Address(a)) for a in out]
+
+
+def addresses6(n: int, seed: int = 1) -> list[str]:
+    """Distinct global IPv6 addresses as attackers show them: a few per random /48, random interface ids,
+    written as ipaddress writes them (the canonical text a log or a blocklist file holds)."""
+    rnd = random.Random(seed)
+    out: dict[int, None] = {}
+    while len(out) < n:
+        net = rnd.randrange(0x2001_0000_0000, 0x2C00_0000_0000) << 80  # inside 2000::/3
+        for _ in range(rnd.randrange(1, 5)):
+            a = net | rnd.randrange(1 << 16) << 64 | rnd.getrandbits(64)
+            if never_ban_range(6, a, a) is None:
+                out[a] = None
+    return [str(ipaddress.IPv6Address(a)) for a in list(out)[:n]]
 
 
 def children_cpu() -> float:
@@ -62,12 +77,13 @@ def proc_cpu(pid: int) -> float:
 
 
 def nft_reference(addrs: list[str], delete: list[str] | None = None,
-                  cpu: list[float] | None = None) -> tuple[float, float | None]:
+                  cpu: list[float] | None = None, version: int = 4) -> tuple[float, float | None]:
     """Seconds for `nft -f` to add `addrs` (and then to delete `delete`) in a fresh namespace; the add's CPU
     seconds (the `nft` process's, kernel time included) are appended to `cpu` when given."""
     ns = NetNS("nbb")
     try:
-        ns.run("nft", "-f", "-", input="table inet ref {\n set s { type ipv4_addr; size 2000000; flags timeout; }\n}\n")
+        ns.run("nft", "-f", "-", input=f"table inet ref {{\n set s {{ type ipv{version}_addr; size 2000000; "
+               "flags timeout; }\n}\n")
         with tempfile.NamedTemporaryFile("w", suffix=".nft", delete=False) as f:
             f.write("add element inet ref s { " + ", ".join(f"{a} timeout 3600s" for a in addrs) + " }\n")
             add_file = f.name
@@ -147,9 +163,10 @@ async def throughput(n: int, chunk: int) -> float:
         return n / secs
 
 
-def cli_bulk(d: DaemonProc, script: Path) -> None:
-    """`nftblock ban -` of 100,000 addresses (parsed, in the kernel, saved with synchronous=full) against
-    `nft -f` of the same elements into an identical set, alternating, median of the rounds. The command is
+def cli_bulk(d: DaemonProc, script: Path, version: int = 4) -> None:
+    """`nftblock ban -` of 100,000 addresses of IP `version` (parsed, in the kernel, saved with
+    synchronous=full) against `nft -f` of the same elements into an identical set (ipv4_addr or ipv6_addr),
+    alternating, median of the rounds. IPv4 lines go packed in `hosts4`, IPv6 lines in `hosts6`. The command is
     the script the package installs (packaging/entry-script.sh) with this checkout as its library, as
     bench_cli.py runs it; the daemon answers once the kernel acknowledged and the state database saved.
     CPU seconds are reported beside the wall times (the machine may be shared): the CLI process's and the
@@ -160,10 +177,10 @@ def cli_bulk(d: DaemonProc, script: Path) -> None:
     daemon_cpu: list[float] = []
     ref_cpu: list[float] = []
     for r in range(max(ROUNDS, 5)):
-        addrs = addresses(100_000, seed=100 + r)
+        addrs = addresses(100_000, seed=100 + r) if version == 4 else addresses6(100_000, seed=600 + r)
         text = "\n".join(addrs) + "\n"
         if r % 2:
-            ref.append(nft_reference(addrs, cpu=ref_cpu)[0])
+            ref.append(nft_reference(addrs, cpu=ref_cpu, version=version)[0])
         c0, dc0 = children_cpu(), proc_cpu(d.proc.pid)
         t0 = time.perf_counter()
         out = subprocess.run([str(script), "--socket", d.socket, "ban", "--timeout", "1h", "-"], input=text,
@@ -173,15 +190,16 @@ def cli_bulk(d: DaemonProc, script: Path) -> None:
         daemon_cpu.append(proc_cpu(d.proc.pid) - dc0)
         assert out.returncode == 0 and out.stdout == "banned 100000 targets (for 1h)\n", (out.stdout, out.stderr)
         if r % 2 == 0:
-            ref.append(nft_reference(addrs, cpu=ref_cpu)[0])
+            ref.append(nft_reference(addrs, cpu=ref_cpu, version=version)[0])
         assert d.cli("unban", "-", input=text).returncode == 0
     med = statistics.median
-    record("cli ban - (stdin) 100k IPv4 with timeouts", med(ours), "s",
-           reference="nft -f", reference_value=med(ref), target="ratio <= 0.8",
+    fam = f"IPv{version}"
+    record(f"cli ban - (stdin) 100k {fam} with timeouts", med(ours), "s",
+           reference="nft -f", reference_value=med(ref), target="ratio <= 0.8" if version == 4 else "ratio <= 1.0",
            note=f"median of {len(ours)} alternating rounds; ours {min(ours):.3f}-{max(ours):.3f} s, nft -f "
                 f"{min(ref):.3f}-{max(ref):.3f} s; CPU (medians): nftblock {med(cli_cpu):.3f} s + daemon "
                 f"{med(daemon_cpu):.3f} s, nft {med(ref_cpu):.3f} s")
-    record("cli ban - (stdin) 100k IPv4, CPU seconds (CLI + daemon)", med(cli_cpu) + med(daemon_cpu), "s",
+    record(f"cli ban - (stdin) 100k {fam}, CPU seconds (CLI + daemon)", med(cli_cpu) + med(daemon_cpu), "s",
            reference="nft -f process CPU", reference_value=med(ref_cpu),
            note="the daemon's CPU includes the kernel's work for its commits, as the nft process's does")
 
@@ -192,7 +210,8 @@ def daemon_benches() -> None:
     d = DaemonProc(ns, tmp / "d", CONFIG)
     try:
         d.start()
-        cli_bulk(d, write_entry_script(tmp, "nftblock"))
+        for version in (4, 6) if CLI_FAMILY == 0 else (CLI_FAMILY,):
+            cli_bulk(d, write_entry_script(tmp, "nftblock"), version)
         if os.environ.get("NFTBLOCK_BENCH_CLI_ONLY"):
             return
         latency(d)

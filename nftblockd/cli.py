@@ -435,21 +435,32 @@ def canonical_target(text: str) -> str:
     return format_target(parse_target(text.strip(), strict=True))
 
 
+class _Raw(list[str]):
+    """A block's lines as given (plain addresses, some IPv6 spelled any way inet_pton takes): canonical text
+    only when `Targets.strings()` asks for it, which a bulk ban sent packed never does."""
+
+    __slots__ = ()
+
+
 class Targets:
     """The targets of a `ban`/`unban`, as read and checked: every target in order (duplicates kept, a list per
-    block read), the ones checked line by line (`slow`, canonical, without duplicates) and the plain IPv4
-    addresses of the blocks checked at once, packed 4 bytes each as inet_pton gave them (`hosts4`).
+    block read), the ones checked line by line (`slow`, canonical, without duplicates) and the plain
+    addresses of the blocks checked at once, packed as inet_pton gave them: IPv4 4 bytes each (`hosts4`),
+    IPv6 16 bytes each (`hosts6`, IPv4-mapped ones included: the daemon reads those as IPv4, as it reads the
+    text).
 
-    `hosts4` is the form a bulk ban is sent in (the request's `hosts4`): the check already produced it, and
-    sending the addresses as JSON strings cost encoding them here and parsing them again in the daemon (~50 ms
-    of `nftblock ban -` of 100,000 addresses). `strings()` is every target as text, for everything else."""
+    `hosts4`/`hosts6` are the form a bulk ban is sent in (the request's `hosts4`/`hosts6`): the check already
+    produced them, and sending the addresses as JSON strings cost encoding them here and parsing them again in
+    the daemon (~50 ms of `nftblock ban -` of 100,000 IPv4 addresses; for IPv6 the canonical spelling alone
+    was ~4 us an address). `strings()` is every target as text, for everything else."""
 
-    __slots__ = ("chunks", "hosts4", "slow")
+    __slots__ = ("chunks", "hosts4", "hosts6", "slow")
 
-    def __init__(self, chunks: list[list[str]], slow: list[str], hosts4: bytes = b"") -> None:
+    def __init__(self, chunks: list[list[str]], slow: list[str], hosts4: bytes = b"", hosts6: bytes = b"") -> None:
         self.chunks = chunks
         self.slow = slow
         self.hosts4 = hosts4
+        self.hosts6 = hosts6
 
     def __len__(self) -> int:
         """Targets read, duplicates counted (a cheap size for choosing how to ask)."""
@@ -457,7 +468,8 @@ class Targets:
 
     def strings(self) -> list[str]:
         """Every target as canonical text, in order, without duplicates."""
-        return list(dict.fromkeys(itertools.chain.from_iterable(self.chunks)))
+        return list(dict.fromkeys(itertools.chain.from_iterable(
+            [_canonical_plain(t) for t in c] if isinstance(c, _Raw) else c for c in self.chunks)))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Targets) and self.strings() == other.strings()
@@ -466,6 +478,13 @@ class Targets:
 
     def __repr__(self) -> str:
         return f"Targets({self.strings()!r})"
+
+
+def _canonical_plain(text: str) -> str:
+    """`canonical_target` of a line inet_pton took (a `_Raw` block's): quick_canonical always answers."""
+    quick = quick_canonical(text)
+    assert quick is not None
+    return quick
 
 
 def _targets_from_args(ctx: _Context, targets: list[str]) -> Targets:
@@ -509,12 +528,13 @@ _STDIN_BLOCK = 1 << 20  # bytes read from stdin at a time: validated while the w
 class _Lines:
     """`_targets_from_lines`'s result, fed a block of whole lines at a time (`_targets_from_stream`)."""
 
-    __slots__ = ("blobs", "chunks", "first_bad", "lineno", "nbad", "slow")
+    __slots__ = ("blobs", "blobs6", "chunks", "first_bad", "lineno", "nbad", "slow")
 
     def __init__(self) -> None:
         self.chunks: list[list[str]] = []  # every target, in order: Targets.chunks
         self.slow: dict[str, None] = {}  # the targets checked line by line: Targets.slow
         self.blobs: list[bytes] = []  # the blocks checked at once, packed: Targets.hosts4
+        self.blobs6: list[bytes] = []  # their IPv6 lines, packed: Targets.hosts6
         self.first_bad: str | None = None
         self.nbad = 0
         self.lineno = 0  # lines taken so far
@@ -523,21 +543,35 @@ class _Lines:
         """Whole lines (`\n`-separated; a final part without `\n` is a line too). A block of nothing but
         dotted quads (what `ban -` is mostly given) is checked with inet_pton mapped over it, no Python per
         line: the per-line loop below was half of the process's CPU for 100,000 addresses. Anything else in
-        the block (comments, blanks inside lines, IPv6, CIDRs, an error) sends the whole block to that loop."""
+        the block (comments, blanks inside lines, CIDRs, an error) sends the whole block to that loop.
+
+        IPv6 lines (those with a `:`) go through inet_pton too, 16 bytes each: canonical text per line
+        (`_v6_text`) was ~4 us an address, most of `nftblock ban -` of 100,000 IPv6 addresses. inet_pton
+        takes exactly what quick_canonical takes through it; a zone (`%`) or anything longer than it reads is
+        left to the loop, as quick_canonical leaves it to the full rules."""
         lines = text.split("\n")
         if lines and not lines[-1]:
             lines.pop()  # the newline that ends the block ends its last line; it starts no new one
         if "#" not in text and " " not in text and "\t" not in text and "\r" not in text and "/" not in text \
-                and ":" not in text:
+                and "%" not in text:
             plain = list(filter(None, lines))
             try:
-                # raises at the first line that is not a dotted quad; kept, as what is sent (Targets.hosts4)
-                blob = b"".join(map(_inet_pton, itertools.repeat(_AF_INET, len(plain)), plain))
+                # raises at the first line that is not an address; kept, as what is sent (Targets.hosts4/6)
+                if ":" not in text:
+                    blob, blob6 = b"".join(map(_inet_pton, itertools.repeat(_AF_INET, len(plain)), plain)), b""
+                else:
+                    v6 = plain if "." not in text else [t for t in plain if ":" in t]
+                    v4 = [] if v6 is plain else [t for t in plain if ":" not in t]
+                    blob6 = b"".join(map(_inet_pton, itertools.repeat(_AF_INET6, len(v6)), v6))
+                    blob = b"".join(map(_inet_pton, itertools.repeat(_AF_INET, len(v4)), v4))
+                    if max(map(len, v6)) > 64:  # quick_canonical's limit (inet_pton itself stops at 45)
+                        raise ValueError("long")
             except (OSError, ValueError):
                 pass
             else:
                 self.blobs.append(blob)
-                self.chunks.append(plain)
+                self.blobs6.append(blob6)
+                self.chunks.append(_Raw(plain) if blob6 else plain)
                 self.lineno += len(lines)
                 return
         self.lines(lines)
@@ -566,7 +600,7 @@ class _Lines:
         if self.first_bad is not None:
             more = f" (and {self.nbad - 1} more invalid lines)" if self.nbad > 1 else ""
             raise UsageError(f"{self.first_bad}{more}; nothing was sent")
-        return Targets(self.chunks, list(self.slow), b"".join(self.blobs))
+        return Targets(self.chunks, list(self.slow), b"".join(self.blobs), b"".join(self.blobs6))
 
 
 def _targets_from_stream(stream: TextIO, block: int = _STDIN_BLOCK) -> Targets:
@@ -677,23 +711,31 @@ _COUNTS_FROM = 11  # _describe lists up to 10 targets; from 11 on the human outp
 
 def _call_bulk(ctx: _Context, cmd: str, targets: Targets, args: dict[str, Any]) -> dict[str, Any]:
     """`ban`/`unban`: with many targets and human output, ask for counts instead of every target echoed back
-    (`reply: counts`), and send a ban's plain IPv4 addresses packed (`hosts4`). A daemon older than those
-    arguments refuses them by name: ask again without them."""
+    (`reply: counts`), and send a ban's plain addresses packed (`hosts4`, `hosts6`). A daemon older than
+    those arguments refuses them by name: ask again without them."""
     # few targets, as the operator sees them (lines repeating an address count once; a long input is not
     # counted exactly: it cannot be few)
     few = len(targets) < _COUNTS_FROM or (len(targets) < 1000 and len(targets.strings()) < _COUNTS_FROM)
     if ctx.json or few:
         return ctx.call(cmd, {"targets": targets.strings(), **args})
-    if cmd == "ban" and targets.hosts4:
+    if cmd == "ban" and (targets.hosts4 or targets.hosts6):
         import binascii  # built into the interpreter: no start-up cost worth deferring, but only bulk needs it
 
-        packed = {"hosts4": binascii.b2a_base64(targets.hosts4, newline=False).decode("ascii")}
-        try:
-            return ctx.call(cmd, {**({"targets": targets.slow} if targets.slow else {}), **packed, **args,
-                                  "reply": "counts"})
-        except RemoteError as exc:
-            if not _refused_argument(exc, "hosts4"):
-                raise
+        packed = {name: binascii.b2a_base64(blob, newline=False).decode("ascii")
+                  for name, blob in (("hosts4", targets.hosts4), ("hosts6", targets.hosts6)) if blob}
+        slow = targets.slow
+        while packed:
+            try:
+                return ctx.call(cmd, {**({"targets": slow} if slow else {}), **packed, **args, "reply": "counts"})
+            except RemoteError as exc:
+                if _refused_argument(exc, "hosts6") and "hosts6" in packed:
+                    # a daemon with `hosts4` but older than `hosts6`: the IPv6 addresses go as text
+                    del packed["hosts6"]
+                    slow = list(dict.fromkeys(slow + _v6_strings(targets.hosts6)))
+                elif _refused_argument(exc, "hosts4"):
+                    break
+                else:
+                    raise
     strings = targets.strings()
     try:
         return ctx.call(cmd, {"targets": strings, **args, "reply": "counts"})
@@ -701,6 +743,11 @@ def _call_bulk(ctx: _Context, cmd: str, targets: Targets, args: dict[str, Any]) 
         if not _refused_argument(exc, "reply"):
             raise
     return ctx.call(cmd, {"targets": strings, **args})
+
+
+def _v6_strings(blob: bytes) -> list[str]:
+    """Packed IPv6 addresses (Targets.hosts6) as canonical text, for a daemon older than `hosts6`."""
+    return [_canonical_plain(_socket.inet_ntop(_AF_INET6, blob[i:i + 16])) for i in range(0, len(blob), 16)]
 
 
 def _refused_argument(exc: RemoteError, name: str) -> bool:

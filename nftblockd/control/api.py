@@ -19,6 +19,7 @@ from nftblockd.addr import (
     host_net,
     parse_target,
     split_hosts,
+    split_packed6,
     unpack_hosts,
 )
 from nftblockd.control.protocol import (
@@ -46,6 +47,20 @@ Banned = Callable[[list[tuple[IPNet, float | None, str]], float], None]  # (targ
 Unbanned = Callable[[list[IPNet], str], None]  # targets an operator unbanned, src
 _APPLIED = (BanOutcome.ADDED, BanOutcome.EXTENDED, BanOutcome.ABSORBED)
 BULK_THRESHOLD = 64  # from this many targets on, single addresses take the bulk path
+
+
+
+def _add_packed(a: BanArgs, keys: dict[int, list[int]], texts: dict[int, dict[int, str]]) -> None:
+    """A bulk ban's `hosts4`/`hosts6`, already packed by the client (no text to parse), added to the host
+    keys `split_hosts` read from its `targets` (duplicates are merged by the state); an IPv4-mapped address
+    is the IPv4 address, as in text. Spelled canonically when the answer echoes the targets."""
+    mapped, packed6 = split_packed6(a.hosts6) if a.hosts6 else ([], [])
+    for version, packed in ((4, unpack_hosts(a.hosts4, 4) + mapped if a.hosts4 else mapped), (6, packed6)):
+        if packed:
+            keys[version] = packed + keys[version] if keys[version] else packed
+            if a.reply != "counts":
+                spelled = texts[version]
+                spelled.update((k, format_host(k, version)) for k in packed if k not in spelled)
 
 
 def _reply(out: dict[str, Any], reply: str, key: str) -> dict[str, Any]:
@@ -145,7 +160,7 @@ class ControlAPI:
 
     async def ban(self, a: BanArgs) -> dict[str, Any]:
         blocklist = self._blocklist(a.blocklist, writing=True)
-        if a.hosts4 or (len(a.items) >= BULK_THRESHOLD and
+        if a.hosts4 or a.hosts6 or (len(a.items) >= BULK_THRESHOLD and
                         (a.uniform or len({(i.timeout, i.reason, i.jail) for i in a.items}) == 1)):
             return _reply(await self.ban_bulk(a, blocklist), a.reply, "applied")
         return _reply(await self._ban_one_by_one(a.items, blocklist, a.origin), a.reply, "applied")
@@ -196,11 +211,8 @@ class ControlAPI:
         given = a.items.targets if isinstance(a.items, UniformItems) else [item.target for item in a.items]
         keys, texts, rest_at = split_hosts(given, spelled=a.reply != "counts")
         rest = [a.items[i] for i in rest_at]
-        if a.hosts4:  # already packed by the client: no text to parse (duplicates are merged by the state)
-            packed = unpack_hosts(a.hosts4, 4)
-            keys[4] = packed + keys[4] if keys[4] else packed
-            if a.reply != "counts":
-                texts[4].update((k, format_host(k, 4)) for k in packed if k not in texts[4])
+        if a.hosts4 or a.hosts6:
+            _add_packed(a, keys, texts)
         origin = "fail2ban" if a.origin == "fail2ban" else "cli"
         res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=first.reason,
                                             jail=first.jail, comment=first.reason[:200], now=now)

@@ -272,6 +272,8 @@ class BanArgs:
     # `hosts4`: IPv4 addresses packed 4 bytes each (network order), banned like `items` (which is then a
     # UniformItems, possibly of no targets, carrying the request's timeout, comment and jail)
     hosts4: bytes = b""
+    # `hosts6`: IPv6 addresses packed 16 bytes each, the same way (an IPv4-mapped one is the IPv4 address)
+    hosts6: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,17 +354,18 @@ def _targets(cmd: str, args: dict[str, Any], packed: bool = False) -> list[Any]:
     return t
 
 
-def _hosts4(cmd: str, args: dict[str, Any]) -> bytes:
-    """`hosts4`: base64 of IPv4 addresses packed 4 bytes each, or b"" when absent."""
-    v = args.get("hosts4")
+def _packed(cmd: str, args: dict[str, Any], version: int) -> bytes:
+    """`hosts4`/`hosts6`: base64 of IP addresses packed 4/16 bytes each, or b"" when absent."""
+    v = args.get(f"hosts{version}")
     if v is None:
         return b""
     try:
         blob = binascii.a2b_base64(v, strict_mode=True) if isinstance(v, str) and v.isascii() else None
     except binascii.Error:
         blob = None
-    if blob is None or len(blob) % 4:
-        raise ProtocolError(f"{cmd}: 'hosts4' must be base64 of IPv4 addresses, 4 bytes each")
+    size = 4 if version == 4 else 16
+    if blob is None or len(blob) % size:
+        raise ProtocolError(f"{cmd}: 'hosts{version}' must be base64 of IPv{version} addresses, {size} bytes each")
     return blob
 
 
@@ -380,7 +383,8 @@ def _reply(cmd: str, args: dict[str, Any]) -> str:
 
 
 def _parse_ban(args: dict[str, Any]) -> BanArgs:
-    _check_keys("ban", args, ("targets", "hosts4", "timeout", "set", "comment", "origin", "jail", "reply"))
+    _check_keys("ban", args, ("targets", "hosts4", "hosts6", "timeout", "set", "comment", "origin", "jail",
+                              "reply"))
     timeout = parse_wire_timeout(args.get("timeout"))
     comment = args.get("comment") or ""
     if not isinstance(comment, str):
@@ -388,15 +392,15 @@ def _parse_ban(args: dict[str, Any]) -> BanArgs:
     _bounded("ban: 'comment'", comment)
     origin = _origin("ban", args)
     jail = _bounded("ban: 'jail'", _opt_str("ban", args, "jail") or "")
-    hosts4 = _hosts4("ban", args)
-    targets = _targets("ban", args, bool(hosts4))
+    hosts4, hosts6 = _packed("ban", args, 4), _packed("ban", args, 6)
+    targets = _targets("ban", args, bool(hosts4 or hosts6))
     reply = _reply("ban", args)
     if all(type(t) is str for t in targets):  # the bulk case: no per-target objects to check
         return BanArgs(UniformItems(targets, timeout, comment, jail), _opt_str("ban", args, "set"), origin, True,
-                       reply, hosts4)
-    if hosts4:
-        raise ProtocolError("ban: 'hosts4' takes the request's timeout, comment and jail: its 'targets' must be "
-                            "strings")
+                       reply, hosts4, hosts6)
+    if hosts4 or hosts6:
+        raise ProtocolError(f"ban: '{'hosts4' if hosts4 else 'hosts6'}' takes the request's timeout, comment and "
+                            "jail: its 'targets' must be strings")
     items: list[BanItem] = []
     for i, t in enumerate(targets):
         if isinstance(t, str):

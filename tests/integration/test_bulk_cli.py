@@ -1,5 +1,5 @@
-"""`nftblock ban -` through the real daemon, with input that takes both of its ways: plain IPv4 blocks sent
-packed (`hosts4`), the rest as text. The kernel, the answer and the saved state must be what the lines say."""
+"""`nftblock ban -` through the real daemon, with input that takes both of its ways: plain address blocks sent
+packed (`hosts4`, `hosts6`), the rest as text. The kernel, the answer and the saved state must be what the lines say."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.helpers.netns import NetNS
 
 CONFIG = """
 blocklists: {default: {timeout: 1h, size: 200000}}
-allowlist: [192.0.2.0/24]
+allowlist: [192.0.2.0/24, "2001:db8:ffff::/48"]
 allowlist_self: false
 reconcile: {interval: 1h}
 """
@@ -39,6 +39,35 @@ def test_bulk_ban_of_packed_blocks_and_text_lines(netns: NetNS, tmp_path: Path) 
         assert 3500 < ban["expires_in"] <= 3600 and ban["origin"] == "cli"
         # saved before the answer: a reboot (the table gone) and a restart bring back every one
         assert d.stop() == 0
+        netns.nft("delete", "table", "inet", "nftblock")
+        d.start(timeout=60)
+        assert {k: v for k, v in counts(d).items() if k in want} == want
+    finally:
+        d.close()
+
+
+def test_bulk_ban_of_packed_ipv6(netns: NetNS, tmp_path: Path) -> None:
+    # IPv6 and IPv4 lines mixed in one block (both packed), spelled several ways; an IPv4-mapped address is
+    # the IPv4 address; never-banned and allowlisted ones are refused by name, as their text would be
+    v6 = [f"2001:db8:{i >> 16:x}:{i & 0xFFFF:x}::1" for i in range(1, 20_001)]
+    v4 = [f"198.18.{i >> 8}.{i & 255}" for i in range(1, 1001)]
+    odd = ["2001:DB8:0:1:0:0:0:1", "::ffff:198.18.9.9", "::1", "2001:db8:ffff::5", "fe80::1"]
+    lines = [x for i, a in enumerate(v6) for x in ((a, v4[i // 20]) if i % 20 == 0 else (a,))] + odd
+    d = DaemonProc(netns, tmp_path / "d", CONFIG).start()
+    try:
+        r = d.cli("ban", "--timeout", "1h", "-", input="\n".join(lines) + "\n")
+        assert r.returncode == 1
+        assert r.stdout == "banned 21001 targets (for 1h)\n", r.stdout  # the first of odd is v6[0]
+        assert "refused ::1: ::1 is never banned" in r.stderr
+        assert "refused fe80::1: fe80::1 is never banned" in r.stderr
+        assert "refused 2001:db8:ffff::5: 2001:db8:ffff::5 is allowlisted (2001:db8:ffff::/48)" in r.stderr
+        want = {"default_ip4": 1001, "default_ip6": 20_000}
+        assert {k: v for k, v in counts(d).items() if k in want} == want
+        assert [b["set"] for b in d.cli_json("check", "198.18.9.9")["bans"]] == ["default_ip4"]
+        [ban] = d.cli_json("check", v6[-1])["bans"]
+        assert 3500 < ban["expires_in"] <= 3600 and ban["origin"] == "cli" and ban["target"] == v6[-1]
+        assert v6[-1] in netns.set_elements("nftblock", "default_ip6")
+        assert d.stop() == 0  # saved before the answer
         netns.nft("delete", "table", "inet", "nftblock")
         d.start(timeout=60)
         assert {k: v for k, v in counts(d).items() if k in want} == want

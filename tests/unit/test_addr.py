@@ -32,6 +32,7 @@ from nftblockd.addr import (
     parse_target,
     parse_v4,
     split_hosts,
+    split_packed6,
     tagged_key,
     tagged_net,
     target_text,
@@ -167,6 +168,20 @@ def test_parse_v4_agrees_with_ipaddress(text: str) -> None:
 @example("2001:db8::1\x00")
 def test_parse_host_int_agrees_with_parse_target(text: str) -> None:
     assert parse_host_int(text) == _plain_host(text)
+
+
+_MAPPED = st.integers(0, 0xFFFFFFFF).map(lambda a: 0xFFFF << 32 | a)
+
+
+@given(st.lists(st.one_of(st.integers(0, (1 << 128) - 1), _MAPPED,  # mapped; and mapped's 12 bytes off 16
+                          st.integers(0, 0xFFFFFFFF).map(lambda a: a << 96 | 0xFFFF << 64)), max_size=30))
+def test_split_packed6_reads_each_address_as_its_text_is_read(keys: list[int]) -> None:
+    blob = b"".join(k.to_bytes(16, "big") for k in keys)
+    want: dict[int, list[int]] = {4: [], 6: []}
+    for k in keys:
+        version, key = parse_host_int(str(ipaddress.IPv6Address(k)))  # type: ignore[misc]
+        want[version].append(key)
+    assert split_packed6(blob) == (want[4], want[6])
 
 
 @given(st.lists(st.one_of(dotted(), v6_text(), target_text_like()), max_size=30)

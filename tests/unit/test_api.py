@@ -4,12 +4,15 @@ sets hold afterwards. Requests are the dicts the server decodes; the clock is fr
 
 from __future__ import annotations
 
+import asyncio
 import errno as E
 import ipaddress
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nftblockd import __version__
 from nftblockd.addr import split_hosts
@@ -364,6 +367,63 @@ async def test_packed_hosts_are_banned_as_their_text_would_be(rig: ApiRig) -> No
     assert r == {"applied_count": 1, "refused": []}
     ban = rig.bans()["203.0.113.9", "default"]
     assert (ban.until, ban.reason) == (NOW + 7200, "scan")
+
+
+def packed6(hosts: list[str]) -> str:
+    """`hosts6` as `nftblock ban -` sends it: the addresses packed 16 bytes each, base64."""
+    import base64
+
+    return base64.b64encode(b"".join(ipaddress.IPv6Address(h).packed for h in hosts)).decode()
+
+
+# IPv6 as `ban -` meets it: plain ones, allowlisted (2001:db8:ffff::/48), never banned (loopback, link-local,
+# multicast, unspecified), IPv4-mapped (plain, allowlisted, never banned: read as the IPv4 address), the
+# deprecated IPv4-compatible form (an IPv6 address), and one the kernel refuses (see FAILS6)
+_V6_POOL = ["2001:db8:1::1", "2001:db8:1::2", "2a00:1450:4001::200e", "2001:db8:ffff::9", "::1", "fe80::1",
+            "ff02::1", "::", "::ffff:198.18.0.7", "::ffff:10.1.2.3", "::ffff:127.0.0.1", "::ffff:198.18.0.8",
+            "::1.2.3.4", "2001:db8:1::dead"]
+_FAILS6 = "2001:db8:1::dead"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_V6_POOL), st.integers(0, 300).map(v6)), max_size=90),
+       st.lists(st.integers(0, 40).map(v4), max_size=8), st.sampled_from(["counts", "full"]))
+def test_packed_ipv6_is_banned_as_its_text_would_be(hosts: list[str], hosts4: list[str], reply: str) -> None:
+    # `hosts6` (what `nftblock ban -` sends for plain IPv6 lines, alongside `hosts4`) against the same
+    # addresses as strings, each into a rig of its own: the same answer (applied, refused with code and
+    # message), the same kernel elements in every set, the same saved bans (the text takes the one-by-one
+    # path below BULK_THRESHOLD targets and the bulk path from there: both are held to)
+    async def run(request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, set[str]], dict[Any, Any]]:
+        async with api_rig(CONFIG) as rig:
+            rig.fake.fail[("default_ip6", k(_FAILS6))] = E.ENOMEM
+            await rig.seed(v6(1), until=NOW + 60)  # an existing ban, extended
+            r = await rig.api("ban", {**request, "reply": reply}, PEER)
+            for key in ("applied", "refused"):
+                if isinstance(r.get(key), list):
+                    r[key].sort(key=str)
+            kernel = {s.name: rig.in_kernel(s.name) for s in rig.plan.sets if s.name.endswith(("ip4", "ip6"))}
+            saved = {t: (b.until, b.origin, b.reason) for t, b in rig.bans().items()}
+            return r, kernel, saved
+
+    if not hosts and not hosts4:
+        return
+    # the text as an older `nftblock ban -` sends it: canonical (a mapped address as IPv4), duplicates dropped
+    texts = [str(a.ipv4_mapped or a) for a in map(ipaddress.IPv6Address, hosts)]
+    as_text = asyncio.run(run(stdin_request(list(dict.fromkeys(hosts4 + texts)))))
+    packed_args: dict[str, Any] = {"hosts6": packed6(hosts)} if hosts else {}
+    if hosts4:
+        packed_args["hosts4"] = packed(hosts4)
+    as_packed = asyncio.run(run({**stdin_request([]), "targets": None, **packed_args}))
+    assert as_packed == as_text
+
+
+async def test_packed_ipv6_that_is_not_packed_addresses_is_refused(rig: ApiRig) -> None:
+    for hosts6 in (packed(["192.0.2.1"]), "not base64!", 12, packed6(["2001:db8::1"])[:-4]):
+        assert await refused_with(rig, "ban", hosts6=hosts6) == (
+            "bad_request", "ban: 'hosts6' must be base64 of IPv6 addresses, 16 bytes each")
+    assert await refused_with(rig, "ban", hosts6=packed6(["2001:db8::1"]), targets=[{"target": "192.0.2.2"}]) == (
+        "bad_request", "ban: 'hosts6' takes the request's timeout, comment and jail: its 'targets' must be strings")
+    assert rig.in_kernel("default_ip6") == set()
 
 
 async def test_packed_hosts_that_are_not_packed_addresses_are_refused(rig: ApiRig) -> None:

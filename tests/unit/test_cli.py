@@ -6,6 +6,7 @@ whose handler is the daemon's real ControlAPI, on a real Enforcer over the in-me
 from __future__ import annotations
 
 import asyncio
+import binascii
 import errno as E
 import io
 import ipaddress
@@ -457,6 +458,42 @@ async def test_import_fail2ban_reports_an_unreadable_database(monkeypatch: pytes
 # --- the console script --------------------------------------------------------------------------------
 
 
+async def test_a_bulk_ipv6_ban_is_sent_packed_and_an_older_daemon_gets_it_as_text(sock: Path, rig: ApiRig,
+                                                                                   sock_dir: Path) -> None:
+    hosts6 = [f"2001:DB8:1::{i:x}" for i in range(12)] + ["::ffff:198.18.1.1", "2001:db8:1:0:0:0:0:1"]
+    hosts4 = [f"198.18.0.{i}" for i in range(12)]
+    hosts4 += ["198.18.2.1", "198.18.2.2"]
+    lines = [x for pair in zip(hosts6, hosts4, strict=True) for x in pair]
+    canonical = [canonical_target(t) for t in lines]
+    r = await nftblock("ban", "-", sock=sock, stdin="\n".join(lines) + "\n")
+    assert (r.code, r.out, r.err) == (0, f"banned {len(set(canonical))} targets\n", "")
+    args = rig.calls[-1][1]
+    assert "targets" not in args and args["reply"] == "counts"
+    assert binascii.a2b_base64(args["hosts6"]) == b"".join(ipaddress.IPv6Address(a).packed for a in hosts6)
+    assert rig.in_kernel("default_ip6") | rig.in_kernel("default_ip4") == set(canonical)
+
+    seen: list[dict[str, Any]] = []
+
+    async def before_hosts6(cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        seen.append(args)
+        if "hosts6" in args:
+            from nftblockd.control.protocol import ControlError
+            raise ControlError("bad_request", "ban: unknown argument 'hosts6' (allowed: targets, hosts4)")
+        return {"applied_count": len(args["targets"]) + len(binascii.a2b_base64(args["hosts4"])) // 4,
+                "refused": []}
+
+    srv = ControlServer(sock_dir / "old6.sock", before_hosts6)
+    await srv.start()
+    try:
+        r = await nftblock("ban", "-", sock=sock_dir / "old6.sock", stdin="\n".join(lines) + "\n")
+    finally:
+        await srv.close()
+    assert (r.code, r.out, r.err) == (0, f"banned {len(set(canonical))} targets\n", "")
+    assert len(seen) == 2 and "hosts6" not in seen[1]
+    assert sorted(seen[1]["targets"]) == sorted({canonical_target(t) for t in hosts6})
+    assert binascii.a2b_base64(seen[1]["hosts4"]) == b"".join(ipaddress.IPv4Address(a).packed for a in hosts4)
+
+
 @pytest.mark.skipif(not SCRIPT.exists(), reason="the nftblock console script is not installed")
 async def test_console_script_bans_a_million_addresses_from_stdin(sock_dir: Path) -> None:
     received: list[tuple[str, dict[str, Any]]] = []
@@ -650,7 +687,10 @@ def test_the_cli_comment_limit_is_the_protocols() -> None:
 
 _LINE = st.one_of(st.ip_addresses(v=4).map(str), st.ip_addresses(v=6).map(str), st.just(""), st.just("# note"),
                   st.ip_addresses(v=4).map(lambda a: f" {a}  # why"), st.just("bogus"), st.just("10.0.0.0/8"),
-                  st.just("01.2.3.4"), st.text(alphabet="0123456789.:abf /#\t", max_size=12))
+                  st.just("01.2.3.4"), st.text(alphabet="0123456789.:abf /#\t", max_size=12),
+                  # IPv6 spelled other ways (packed by the block check, `hosts6`): mapped IPv4, long, upper case
+                  st.ip_addresses(v=4).map(lambda a: f"::ffff:{a}"), st.ip_addresses(v=6).map(lambda a: a.exploded),
+                  st.ip_addresses(v=6).map(lambda a: str(a).upper()), st.just("fe80::1%eth0"), st.just("::1.2.3.4"))
 
 
 @given(st.lists(st.tuples(_LINE, st.sampled_from(["\n", "\r\n", "\r"])), max_size=40), st.integers(1, 64))
@@ -674,7 +714,12 @@ def test_stdin_read_by_blocks_gives_what_the_line_reader_gives(lines: list[tuple
     if not isinstance(got, str):  # what is sent (packed addresses and text) is every target, nothing else
         import socket
 
-        sent = [socket.inet_ntoa(got.hosts4[i:i + 4]) for i in range(0, len(got.hosts4), 4)] + got.slow
+        def v6(packed: bytes) -> str:  # as the daemon reads it: an IPv4-mapped address is the IPv4 address
+            a = ipaddress.IPv6Address(packed)
+            return str(a.ipv4_mapped or a)
+
+        sent = [socket.inet_ntoa(got.hosts4[i:i + 4]) for i in range(0, len(got.hosts4), 4)] + got.slow + \
+            [v6(got.hosts6[i:i + 16]) for i in range(0, len(got.hosts6), 16)]
         assert sorted(set(sent)) == sorted(got.strings()) and len(got.slow) == len(set(got.slow))
 
 

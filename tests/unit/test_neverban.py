@@ -110,3 +110,11 @@ def test_bulk_filter_is_the_per_key_check_in_order(keys: list[int]) -> None:
     want = [k for k in keys if never_ban_range(4, k, k) is not None]
     assert never_ban_keys(4, keys) == want
     assert never_ban_keys(4, iter(keys)) == want
+
+
+@given(st.lists(st.integers(0, 2**128 - 1) | st.sampled_from([0, 1, 2, (1 << 120) - 1, 1 << 120, 0xFE7F << 112,
+                                                               (0xFE80 << 112) - 1, 0xFE80 << 112, 0xFEC0 << 112,
+                                                               0xFF << 120, 2**128 - 1]), max_size=60))
+def test_bulk_filter_v6_is_the_per_key_check_in_order(keys: list[int]) -> None:
+    # the two-comparison suspect pass against never_ban_range per key
+    assert never_ban_keys(6, keys) == [k for k in keys if never_ban_range(6, k, k) is not None]
