@@ -165,8 +165,8 @@ async def test_host_keys_are_applied_as_the_same_bans_would_be(rig: Rig) -> None
     await rig.sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.1"), T0 + 600, "web-01"),)))
     keys = (key("203.0.113.1"), key("203.0.113.2"), key("10.1.2.3"), key("127.0.0.1"))
     before = len(rig.fake.transactions)
-    await rig.sink.apply_fleet(FleetChange(hosts=(FleetHosts(4, T0 + 60, "web-02", keys),
-                                                  FleetHosts(6, math.inf, "web-02", (key("2001:db8::1"),)))))
+    await rig.sink.apply_fleet(FleetChange(hosts=(FleetHosts(4, "web-02", keys, (T0 + 60,) * len(keys)),
+                                                  FleetHosts(6, "web-02", (key("2001:db8::1"),), (math.inf,)))))
     assert len(rig.fake.transactions) == before + 1
     assert rig.kernel() == {key("203.0.113.1"): int((T0 + 600) * 1000), key("203.0.113.2"): int((T0 + 60) * 1000)}
     assert list(rig.kernel("default_ip6")) == [key("2001:db8::1")]
@@ -181,8 +181,9 @@ def test_the_nth_applied_fleet_ban_is_found_across_ranges_and_host_groups() -> N
     from nftblockd.kernel.fleetsink import _nth_ban
 
     rng = Ban(ipaddress.ip_network("10.1.0.0/16"), "default", 50.0, "remote", "fleet:a")
-    hosts = [("default_ip4", 4, [0x0A000001, 0x0A000002], 100.0, "fleet:b"),
-             ("default_ip6", 6, [1], None, "fleet:c")]
+    hosts: list[tuple[str, int, list[int], list[float | None], str]] = [
+        ("default_ip4", 4, [0x0A000001, 0x0A000002], [100.0, 101.5], "fleet:b"),
+        ("default_ip6", 6, [1], [None], "fleet:c")]
     nth = _nth_ban([(rng, ())], hosts)
     assert [nth(i) for i in range(4)] == [("10.1.0.0/16", 50.0, "fleet:a"), ("10.0.0.1", 100.0, "fleet:b"),
-                                          ("10.0.0.2", 100.0, "fleet:b"), ("::1", None, "fleet:c")]
+                                          ("10.0.0.2", 101.5, "fleet:b"), ("::1", None, "fleet:c")]
