@@ -187,3 +187,18 @@ def test_the_nth_applied_fleet_ban_is_found_across_ranges_and_host_groups() -> N
     nth = _nth_ban([(rng, ())], hosts)
     assert [nth(i) for i in range(4)] == [("10.1.0.0/16", 50.0, "fleet:a"), ("10.0.0.1", 100.0, "fleet:b"),
                                           ("10.0.0.2", 101.5, "fleet:b"), ("::1", None, "fleet:c")]
+
+
+def test_packed_rows_are_pack_hosts_per_version_end_and_reason() -> None:
+    from nftblockd.addr import pack_hosts
+    from nftblockd.kernel.fleetsink import _packed
+
+    hosts: list[tuple[str, int, list[int], list[float | None], str]] = [
+        ("default_ip4", 4, [1, 2, 3, 4], [10.0, None, 10.0, 11.5], "fleet:a"),
+        ("default_ip6", 6, [5, 6], [10.0, 10.0], "fleet:a"),
+        ("default_ip4", 4, [7, 8], [10.0, 10.0], "fleet:b")]
+    want = {(v, u, r): pack_hosts([k for k, x in zip(keys, untils, strict=True) if x == u], v)
+            for _n, v, keys, untils, r in hosts for u in untils}
+    got = _packed("default", hosts)
+    assert [(p[0], p[3], p[5]) for p in got] == [("default", "remote", "")] * len(want)
+    assert sorted((p[2] or 0.0, p[4], p[1]) for p in got) == sorted((u or 0.0, r, b) for (_v, u, r), b in want.items())
