@@ -11,6 +11,7 @@ killed by PID), each next to its floor measured in the same run:
 
 The store's own part of a round is linear in the rows read (`_fleet_pending`); the rest is redis-py packing
 the MULTI (~30 % of the samples in py-spy) and parsing its replies (~14 %). The floor uses redis-py too.
+Both run with the daemon's collector settings (`daemon.tune_gc`).
 Rounds (NFTBLOCK_BENCH_FLEETPUB_ROUNDS, default 3) interleave figure and floor; medians are recorded.
 """
 
@@ -36,6 +37,7 @@ from bench.common import record, settle  # noqa: E402
 from nftblockd.addr import IPNet  # noqa: E402
 from nftblockd.allowlist import Allowlist  # noqa: E402
 from nftblockd.config import FleetConfig, parse_config  # noqa: E402
+from nftblockd.daemon import tune_gc  # noqa: E402
 from nftblockd.events import FleetChange, LocalBan  # noqa: E402
 from nftblockd.fleet.codec import FleetEvent, encode  # noqa: E402
 from nftblockd.fleet.link import CHUNK, Keys, RedisLink  # noqa: E402
@@ -195,6 +197,7 @@ def catch_up_rounds(url: str, tmp: Path) -> tuple[list[float], list[float]]:
 
 
 def main() -> None:
+    tune_gc()  # the daemon's collector settings (daemon.py): a burst's short-lived objects are not collected often
     tmp = Path(tempfile.mkdtemp(prefix="nbb-fleetpub-"))
     server = RedisServer(tmp / "redis").start()
     pubs: list[float] = []

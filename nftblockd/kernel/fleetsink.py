@@ -218,21 +218,36 @@ class EnforcerFleetSink:
         state = self.enforcer.state
         for (version, host), (keys, ends) in by_group.items():
             keys, ends = self._admissible(version, keys, ends, plan)
-            untils = [None if e == math.inf else e for e in ends]
+            if not keys:
+                continue
             reason = fleet_reason(host)
             # no kernel comment on single addresses: a comment takes the writer off its uniform fast path (the
             # kernel thread's encoding was a quarter of a 100k replay); state, database, audit and
             # `nftblock check` name the origin host
-            bc = state.ban_hosts_each(self.blocklist, version, keys, untils, now, origin="remote", reason=reason)
-            if bc is None:
+            if ends.count(ends[0]) == len(ends):  # one end (a `ban -` burst): set operations, one shared spec
+                until = None if ends[0] == math.inf else ends[0]
+                bc = state.ban_hosts(self.blocklist, version, keys, until, now, origin="remote", reason=reason)
+                if bc is None:
+                    plan.refused += len(keys)
+                    continue
+                for part, spec in ((bc.new, bc.spec_new), (bc.extended, bc.spec_extended)):
+                    if part:
+                        plan.groups.append(Group(bc.set_name, part, [spec] * len(part)))
+                done = bc.new + bc.extended
+                plan.attempted += len(done)
+                plan.hosts.append((bc.set_name, version, done, [until] * len(done), reason))
+                continue
+            untils = [None if e == math.inf else e for e in ends]
+            each = state.ban_hosts_each(self.blocklist, version, keys, untils, now, origin="remote", reason=reason)
+            if each is None:
                 plan.refused += len(keys)
                 continue
-            specs = _specs(bc.new_untils, False) + _specs(bc.extended_untils, True)
-            done = bc.new + bc.extended
+            done = each.new + each.extended
             if done:
-                plan.groups.append(Group(bc.set_name, done, specs))
+                plan.groups.append(Group(each.set_name, done, _specs(each.new_untils, False)
+                                         + _specs(each.extended_untils, True)))
             plan.attempted += len(done)
-            plan.hosts.append((bc.set_name, version, done, bc.new_untils + bc.extended_untils, reason))
+            plan.hosts.append((each.set_name, version, done, each.new_untils + each.extended_untils, reason))
 
     def _admissible(self, version: int, keys: list[int], ends: list[float], plan: _Plan
                     ) -> tuple[list[int], list[float]]:
@@ -241,7 +256,7 @@ class EnforcerFleetSink:
         drop = self.enforcer.unbannable(version, False, keys)
         if not drop:
             return keys, ends
-        plan.refused += sum(k in drop for k in keys)
+        plan.refused += len(drop)
         keep = [k not in drop for k in keys]
         return list(itertools.compress(keys, keep)), list(itertools.compress(ends, keep))
 
@@ -282,8 +297,16 @@ _Hosts = tuple[str, int, list[int], list[float | None], str]
 
 
 def _specs(untils: list[float | None], existed: bool) -> list[OpSpec]:
-    """One kernel op spec per key, its end in ms as `BanState.ban_hosts` makes it."""
-    return [OpSpec(True, None if u is None else int(u * 1000), "", existed) for u in untils]
+    """One kernel op spec per key, its end in ms as `BanState.ban_hosts` makes it; keys of one end share one
+    (the writer tells a uniform group by `list.count`, which an identical object passes at once)."""
+    memo: dict[float | None, OpSpec] = {}
+    out = []
+    for u in untils:
+        spec = memo.get(u)
+        if spec is None:
+            spec = memo[u] = OpSpec(True, None if u is None else int(u * 1000), "", existed)
+        out.append(spec)
+    return out
 
 
 def _packed(blocklist: str, hosts: list[_Hosts]) -> list[PackedBans]:

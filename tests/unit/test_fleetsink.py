@@ -4,15 +4,19 @@ fleet bans are saved with their origin host, and `fleet_view` splits fleet from 
 
 from __future__ import annotations
 
+import asyncio
 import errno as E
 import ipaddress
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from nftblockd.addr import IPNet
+from nftblockd.addr import IPNet, format_host
 from nftblockd.config import parse_config
 from nftblockd.events import Ban, FleetBan, FleetChange, FleetHosts, FleetUnban, fleet_origin_host
 from nftblockd.kernel.enforcer import Enforcer
@@ -202,3 +206,41 @@ def test_packed_rows_are_pack_hosts_per_version_end_and_reason() -> None:
     got = _packed("default", hosts)
     assert [(p[0], p[3], p[5]) for p in got] == [("default", "remote", "")] * len(want)
     assert sorted((p[2] or 0.0, p[4], p[1]) for p in got) == sorted((u or 0.0, r, b) for (_v, u, r), b in want.items())
+
+
+async def _kernel_after(changes: list[FleetChange], held: list[tuple[int, float]]) -> tuple[Any, ...]:
+    cfg = parse_config(CONFIG)
+    fake = FakeSetWriter(plan_ruleset(cfg), clock=lambda: T0)
+    async with running_enforcer(cfg, fake) as enforcer:
+        sink = EnforcerFleetSink(enforcer, "default", started=T0 - 100, clock=lambda: T0)
+        if held:
+            await sink.apply_fleet(FleetChange(hosts=tuple(FleetHosts(4, "web-00", (k,), (e,)) for k, e in held)))
+        for ch in changes:
+            await sink.apply_fleet(ch)
+        state = {(n, k): (u, o) for n, k, _net, u, o in enforcer.state.iter_origins("default")}
+        reasons = {k: enforcer.state.covering(ipaddress.ip_network(k))[0].reason
+                   for k in (format_host(k, 4) for _n, k in state)}
+        return {n: {k: e.until_ms for k, e in s.items()} for n, s in fake.sets.items()}, state, reasons, \
+            sink.applied, sink.refused
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([key("203.0.113.1"), key("203.0.113.2"), key("198.51.100.9"),
+                                           key("10.1.2.3"), key("127.0.0.1")]),
+                          st.sampled_from([T0 - 1, T0 + 60, T0 + 60.25, T0 + 600, T0 + 7200, math.inf]),
+                          st.sampled_from(["web-01", "web-02"])), max_size=12),
+       st.lists(st.tuples(st.sampled_from([key("203.0.113.1"), key("198.51.100.9")]),
+                          st.sampled_from([T0 + 60, T0 + 600])), max_size=2))
+def test_host_keys_with_their_own_ends_do_what_one_change_per_ban_does(
+        bans: list[tuple[int, float, str]], held: list[tuple[int, float]]) -> None:
+    """Many addresses with distinct ends in one change (`ban_hosts_each`, one kernel group) against one change
+    per ban (each a one-address group, the form a read of distinct ends took before): the same kernel, state,
+    origins and counts. One ban per address, as the receive loop sends (the last of a read wins)."""
+    last = {k: (e, o) for k, e, o in bans}
+    one = [FleetChange(hosts=(FleetHosts(4, o, (k,), (e,)),)) for k, (e, o) in last.items()]
+    by_origin: dict[str, list[tuple[int, float]]] = {}
+    for k, (e, o) in last.items():
+        by_origin.setdefault(o, []).append((k, e))
+    many = [FleetChange(hosts=tuple(FleetHosts(4, o, tuple(k for k, _ in kes), tuple(e for _, e in kes))
+                                    for o, kes in by_origin.items()))]
+    assert asyncio.run(_kernel_after(many, held)) == asyncio.run(_kernel_after(one, held))
