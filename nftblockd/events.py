@@ -166,14 +166,16 @@ class FleetUnban:
 
 @dataclass(frozen=True, slots=True)
 class FleetHosts:
-    """Many `FleetBan`s of single addresses at once, all of one IP version, end and origin host: the host keys
-    (ints, as `addr.net_key` of the /32 or /128). The receive loop's fast form for a catch-up of plain bans:
-    no network object per address on the way from the stream to the kernel (fleet/service.py `_apply`)."""
+    """Many `FleetBan`s of single addresses at once, all of one IP version and origin host: the host keys (ints,
+    as `addr.net_key` of the /32 or /128), each with its own end. The receive loop's fast form for a catch-up of
+    plain bans: no network object per address on the way from the stream to the kernel (fleet/service.py
+    `_apply`). One end per key, not per group: a jail's bans each end bantime after their own detection, and
+    100k one-address groups cost a catch-up more than its 100k addresses (issue #22)."""
 
     version: int
-    until: float  # absolute; math.inf permanent
     origin: str
     keys: tuple[int, ...]
+    ends: tuple[float, ...]  # absolute, one per key; math.inf permanent
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ import bisect
 import enum
 import gc
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -99,6 +99,19 @@ class BulkChange:
     unchanged: list[int]
     spec_new: OpSpec
     spec_extended: OpSpec
+
+
+@dataclass(frozen=True, slots=True)
+class HostsEach:
+    """Result of `ban_hosts_each`: keys that need a kernel add (new, or extended), each with its end as given
+    (None permanent), and the rest."""
+
+    set_name: str
+    new: list[int]
+    new_untils: list[float | None]
+    extended: list[int]
+    extended_untils: list[float | None]
+    unchanged: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +342,45 @@ class BanState:
                 continue
             d[k] = packed
         return BulkChange(name, new, extended, unchanged, spec_new, spec_ext)
+
+    def ban_hosts_each(self, blocklist: str, version: int, keys: Sequence[int], untils: Sequence[float | None],
+                       now: float, *, origin: str, reason: str, jail: str = "", comment: str = ""
+                       ) -> HostsEach | None:
+        """`ban_hosts` with an end per key (`untils[i]` for `keys[i]`; None permanent): the same rules, key by
+        key, in one pass with one interned meta (a fleet catch-up of jail bans, every ban its own end, made one
+        `ban_hosts` call per address before). Returns None for an unknown blocklist."""
+        entries = self.sets.get(set_name(blocklist, version, False))
+        if entries is None:
+            return None
+        meta = self._intern((origin, reason, jail, comment))
+        never = _NEVER << META_BITS | meta  # pack_end, inlined: once per key
+        now_ms = int(now * 1000)
+        d = entries.entries
+        out = HostsEach(entries.spec.name, [], [], [], [], [])
+        due = self.next_due
+        for k, until in zip(keys, untils, strict=True):
+            ms = None if until is None else int(until * 1000)
+            if ms is not None and ms <= now_ms:
+                out.unchanged.append(k)
+                continue
+            old = d.get(k)
+            if old is None:
+                out.new.append(k)
+                out.new_untils.append(until)
+            elif _later(ms, unpack_end(old)):
+                out.extended.append(k)
+                out.extended_untils.append(until)
+            else:
+                out.unchanged.append(k)
+                continue
+            if ms is None:
+                d[k] = never
+            else:
+                d[k] = max(1, ms) << META_BITS | meta
+                if ms < due:
+                    due = ms
+        self.next_due = due
+        return out
 
     def restore_hosts(self, blocklist: str, version: int, keys: list[int], ends_ms: list[int | None], now: float,
                       *, origin: str, reason: str, jail: str) -> tuple[str, list[int], list[int | None]] | None:

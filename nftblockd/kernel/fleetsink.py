@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from nftblockd.addr import IPNet, format_host, format_target, net_key, pack_hosts
+from nftblockd.addr import IPNet, format_host, format_target, net_key
 from nftblockd.events import FLEET_REASON, Ban, FleetChange, LocalBan, Unban, fleet_reason
 from nftblockd.kernel.bans import BanOutcome, OpSpec, SetOp
 from nftblockd.kernel.batcher import Group
@@ -117,8 +117,9 @@ class EnforcerFleetSink:
                              for name, key in refused_ops}
             ranges = [(b, absorbed) for b, absorbed in ranges
                       if (b.target.version, net_key(b.target)) not in failed_ranges]
-            hosts = [(name, v, [k for k in keys if (name, k) not in failed], until, reason)
-                     for name, v, keys, until, reason in hosts]
+            hosts = [(name, v, [k for k in keys if (name, k) not in failed],
+                      [u for k, u in zip(keys, untils, strict=True) if (name, k) not in failed], reason)
+                     for name, v, keys, untils, reason in hosts]
         applied = len(ranges) + sum(len(h[2]) for h in hosts)
         refused = plan.refused + plan.attempted - applied
         self.applied += applied
@@ -134,8 +135,7 @@ class EnforcerFleetSink:
         if e.persist is not None and (applied or plan.gone):
             deletes = [(self.blocklist, n) for n in plan.gone]
             deletes += [(self.blocklist, n) for _b, absorbed in ranges for n in absorbed]
-            packed: list[PackedBans] = [(self.blocklist, pack_hosts(keys, v), until, "remote", reason, "")
-                                        for _name, v, keys, until, reason in hosts if keys]
+            packed = _packed(self.blocklist, hosts)
             await e.persist(StateChange([b for b, _a in ranges], deletes, packed_saves=packed))
         self._audit(ranges, hosts, plan.gone, now)
         if applied and self.on_banned is not None:
@@ -150,21 +150,23 @@ class EnforcerFleetSink:
         enforcer's lock, with the write, `Enforcer.write_sets`).
 
         Single addresses (nearly every fleet ban; `change.hosts` holds them already grouped, as host keys)
-        take the bulk path, grouped by end and origin host: one set operation in the state per group
-        (BanState.ban_hosts, same later-end rule), one shared op spec, one packed database row. A 100k replay
-        spent a third of its time in per-ban `BanState.ban` calls, `Ban` values and database rows before."""
+        take the bulk path, grouped by IP version and origin host, each with its own end: one pass in the state
+        per group (BanState.ban_hosts_each, same later-end rule), one kernel group. A 100k replay spent a third
+        of its time in per-ban `BanState.ban` calls, `Ban` values and database rows before; grouped by end as
+        well, 100k distinct ends (jail bans) made 100k one-address groups, each paying every per-group cost."""
         e = self.enforcer
         state = e.state
         ops: list[SetOp] = []
         self._plan_unbans(change, plan, ops)
-        by_group: dict[tuple[int, float, str], list[int]] = {}
+        by_group: dict[tuple[int, str], tuple[list[int], list[float]]] = {}
         for b in change.bans:
             t = b.net
             if t.prefixlen == t.max_prefixlen:
-                grp = by_group.get((t.version, b.until, b.origin))
+                grp = by_group.get((t.version, b.origin))
                 if grp is None:
-                    grp = by_group[(t.version, b.until, b.origin)] = []
-                grp.append(int(t.network_address))
+                    grp = by_group[(t.version, b.origin)] = ([], [])
+                grp[0].append(int(t.network_address))
+                grp[1].append(b.until)
                 continue
             if e.unbannable(t.version, True, [net_key(t)]):
                 plan.refused += 1
@@ -177,11 +179,12 @@ class EnforcerFleetSink:
                 plan.attempted += 1
                 plan.ranges.append((ban, ch.related if ch.outcome is BanOutcome.ABSORBED else ()))
         for h in change.hosts:  # already host keys (the receive loop's fast path): no network object each
-            grp = by_group.get((h.version, h.until, h.origin))
+            grp = by_group.get((h.version, h.origin))
             if grp is None:
-                by_group[(h.version, h.until, h.origin)] = list(h.keys)
+                by_group[(h.version, h.origin)] = (list(h.keys), list(h.ends))
             else:
-                grp.extend(h.keys)
+                grp[0].extend(h.keys)
+                grp[1].extend(h.ends)
         self._plan_hosts(by_group, now, plan)
         by_set: dict[str, Group] = {}
         for op in ops:
@@ -210,34 +213,52 @@ class EnforcerFleetSink:
                 ops.extend(ch.ops)
                 plan.gone.append(u.net)
 
-    def _plan_hosts(self, by_group: dict[tuple[int, float, str], list[int]], now: float, plan: _Plan) -> None:
+    def _plan_hosts(self, by_group: dict[tuple[int, str], tuple[list[int], list[float]]], now: float,
+                    plan: _Plan) -> None:
         state = self.enforcer.state
-        for (version, end, host), keys in by_group.items():
-            keys = self._admissible(version, keys, plan)
-            until = None if end == math.inf else end
+        for (version, host), (keys, ends) in by_group.items():
+            keys, ends = self._admissible(version, keys, ends, plan)
+            if not keys:
+                continue
             reason = fleet_reason(host)
             # no kernel comment on single addresses: a comment takes the writer off its uniform fast path (the
             # kernel thread's encoding was a quarter of a 100k replay); state, database, audit and
             # `nftblock check` name the origin host
-            bc = state.ban_hosts(self.blocklist, version, keys, until, now, origin="remote", reason=reason)
-            if bc is None:
+            if ends.count(ends[0]) == len(ends):  # one end (a `ban -` burst): set operations, one shared spec
+                until = None if ends[0] == math.inf else ends[0]
+                bc = state.ban_hosts(self.blocklist, version, keys, until, now, origin="remote", reason=reason)
+                if bc is None:
+                    plan.refused += len(keys)
+                    continue
+                for part, spec in ((bc.new, bc.spec_new), (bc.extended, bc.spec_extended)):
+                    if part:
+                        plan.groups.append(Group(bc.set_name, part, [spec] * len(part)))
+                done = bc.new + bc.extended
+                plan.attempted += len(done)
+                plan.hosts.append((bc.set_name, version, done, [until] * len(done), reason))
+                continue
+            untils = [None if e == math.inf else e for e in ends]
+            each = state.ban_hosts_each(self.blocklist, version, keys, untils, now, origin="remote", reason=reason)
+            if each is None:
                 plan.refused += len(keys)
                 continue
-            for part, spec in ((bc.new, bc.spec_new), (bc.extended, bc.spec_extended)):
-                if part:
-                    plan.groups.append(Group(bc.set_name, part, [spec] * len(part)))
-            done = bc.new + bc.extended
+            done = each.new + each.extended
+            if done:
+                plan.groups.append(Group(each.set_name, done, _specs(each.new_untils, False)
+                                         + _specs(each.extended_untils, True)))
             plan.attempted += len(done)
-            plan.hosts.append((bc.set_name, version, done, until, reason))
+            plan.hosts.append((each.set_name, version, done, each.new_untils + each.extended_untils, reason))
 
-    def _admissible(self, version: int, keys: list[int], plan: _Plan) -> list[int]:
-        """`keys` less what no ban may cover (never-ban space, the allowlist: the gate refused them first; the
-        allowlist may have changed since), counted as refused."""
+    def _admissible(self, version: int, keys: list[int], ends: list[float], plan: _Plan
+                    ) -> tuple[list[int], list[float]]:
+        """`keys` (and their `ends`) less what no ban may cover (never-ban space, the allowlist: the gate refused
+        them first; the allowlist may have changed since), counted as refused."""
         drop = self.enforcer.unbannable(version, False, keys)
         if not drop:
-            return keys
+            return keys, ends
         plan.refused += len(drop)
-        return [k for k in keys if k not in drop]
+        keep = [k not in drop for k in keys]
+        return list(itertools.compress(keys, keep)), list(itertools.compress(ends, keep))
 
     def _audit(self, ranges: list[tuple[Ban, tuple[IPNet, ...]]], hosts: list[_Hosts], gone: list[IPNet],
                now: float) -> None:
@@ -246,10 +267,10 @@ class EnforcerFleetSink:
         shown = 0
         lines: list[tuple[str, str, float | None]] = [(format_target(b.target), b.reason, b.until)
                                                       for b, _a in ranges[:budget]]
-        for _name, v, keys, until, reason in hosts:
+        for _name, v, keys, untils, reason in hosts:
             if len(lines) >= budget:
                 break
-            lines += [(format_host(k, v), reason, until) for k in keys[:budget - len(lines)]]
+            lines += [(format_host(k, v), reason, u) for k, u in zip(keys[:budget - len(lines)], untils, strict=False)]
         for addr, reason, until in lines:
             shown += 1
             host = reason[len(FLEET_REASON):]
@@ -271,8 +292,38 @@ class EnforcerFleetSink:
                            extra={"jail": "fleet", "origin": "remote"})
 
 
-# (set name, IP version, keys applied, end or None, reason) of one group of single-address fleet bans
-_Hosts = tuple[str, int, list[int], float | None, str]
+# (set name, IP version, keys applied, their ends (None permanent), reason) of one group of single-address bans
+_Hosts = tuple[str, int, list[int], list[float | None], str]
+
+
+def _specs(untils: list[float | None], existed: bool) -> list[OpSpec]:
+    """One kernel op spec per key, its end in ms as `BanState.ban_hosts` makes it; keys of one end share one
+    (the writer tells a uniform group by `list.count`, which an identical object passes at once)."""
+    memo: dict[float | None, OpSpec] = {}
+    out = []
+    for u in untils:
+        spec = memo.get(u)
+        if spec is None:
+            spec = memo[u] = OpSpec(True, None if u is None else int(u * 1000), "", existed)
+        out.append(spec)
+    return out
+
+
+def _packed(blocklist: str, hosts: list[_Hosts]) -> list[PackedBans]:
+    """The database rows of applied host groups: one packed row per (IP version, end, reason), as `PackedBans`
+    carry one end. The addresses packed in one pass (a `pack_hosts` call per end was a third of a catch-up of
+    100k distinct ends)."""
+    rows: dict[tuple[int, float | None, str], list[bytes]] = {}
+    for _name, v, keys, untils, reason in hosts:
+        size = 4 if v == 4 else 16
+        for k, u in zip(keys, untils, strict=True):
+            packed = k.to_bytes(size, "big")
+            row = rows.get((v, u, reason))
+            if row is None:
+                rows[(v, u, reason)] = [packed]
+            else:
+                row.append(packed)
+    return [(blocklist, packed, u, "remote", reason, "") for (_v, u, reason), packed in rows.items()]
 
 
 def _nth_ban(ranges: list[tuple[Ban, tuple[IPNet, ...]]],
@@ -285,8 +336,8 @@ def _nth_ban(ranges: list[tuple[Ban, tuple[IPNet, ...]]],
             b = ranges[i][0]
             return format_target(b.target), b.until, b.reason
         g = bisect.bisect_right(starts, i) - 1
-        _name, v, keys, until, reason = hosts[g]
-        return format_host(keys[i - starts[g]], v), until, reason
+        _name, v, keys, untils, reason = hosts[g]
+        return format_host(keys[i - starts[g]], v), untils[i - starts[g]], reason
 
     return nth
 

@@ -985,10 +985,25 @@ def _fleet_enqueue(conn: sqlite3.Connection, rows: list[OutboxItem]) -> list[int
 
 
 def _fleet_pending(conn: sqlite3.Connection, now: float, limit: int) -> list[OutboxRow]:
-    conn.execute("UPDATE fleet_outbox SET state = 2 WHERE state = 0 AND op = 'ban' AND until <= ?", (now,))
-    return [OutboxRow(*r) for r in conn.execute(
-        "SELECT oseq, op, target, until, src, created FROM fleet_outbox WHERE state = 0 ORDER BY oseq LIMIT ?",
-        (limit,))]
+    """The first `limit` pending rows still worth publishing; the ended bans met on the way are marked dead.
+    Only the rows read are looked at: marking every ended pending ban first (one UPDATE over the whole pending
+    set) made each round cost as much as the outbox is long, and publishing a million queued bans quadratic
+    (100 rounds of 10,000 over a shrinking million). An ended ban further on is marked when a round reaches it."""
+    live: list[OutboxRow] = []
+    after = 0
+    while True:
+        want = limit - len(live)
+        rows = [OutboxRow(*r) for r in conn.execute(
+            "SELECT oseq, op, target, until, src, created FROM fleet_outbox WHERE state = 0 AND oseq > ?"
+            " ORDER BY oseq LIMIT ?", (after, want))]
+        dead = [(r.oseq,) for r in rows if r.op == "ban" and r.until is not None and r.until <= now]
+        if not dead:
+            return live + rows
+        conn.executemany("UPDATE fleet_outbox SET state = 2 WHERE oseq = ?", dead)
+        live += [r for r in rows if not (r.op == "ban" and r.until is not None and r.until <= now)]
+        if len(rows) < want:  # the outbox holds no more
+            return live
+        after = rows[-1].oseq
 
 
 def _fleet_mark_published(conn: sqlite3.Connection, keys: list[tuple[int]]) -> None:

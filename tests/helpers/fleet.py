@@ -34,7 +34,8 @@ class FakeSink:
     async def apply_fleet(self, change: FleetChange) -> None:
         self.calls.append(change)
         bans = list(change.bans)
-        bans += [FleetBan(host_net(k, h.version), h.until, h.origin) for h in change.hosts for k in h.keys]
+        bans += [FleetBan(host_net(k, h.version), e, h.origin) for h in change.hosts
+                 for k, e in zip(h.keys, h.ends, strict=True)]
         for b in bans:
             lb = self.local.get(b.net)
             if lb is not None and lb.until >= b.until:

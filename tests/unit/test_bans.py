@@ -145,3 +145,39 @@ def test_the_packed_end_codec_keeps_never_and_real_ends_apart() -> None:
         assert unpack_end(packed) == expected
     state_ends = {u for u in (unpack_end(pack_end(None, 0)), unpack_end(pack_end(0, 0)))}
     assert state_ends == {None, 1}
+
+
+@given(st.lists(st.tuples(st.integers(0, 12), st.sampled_from([None, NOW - 1, NOW, NOW + 0.0004, NOW + 5, NOW + 60,
+                                                                 NOW + 60.5, NOW + 900])), max_size=30),
+       st.lists(st.tuples(st.integers(0, 12), st.sampled_from([None, NOW + 5, NOW + 60, NOW + 900])), max_size=8))
+def test_ban_hosts_each_is_ban_hosts_key_by_key(bans: list[tuple[int, float | None]],
+                                                held: list[tuple[int, float | None]]) -> None:
+    """The fleet's bulk form with an end per key against the plain form, one `ban_hosts` call per key: the same
+    state (ends and metas), the same new / extended / unchanged keys, the same kernel ends."""
+    base = 0xCB007100
+    each, plain = state(), state()
+    for s in (each, plain):
+        for k, until in held:
+            s.ban_hosts("default", 4, [base + k], until, NOW, origin="cli")
+    got = each.ban_hosts_each("default", 4, [base + k for k, _ in bans], [u for _, u in bans], NOW,
+                              origin="remote", reason="fleet:h1")
+    assert got is not None
+    new: list[tuple[int, int | None]] = []
+    extended: list[tuple[int, int | None]] = []
+    unchanged: list[int] = []
+    for k, until in bans:
+        bc = plain.ban_hosts("default", 4, [base + k], until, NOW, origin="remote", reason="fleet:h1")
+        assert bc is not None and bc.set_name == got.set_name
+        new += [(x, bc.spec_new.until_ms) for x in bc.new]
+        extended += [(x, bc.spec_extended.until_ms) for x in bc.extended]
+        unchanged += bc.unchanged
+    to_ms = [None if u is None else int(u * 1000) for u in got.new_untils + got.extended_untils]
+    assert list(zip(got.new + got.extended, to_ms, strict=True)) == new + extended
+    assert got.unchanged == unchanged
+    # (the packed values hold the end and the meta index: both intern the same metas in the same order)
+    assert each.sets["default_ip4"].entries == plain.sets["default_ip4"].entries
+    assert ban_hosts_each_unknown() is None
+
+
+def ban_hosts_each_unknown() -> object:
+    return state().ban_hosts_each("nosuch", 4, [1], [None], NOW, origin="remote", reason="")

@@ -4,15 +4,19 @@ fleet bans are saved with their origin host, and `fleet_view` splits fleet from 
 
 from __future__ import annotations
 
+import asyncio
 import errno as E
 import ipaddress
 import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from nftblockd.addr import IPNet
+from nftblockd.addr import IPNet, format_host
 from nftblockd.config import parse_config
 from nftblockd.events import Ban, FleetBan, FleetChange, FleetHosts, FleetUnban, fleet_origin_host
 from nftblockd.kernel.enforcer import Enforcer
@@ -165,8 +169,8 @@ async def test_host_keys_are_applied_as_the_same_bans_would_be(rig: Rig) -> None
     await rig.sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.1"), T0 + 600, "web-01"),)))
     keys = (key("203.0.113.1"), key("203.0.113.2"), key("10.1.2.3"), key("127.0.0.1"))
     before = len(rig.fake.transactions)
-    await rig.sink.apply_fleet(FleetChange(hosts=(FleetHosts(4, T0 + 60, "web-02", keys),
-                                                  FleetHosts(6, math.inf, "web-02", (key("2001:db8::1"),)))))
+    await rig.sink.apply_fleet(FleetChange(hosts=(FleetHosts(4, "web-02", keys, (T0 + 60,) * len(keys)),
+                                                  FleetHosts(6, "web-02", (key("2001:db8::1"),), (math.inf,)))))
     assert len(rig.fake.transactions) == before + 1
     assert rig.kernel() == {key("203.0.113.1"): int((T0 + 600) * 1000), key("203.0.113.2"): int((T0 + 60) * 1000)}
     assert list(rig.kernel("default_ip6")) == [key("2001:db8::1")]
@@ -181,8 +185,62 @@ def test_the_nth_applied_fleet_ban_is_found_across_ranges_and_host_groups() -> N
     from nftblockd.kernel.fleetsink import _nth_ban
 
     rng = Ban(ipaddress.ip_network("10.1.0.0/16"), "default", 50.0, "remote", "fleet:a")
-    hosts = [("default_ip4", 4, [0x0A000001, 0x0A000002], 100.0, "fleet:b"),
-             ("default_ip6", 6, [1], None, "fleet:c")]
+    hosts: list[tuple[str, int, list[int], list[float | None], str]] = [
+        ("default_ip4", 4, [0x0A000001, 0x0A000002], [100.0, 101.5], "fleet:b"),
+        ("default_ip6", 6, [1], [None], "fleet:c")]
     nth = _nth_ban([(rng, ())], hosts)
     assert [nth(i) for i in range(4)] == [("10.1.0.0/16", 50.0, "fleet:a"), ("10.0.0.1", 100.0, "fleet:b"),
-                                          ("10.0.0.2", 100.0, "fleet:b"), ("::1", None, "fleet:c")]
+                                          ("10.0.0.2", 101.5, "fleet:b"), ("::1", None, "fleet:c")]
+
+
+def test_packed_rows_are_pack_hosts_per_version_end_and_reason() -> None:
+    from nftblockd.addr import pack_hosts
+    from nftblockd.kernel.fleetsink import _packed
+
+    hosts: list[tuple[str, int, list[int], list[float | None], str]] = [
+        ("default_ip4", 4, [1, 2, 3, 4], [10.0, None, 10.0, 11.5], "fleet:a"),
+        ("default_ip6", 6, [5, 6], [10.0, 10.0], "fleet:a"),
+        ("default_ip4", 4, [7, 8], [10.0, 10.0], "fleet:b")]
+    want = {(v, u, r): pack_hosts([k for k, x in zip(keys, untils, strict=True) if x == u], v)
+            for _n, v, keys, untils, r in hosts for u in untils}
+    got = _packed("default", hosts)
+    assert [(p[0], p[3], p[5]) for p in got] == [("default", "remote", "")] * len(want)
+    assert sorted((p[2] or 0.0, p[4], p[1]) for p in got) == sorted((u or 0.0, r, b) for (_v, u, r), b in want.items())
+
+
+async def _kernel_after(changes: list[FleetChange], held: list[tuple[int, float]]) -> tuple[Any, ...]:
+    cfg = parse_config(CONFIG)
+    fake = FakeSetWriter(plan_ruleset(cfg), clock=lambda: T0)
+    async with running_enforcer(cfg, fake) as enforcer:
+        sink = EnforcerFleetSink(enforcer, "default", started=T0 - 100, clock=lambda: T0)
+        if held:
+            await sink.apply_fleet(FleetChange(hosts=tuple(FleetHosts(4, "web-00", (k,), (e,)) for k, e in held)))
+        for ch in changes:
+            await sink.apply_fleet(ch)
+        state = {(n, k): (u, o) for n, k, _net, u, o in enforcer.state.iter_origins("default")}
+        reasons = {k: enforcer.state.covering(ipaddress.ip_network(k))[0].reason
+                   for k in (format_host(k, 4) for _n, k in state)}
+        return {n: {k: e.until_ms for k, e in s.items()} for n, s in fake.sets.items()}, state, reasons, \
+            sink.applied, sink.refused
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([key("203.0.113.1"), key("203.0.113.2"), key("198.51.100.9"),
+                                           key("10.1.2.3"), key("127.0.0.1")]),
+                          st.sampled_from([T0 - 1, T0 + 60, T0 + 60.25, T0 + 600, T0 + 7200, math.inf]),
+                          st.sampled_from(["web-01", "web-02"])), max_size=12),
+       st.lists(st.tuples(st.sampled_from([key("203.0.113.1"), key("198.51.100.9")]),
+                          st.sampled_from([T0 + 60, T0 + 600])), max_size=2))
+def test_host_keys_with_their_own_ends_do_what_one_change_per_ban_does(
+        bans: list[tuple[int, float, str]], held: list[tuple[int, float]]) -> None:
+    """Many addresses with distinct ends in one change (`ban_hosts_each`, one kernel group) against one change
+    per ban (each a one-address group, the form a read of distinct ends took before): the same kernel, state,
+    origins and counts. One ban per address, as the receive loop sends (the last of a read wins)."""
+    last = {k: (e, o) for k, e, o in bans}
+    one = [FleetChange(hosts=(FleetHosts(4, o, (k,), (e,)),)) for k, (e, o) in last.items()]
+    by_origin: dict[str, list[tuple[int, float]]] = {}
+    for k, (e, o) in last.items():
+        by_origin.setdefault(o, []).append((k, e))
+    many = [FleetChange(hosts=tuple(FleetHosts(4, o, tuple(k for k, _ in kes), tuple(e for _, e in kes))
+                                    for o, kes in by_origin.items()))]
+    assert asyncio.run(_kernel_after(many, held)) == asyncio.run(_kernel_after(one, held))

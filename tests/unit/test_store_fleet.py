@@ -103,3 +103,35 @@ def test_memory_store_has_the_tables() -> None:
     st = memory_store()
     st.fleet_enqueue([("ban", "203.0.113.1", None, "cli", NOW)])
     assert st.fleet_outbox_size() == 1
+
+
+def _pending_plain(conn: sqlite3.Connection, now: float, limit: int) -> list[tuple[Any, ...]]:
+    """The reference: every ended pending ban marked dead first (one UPDATE over the whole outbox), then the first
+    `limit` pending rows."""
+    conn.execute("UPDATE fleet_outbox SET state = 2 WHERE state = 0 AND op = 'ban' AND until <= ?", (now,))
+    return list(conn.execute("SELECT oseq, op, target, until, src, created FROM fleet_outbox WHERE state = 0"
+                             " ORDER BY oseq LIMIT ?", (limit,)))
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 7, 100])
+def test_pending_reads_only_its_rows_and_comes_to_what_the_whole_outbox_scan_did(tmp_path: Path,
+                                                                                  limit: int) -> None:
+    # runs of ended bans longer than a round, unbans, permanent bans: every round, the same rows published
+    ends: list[float | None] = [NOW - 1] * 9 + [NOW + 5, None, NOW - 5, NOW + 50] + [NOW - 2] * 4 + [NOW + 9]
+    items: list[OutboxItem] = [("ban", f"203.0.113.{i}", end, "cli", NOW - 100) for i, end in enumerate(ends)]
+    items.insert(3, ("unban", "198.51.100.1", None, "cli", NOW - 100))
+    with Store.open(tmp_path / "a.db") as a, Store.open(tmp_path / "b.db") as b:
+        a.fleet_enqueue(items)
+        b.fleet_enqueue(items)
+        ref = sqlite3.connect(tmp_path / "b.db", isolation_level=None)
+        try:
+            for now in (NOW, NOW, NOW + 6, NOW + 100):
+                got = a.fleet_pending(now, limit)
+                want = _pending_plain(ref, now, limit)
+                assert [tuple(r) for r in got] == want
+                a.fleet_mark_published([r.oseq for r in got])
+                ref.executemany("UPDATE fleet_outbox SET state = CASE op WHEN 'ban' THEN 1 ELSE 2 END"
+                                " WHERE oseq = ?", [(r[0],) for r in want])
+            assert a.fleet_pending(NOW + 100, limit) == [] and a.fleet_outbox_size() == 0
+        finally:
+            ref.close()
