@@ -140,6 +140,23 @@ _TLS = (
 )
 
 
+# How a connection the peer dropped reads in redis-py's and the ssl module's words
+_DROPPED = ("reset by peer", "Connection closed by server", "EOF occurred", "Broken pipe")
+
+
+def _connect_error(exc: BaseException, cfg: FleetConfig) -> LinkError:
+    """`_error` for a failed connect. With TLS 1.3 a server that requires client certificates sends its alert
+    after the client's side of the handshake is done: whether the client reads CERTIFICATE_REQUIRED or only sees
+    the connection dropped at its first command is a race (both seen on loopback). A host configured without a
+    certificate that is dropped at once is told what to check, whichever way the race went."""
+    err = _error(exc)
+    if (not err.refused and cfg.tls is not None and not cfg.tls.cert
+            and any(marker in str(exc) for marker in _DROPPED)):
+        return LinkError("TLS: the server dropped the connection at once, as one that requires a client "
+                         f"certificate does: set fleet.tls.cert and fleet.tls.key ({exc})", refused=True)
+    return err
+
+
 def _error(exc: BaseException) -> LinkError:
     if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
         return LinkError(f"the fleet server refused our credentials: {exc}", refused=True)
@@ -232,7 +249,7 @@ class RedisLink:
             return _info_field(info, "run_id")
         except (rexc.RedisError, OSError) as exc:
             await self.close()
-            raise _error(exc) from None
+            raise _connect_error(exc, self.cfg) from None
 
     async def close(self) -> None:
         clients = [c for c in (self.cmd, self.reader) if c is not None]

@@ -22,3 +22,24 @@ def test_xinfo_stream_as_a_dict_and_as_redis_py_6_1s_flat_list() -> None:
 def test_anything_else_is_a_link_error(reply: object) -> None:
     with pytest.raises(LinkError, match="unexpected XINFO reply"):
         _xget(reply, "length")
+
+
+def test_a_tls_host_without_a_certificate_dropped_at_connect_is_told_to_set_one() -> None:
+    # TLS 1.3: the server's CERTIFICATE_REQUIRED alert races the client's first command, so a host without a
+    # certificate sees either the alert or only a dropped connection; both must say what to set.
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from nftblockd.config import FleetConfig, FleetTLS
+    from nftblockd.fleet.link import _connect_error
+
+    reset = RedisConnectionError("Error 104 while writing to socket. Connection reset by peer.")
+    no_cert = FleetConfig("prod", "web-01", url="rediss://r:6380", tls=FleetTLS(ca="/etc/ca.crt"))
+    err = _connect_error(reset, no_cert)
+    assert err.refused and "requires a client certificate" in str(err) and "fleet.tls.cert" in str(err)
+    alert = RedisConnectionError("[SSL: TLSV13_ALERT_CERTIFICATE_REQUIRED] tlsv13 alert certificate required")
+    assert "requires a client certificate" in str(_connect_error(alert, no_cert))
+    # With a certificate, or without TLS, a dropped connection is the network's fault, as before.
+    with_cert = FleetConfig("prod", "web-01", url="rediss://r:6380",
+                            tls=FleetTLS(ca="/etc/ca.crt", cert="/etc/c.crt", key="/etc/c.key"))
+    plain = FleetConfig("prod", "web-01", url="redis://r:6379")
+    assert not _connect_error(reset, with_cert).refused and not _connect_error(reset, plain).refused
