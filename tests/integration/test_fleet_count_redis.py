@@ -96,9 +96,11 @@ async def test_one_ban_per_crossing_even_when_hosts_cross_at_once(server: RedisS
         assert await r.exists(count_key("prod", "sshd", "198.51.100.7")) == 0
         ttl = await r.pttl("nftblock:{prod}:fd:sshd:198.51.100.7")
         assert 3_500_000 < ttl <= 3_600_000
-        # a failure of a banned offender is not counted again
+        # a failure of a banned offender is not counted again (host a may have skipped some already: whichever
+        # host's call comes after an offender's crossing skips its failure, and the hosts' calls interleave)
+        skipped = f.counters["a"].stats.skipped
         f.counters["a"].failure("sshd", attackers[0])
-        await until(lambda: f.counters["a"].stats.skipped == 1, what="skipped")
+        await until(lambda: f.counters["a"].stats.skipped == skipped + 1, what="skipped")
         assert len(f.all_decided()) == 200
     finally:
         await r.aclose()
@@ -117,9 +119,10 @@ async def test_near_miss_and_ipv6_prefix(server: RedisServer) -> None:
         await until(lambda: len(f.all_decided()) == 1, what="the /64 banned")
         assert str(f.all_decided()[0].net) == "2001:db8:1:2::/64"
         seen = await f.counters["b"].seen(ipaddress.ip_network("198.51.100.1/32"))
-        assert seen == {"sshd": {"counting": 2, "seen_by": ["a", "b"]}}
+        # hosts in the order the server took their failures: a's and b's calls may arrive either way round
+        assert seen["sshd"]["counting"] == 2 and sorted(seen["sshd"]["seen_by"]) == ["a", "b"], seen
         seen6 = await f.counters["a"].seen(ipaddress.ip_network("2001:db8:1:2::7/128"))
-        assert seen6["sshd"]["decided"]["seen_by"] == ["a", "b"] and seen6["sshd"]["decided"]["count"] == 3
+        assert sorted(seen6["sshd"]["decided"]["seen_by"]) == ["a", "b"] and seen6["sshd"]["decided"]["count"] == 3
     finally:
         await f.close()
 
