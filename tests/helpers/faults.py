@@ -143,6 +143,9 @@ class FailoverFigures:
     removed: int = 0  # bans B lost from its (fake) kernel
     refusals: int = 0  # A's publish failures (NOREPLICAS among them)
     drain: float = 0.0  # last cycle's writes accepted again -> every acknowledged ban on B
+    # per cycle: every replica attached again (with min-replicas-to-write, the primary accepts writes by then
+    # at the latest) -> B's first apply after it: how promptly the fleet resumes once the server lets it
+    resumed: list[float] = field(default_factory=list)
 
 
 async def failover(tmp: Path, cycles: int, rate: float = 200.0, *, min_replicas: bool = False,
@@ -189,6 +192,7 @@ async def failover(tmp: Path, cycles: int, rate: float = 200.0, *, min_replicas:
             await until(lambda: sb.applies[-1] > t_ok + 0.5, 30, "flow again")  # noqa: B023 (awaited here)
             gaps = [y - x for x, y in zip(sb.applies, sb.applies[1:], strict=False) if y > t_kill - 1]
             fig.stalls.append(max(gaps, default=0.0))
+            fig.resumed.append(min((x for x in sb.applies if x > t_ok), default=t_ok) - t_ok)
         stop.set()
         await prod
         t_end = time.monotonic()
