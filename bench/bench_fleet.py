@@ -55,6 +55,21 @@ SETS4 = "default_ip4"
 SETS = "default_ip4,default_net6"
 
 
+async def read_latencies(r: Redis, key: str, start: Any, n: int, field: bytes, sent: dict[bytes, float],
+                         lat: list[float]) -> None:
+    """The floor's reader: XREAD `key` from `start` until `n` entries arrived, appending to `lat` each entry's
+    time since `sent[<its field>]` was stamped."""
+    last, got = start, 0
+    while got < n:
+        res = await r.xread({key: last}, count=1000, block=2000)
+        now = time.perf_counter()
+        for _, entries in res or []:
+            for eid, fields in entries:
+                lat.append(now - sent[fields[field]])
+                last = eid
+                got += 1
+
+
 def pct(xs: list[float], p: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(len(s) * p))]
@@ -72,19 +87,7 @@ async def _floor(url: str) -> tuple[float, float]:
     sent: dict[bytes, float] = {}
     lat: list[float] = []
 
-    async def read(r: Redis) -> None:
-        last = b"0-0"
-        got = 0
-        while got < n:
-            res = await r.xread({key: last}, count=1000, block=2000)
-            now = time.perf_counter()
-            for _, entries in res or []:
-                for eid, fields in entries:
-                    lat.append(now - sent[fields[b"i"]])
-                    last = eid
-                    got += 1
-
-    tasks = [asyncio.create_task(read(r)) for r in readers]
+    tasks = [asyncio.create_task(read_latencies(r, key, b"0-0", n, b"i", sent, lat)) for r in readers]
     await asyncio.sleep(0.2)
     t0 = time.perf_counter()
     for i in range(n):  # one connection, one XADD at a time (~0.3 ms): a stall never piles up connections

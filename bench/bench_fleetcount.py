@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 import hiredis  # noqa: E402
 from redis.asyncio import Redis  # noqa: E402
 
-from bench.bench_fleet import Timeline, arrivals, in_ns, pct, total  # noqa: E402
+from bench.bench_fleet import Timeline, arrivals, in_ns, pct, read_latencies, total  # noqa: E402
 from bench.common import record, settle  # noqa: E402
 from nftblockd.fleet.counting import SCRIPT, CountPolicy, build_call  # noqa: E402
 from nftblockd.fleet.countlink import SHA  # noqa: E402
@@ -77,23 +77,12 @@ async def _floor(url: str, n: int) -> tuple[float, float]:
     sent: dict[bytes, float] = {}
     start = (await r.xinfo_stream(events))["last-generated-id"] if await r.exists(events) else b"0-0"
 
-    async def read(c: Redis) -> None:
-        last, got = start, 0
-        while got < n:
-            res = await c.xread({events: last}, count=1000, block=2000)
-            now = time.perf_counter()
-            for _, entries in res or []:
-                for eid, fields in entries:
-                    lat.append(now - sent[fields[b"net"]])
-                    last = eid
-                    got += 1
-
     for i in range(n):  # two hosts' failures first
         for host in ("fa", "fb"):
             keys, argv = build_call("floor", host, 1e6, 10**6, 86400.0, {("sshd", f"10.99.{i // 256}.{i % 256}"): 1},
                                     pol)
             await r.execute_command("EVALSHA", SHA, len(keys), *keys, *argv)
-    tasks = [asyncio.create_task(read(c)) for c in readers]
+    tasks = [asyncio.create_task(read_latencies(c, events, start, n, b"net", sent, lat)) for c in readers]
     await asyncio.sleep(0.2)
     for i in range(n):
         target = f"10.99.{i // 256}.{i % 256}"
