@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -87,3 +88,37 @@ def settle(max_busy: float = 0.10, window: float = 0.5, limit: float = 60.0) -> 
         if t1 > t0_ and (b1 - b0) / (t1 - t0_) < max_busy:
             break
     return time.monotonic() - t0
+
+
+_SCALE = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+_TARGET = re.compile(r"^\s*(?P<ratio>ratio\s*)?(?P<op><=|>=|<|>|≤|≥)\s*(?P<num>[0-9][0-9,]*(?:\.[0-9]+)?)\s*"
+                     r"(?P<unit>[^\s0-9][^\s]*)?")
+
+
+def target_met(entry: dict[str, Any]) -> bool | None:
+    """Whether a recorded figure meets its target, or None when the target is not a simple bound.
+
+    Targets are the strings the scripts record: "0", "< 20 ms", "<= 1.5 s for 1M", ">= 100000", "<= 2x" and
+    "ratio <= 1.10" (the last two bound the ratio to the reference). A unit that differs from the figure's is
+    converted between ns, us, ms and s; anything else (a bound with another unit, free text) is None, so the
+    table never claims a verdict it did not compute.
+    """
+    target = str(entry.get("target", "")).strip()
+    value = float(entry["value"])
+    if target == "0":
+        return value == 0
+    m = _TARGET.match(target)
+    if m is None:
+        return None
+    bound = float(m["num"].replace(",", ""))
+    unit = m["unit"]
+    if m["ratio"] or unit in ("x", "\u00d7"):
+        if entry.get("ratio") is None:
+            return None
+        value = float(entry["ratio"])
+    elif unit is not None and unit != entry["unit"]:
+        if unit not in _SCALE or entry["unit"] not in _SCALE:
+            return None
+        bound = bound * _SCALE[unit] / _SCALE[entry["unit"]]
+    op = {"≤": "<=", "≥": ">="}.get(m["op"], m["op"])
+    return {"<": value < bound, "<=": value <= bound, ">": value > bound, ">=": value >= bound}[op]

@@ -16,7 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench.common import settle  # noqa: E402
+from bench.common import settle, target_met  # noqa: E402
 
 ORDER = ["enforce", "ops", "e2e", "matcher", "feeds", "feeds_kernel", "tail", "tracker", "store", "cli"]
 
@@ -41,10 +41,19 @@ def main() -> int:
             failed.append(script.name)
     print("\n" + "=" * 110)
     print(f"{'benchmark':<60} {'value':>12} {'unit':<9} {'reference':>12} {'ratio':>8}  target")
-    for e in json.loads(results.read_text()) if results.exists() else []:
+    missed = []
+    entries = json.loads(results.read_text()) if results.exists() else []
+    for e in entries:
         ref = f"{e['reference_value']:.4g}" if "reference_value" in e else ""
         ratio = f"{e['ratio']:.3f}" if e.get("ratio") is not None else ""
-        print(f"{e['name'][:60]:<60} {e['value']:>12.4g} {e['unit']:<9} {ref:>12} {ratio:>8}  {e.get('target', '')}")
+        met = target_met(e) if "target" in e else None
+        verdict = {True: " (met)", False: " (NOT MET)", None: ""}[met]
+        if met is False:
+            missed.append(e["name"])
+        print(f"{e['name'][:60]:<60} {e['value']:>12.4g} {e['unit']:<9} {ref:>12} {ratio:>8}  "
+              f"{e.get('target', '')}{verdict}")
+    judged = sum(1 for e in entries if "target" in e and target_met(e) is not None)
+    print(f"\ntargets: {judged - len(missed)} of {judged} met" + "".join(f"\n  not met: {n}" for n in missed))
     if failed:
         print(f"\nfailed: {', '.join(failed)}")
     return 1 if failed else 0
