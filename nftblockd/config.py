@@ -247,6 +247,7 @@ class ActionConfig:
     batch: int = 1  # webhook: up to this many events in one request
     file: str = ""
     options: tuple[tuple[str, str], ...] = ()
+    lifecycle: bool = True  # fail2ban: run actionstart/actionstop (false: only actionban/actionunban)
     timeout: float = 30.0
     retries: int = 2
     retry_delay: float = 1.0
@@ -822,7 +823,7 @@ class _Builder:
         common = {"type", "on", "timeout", "retries", "retry_delay", "queue", "concurrency", "rate", "burst"}
         kind = body.get("type") if isinstance(body, dict) else None
         specific = {"command": {"argv", "env"}, "webhook": {"url", "headers", "batch"},
-                    "fail2ban": {"file", "options"}}
+                    "fail2ban": {"file", "options", "lifecycle"}}
         if kind not in ACTION_TYPES:
             self.fail(path if kind is None else (*path, "type"),
                       f"an action needs type: {', '.join(ACTION_TYPES)}" + ("" if kind is None else f"; got {kind!r}"))
@@ -894,7 +895,13 @@ class _Builder:
             self.fail(path, "a fail2ban action needs file: (an action.d .conf file)")
         elif not os.path.isabs(file):
             self.fail((*path, "file"), f"file must be an absolute path, got {file!r}")
-        return replace(cfg, file=file, options=tuple(options), file_line=self.doc.line((*path, "file")))
+        life = a.get("lifecycle", True)
+        if not isinstance(life, bool):
+            self.fail((*path, "lifecycle"), f"lifecycle is true or false (whether the file's actionstart and "
+                      f"actionstop run), got {life!r}")
+            life = True
+        return replace(cfg, file=file, options=tuple(options), file_line=self.doc.line((*path, "file")),
+                       lifecycle=life)
 
     def secret_file(self, m: dict[str, Any], key: str, path: Path_) -> str | None:
         """A path to a file only root (its owner) may read: a secret readable by others is refused."""

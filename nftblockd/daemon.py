@@ -9,7 +9,6 @@ the cheap kernel generation check and the periodic reconcile.
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: the composition root: one TaskGroup, signals)
-import contextlib
 import dataclasses
 import functools
 import gc
@@ -76,6 +75,9 @@ FLEET_RESTART_MAX = 300.0  # per failure in a row up to this (service/restart.py
 
 SHUTDOWN_GRACE = 10.0
 ACTIONS_STOP_GRACE = 5.0  # seconds queued actions may still run at a stop (systemd waits 30 s)
+# ... and then the seconds every fail2ban action's actionstop gets (in parallel): 5 + 15 leaves 10 of systemd's
+# TimeoutStopSec=30s for the rest of the stop
+ACTIONS_STOP_BUDGET = 15.0
 STUCK_AFTER = 30.0  # seconds: kernel ops pending this long, or no successful kernel check, is unhealthy
 
 
@@ -1039,11 +1041,11 @@ class Daemon:
 
     async def _stop_actions(self) -> None:
         """After the last bans were applied: the actions get ACTIONS_STOP_GRACE seconds to run what is queued
-        (the mail of the last ban before a restart); what is left then is counted as skipped, not run."""
+        (the mail of the last ban before a restart); what is left then is counted as skipped, not run. Then
+        the fail2ban actions' actionstop runs, within ACTIONS_STOP_BUDGET (a buffered mail's remainder)."""
         if self._actions_task is not None:
             if self.actions is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.actions.idle(), ACTIONS_STOP_GRACE)
+                await self.actions.shutdown(ACTIONS_STOP_GRACE, ACTIONS_STOP_BUDGET)
             self._actions_task.cancel()
             await asyncio.gather(self._actions_task, return_exceptions=True)
             self._actions_task = None

@@ -44,6 +44,7 @@ TRUSTED_TAGS = frozenset({"ip", "fid", "ip-rev", "family", "name", "failures", "
                           "time", "bantime", "bancount", "restored", "fq-hostname", "sh-hostname", "actname",
                           "agent"})
 UNTRUSTED_TAGS = frozenset({"matches", "ipmatches", "ipjailmatches"})
+_TRUE = ("1", "on", "true", "yes")  # fail2ban's reading of a "bool" option (helpers._as_bool): all else is false
 _PLAIN_RE = re.compile(r"[A-Za-z0-9_.:/+@=,-]*")
 _TAG_RE = re.compile(r"<([^ <>]+)>")
 # Commands that make a fail2ban action a ban action: nftblockd enforces the ban itself (in its own sets)
@@ -84,6 +85,9 @@ class F2bAction:
     file: str
     commands: tuple[tuple[str, ShellTemplate], ...]  # COMMANDS that are set and not empty
     fixed: tuple[tuple[str, str], ...]  # event tags the options fix (`name=SSH`): they win over the event
+    # fail2ban's `actionstart_on_demand`: actionstart before the jail's first ban instead of at its start (fail2ban
+    # turns it on by itself only for `?family=` conditional options, which nftblockd does not read)
+    start_on_demand: bool = False
 
     def command(self, which: str) -> ShellTemplate | None:
         for k, t in self.commands:
@@ -196,7 +200,8 @@ def load_action(path: str | Path, options: Mapping[str, str] | None = None) -> F
         if not t.empty:
             commands.append((opt, t))
     fixed = tuple((k, v) for k, v in given.items() if is_event_tag(k))
-    return F2bAction(str(path), tuple(commands), fixed)
+    on_demand = (cfg.get("Definition", "actionstart_on_demand", given) or "").strip().lower()
+    return F2bAction(str(path), tuple(commands), fixed, on_demand in _TRUE)
 
 
 def _fill_static(text: str, combined: Mapping[str, str], cfg: F2bConfig, given: Mapping[str, str],

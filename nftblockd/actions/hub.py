@@ -4,17 +4,25 @@ The daemon calls `jail_bans`, `unbanned`, `fleet_bans`, `feed_bans` after the ke
 before: an action must not announce a ban the kernel refused) and never awaits anything: each call only
 builds events and offers them to the runners' bounded queues. An event a runner cannot take is counted there
 (skipped), and a flood's remainder is counted without even being built (`room`).
+
+The runners' lives follow fail2ban's, where each jail holds its own instance of an action: a fail2ban action
+runs `actionstart` once for each `<name>` its bans carry (each jail using it; `fleet`; `feed`) when its runner
+starts or a reload adds that name, and `actionstop` when it stops: at a reload that replaces or removes it
+(the replacement starts only after the old one stopped), and at the daemon's stop (`shutdown`) once the
+queues drained what they could, every action in parallel within one budget. Nothing here waits for a
+runner's life but `shutdown`.
 """
 
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: the runners' tasks)
+import contextlib
 import logging
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 
 from nftblockd.actions.f2baction import F2bAction
-from nftblockd.actions.render import ActionEvent
+from nftblockd.actions.render import ActionEvent, f2b_name
 from nftblockd.actions.runner import ActionRunner, Executor, RealExecutor
 from nftblockd.addr import IPNet, format_target, key_net
 from nftblockd.config import Config, FeedConfig
@@ -30,6 +38,27 @@ def _left(until: float, now: float) -> float:
     return float(max(0, round(until - now)))
 
 
+def life_names(cfg: Config, f2b: Mapping[str, F2bAction]) -> dict[str, tuple[str, ...]]:
+    """For each fail2ban action, the `<name>`s its bans carry: fail2ban runs actionstart and actionstop once per
+    jail using the action (each jail has its own instance of it, with its `<name>`), so a config imported from
+    fail2ban mails "jail sshd started" for each jail as before; options that fix `name` make it one."""
+    users: dict[str, list[str]] = {}
+    for j in cfg.jails:
+        for n in j.actions if j.enabled else ():
+            users.setdefault(n, []).append(j.name)
+    for f in cfg.feeds:
+        for n in f.actions:
+            users.setdefault(n, []).append("feed")  # a feed's events have no jail: fail2ban's <name> is "feed"
+    for n in cfg.fleet.actions if cfg.fleet is not None else ():
+        users.setdefault(n, []).append("fleet")
+    out = {}
+    for n, jails in users.items():
+        action = f2b.get(n)
+        if action is not None:
+            out[n] = tuple(dict.fromkeys(f2b_name(action, j) for j in jails))
+    return out
+
+
 class ActionHub:
     def __init__(self, cfg: Config, f2b: Mapping[str, F2bAction], execute: Executor | None = None) -> None:
         self.execute = execute if execute is not None else RealExecutor()
@@ -37,6 +66,7 @@ class ActionHub:
         self.runners: dict[str, ActionRunner] = {}
         self.memories: dict[str, MatchMemory] = {}  # per jail with actions: its offenders' recent lines
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._retiring: set[asyncio.Task[None]] = set()  # replaced or removed runners running their actionstop
         self._tg: asyncio.TaskGroup | None = None
         self.configure(cfg, f2b)
 
@@ -46,20 +76,24 @@ class ActionHub:
         old = self.runners
         self.runners = {}
         changed = []
+        names = life_names(cfg, f2b)
         for a in cfg.actions:
             r = old.pop(a.name, None)
             if r is None or r.cfg != a or (a.type == "fail2ban" and r.f2b.get(a.name) != f2b.get(a.name)):
-                new = ActionRunner(a, f2b, self.execute)
+                new = ActionRunner(a, f2b, self.execute, names=names.get(a.name, ()), host=self.host)
+                stopping = None
                 if r is not None:
-                    self._stop(a.name)
+                    stopping = self._stop(a.name, r)
                     new.stats = r.stats  # the counters go on (what the old one had queued is counted there)
                 r = new
                 changed.append(a.name)
                 if self._tg is not None:
-                    self._start(r)
+                    self._start(r, stopping)
+            else:
+                self._rename(r, names.get(a.name, ()))
             self.runners[a.name] = r
-        for name in old:
-            self._stop(name)
+        for name, r in old.items():
+            self._stop(name, r)
             changed.append(name)
         self.jail_actions = {j.name: [self.runners[n] for n in j.actions if n in self.runners] for j in cfg.jails}
         self.feed_actions = {f.name: [self.runners[n] for n in f.actions if n in self.runners] for f in cfg.feeds}
@@ -72,14 +106,69 @@ class ActionHub:
     def memory(self, jail: str) -> MatchMemory | None:
         return self.memories.get(jail)
 
-    def _start(self, r: ActionRunner) -> None:
+    def _start(self, r: ActionRunner, after: asyncio.Task[None] | None = None) -> None:
         assert self._tg is not None
-        self._tasks[r.cfg.name] = self._tg.create_task(r.run(), name=f"action-{r.cfg.name}")
+        self._tasks[r.cfg.name] = self._tg.create_task(self._life(r, after), name=f"action-{r.cfg.name}")
 
-    def _stop(self, name: str) -> None:
+    @staticmethod
+    async def _life(r: ActionRunner, after: asyncio.Task[None] | None) -> None:
+        if after is not None:  # the runner this one replaces runs its actionstop first, as in fail2ban
+            await asyncio.wait({after})  # (not gather: cancelling this must not cancel that)
+        await r.run()
+
+    def _stop(self, name: str, r: ActionRunner) -> asyncio.Task[None] | None:
+        """Cancel a runner's workers (what it had queued is counted as skipped), then its actionstop runs in a
+        task of its own; returns that task (None when the hub is not running)."""
         t = self._tasks.pop(name, None)
-        if t is not None:
+        if t is None:
+            return None
+        t.cancel()
+        if self._tg is None:
+            return None
+        return self._retire(self._stop_after(t, r), name)
+
+    def _retire(self, coro: Coroutine[None, None, None], name: str) -> asyncio.Task[None]:
+        assert self._tg is not None
+        task = self._tg.create_task(coro, name=f"action-{name}-stop")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        return task
+
+    @staticmethod
+    async def _stop_after(t: asyncio.Task[None], r: ActionRunner) -> None:
+        await asyncio.wait({t})
+        await r.stop()
+
+    def _rename(self, r: ActionRunner, names: tuple[str, ...]) -> None:
+        """A kept runner serves other jails after a reload: actionstop for the names gone, actionstart for the
+        new ones (a jail added or removed starts or stops its actions in fail2ban)."""
+        gone = [n for n in r.names if n not in names]
+        new = [n for n in names if n not in r.names]
+        r.names = names
+        if self._tg is not None and r.life is not None and (gone or new):
+            self._retire(self._restart_names(r, gone, new), r.cfg.name)
+
+    @staticmethod
+    async def _restart_names(r: ActionRunner, gone: list[str], new: list[str]) -> None:
+        await r.stop(gone)
+        if r.life is not None and not r.life.start_on_demand:
+            await r.start(new)
+
+    async def shutdown(self, grace: float, budget: float) -> None:
+        """The daemon's stop, once the last bans were offered: the queues get `grace` seconds to drain (what is
+        left then is counted as skipped), then every fail2ban action runs its actionstop, all in parallel within
+        `budget` seconds (a buffered mail action mails what its buffer holds)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.idle(), grace)
+        workers = list(self._tasks.values())
+        self._tasks.clear()
+        for t in workers:
             t.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        end = asyncio.get_running_loop().time() + budget
+        await asyncio.gather(*(r.stop(budget=budget) for r in self.runners.values()))
+        if self._retiring:  # a reload's actionstop still running: it gets what is left of the budget
+            await asyncio.wait(self._retiring, timeout=max(0.0, end - asyncio.get_running_loop().time()))
 
     async def run(self) -> None:
         """Run every action's workers until cancelled; then the HTTP session is closed."""

@@ -6,7 +6,9 @@
   `env:`, and every field as NFTBLOCK_<FIELD>.
 - `webhook`: a JSON body: one event as an object, or with `batch` > 1 `{"events": [...], "skipped": n}`.
 - `fail2ban`: `/bin/sh -c SCRIPT` where SCRIPT is the action file's command with its event tags filled by
-  f2baction.render_shell: text from log lines reaches the shell only as environment variables.
+  f2baction.render_shell: text from log lines reaches the shell only as environment variables. Its
+  `actionstart`/`actionstop` (render_f2b_life) are filled the same way, with the tags fail2ban has then: the
+  jail's `<name>`, `<actname>`, the host names, `<time>`; no event tag (`<ip>`, `<matches>`...: empty).
 
 Every run carries `skipped`: how many events of this action were dropped (rate limit, full queue) since the
 previous run, so a flood leaves a count instead of a silence.
@@ -19,12 +21,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from nftblockd.actions.f2baction import F2bAction, render_shell
+from nftblockd.actions.f2baction import F2bAction, ShellTemplate, render_shell
 from nftblockd.argtemplate import PLACEHOLDERS, parse_template
 from nftblockd.config import ActionConfig
 
-__all__ = ["ActionEvent", "CommandRun", "Run", "WebhookPost", "field_values", "render", "render_command",
-           "render_f2b", "render_webhook"]
+__all__ = ["ActionEvent", "CommandRun", "Run", "WebhookPost", "f2b_name", "field_values", "render",
+           "render_command", "render_f2b", "render_f2b_life", "render_webhook"]
 
 MAX_MATCHES = 20  # lines of log text an event carries (the last ones), like fail2ban's own default per ticket
 MAX_MATCH_CHARS = 1000  # per line
@@ -143,10 +145,34 @@ def render_f2b(action: F2bAction, cfg: ActionConfig, ev: ActionEvent, skipped: i
     t = action.command("action" + ev.event)
     if t is None:
         return None
-    script, tag_env = render_shell(t, f2b_values(action, cfg, ev, skipped))
+    return _shell_run(t, f2b_values(action, cfg, ev, skipped), cfg)
+
+
+def _shell_run(t: ShellTemplate, values: Mapping[str, str], cfg: ActionConfig) -> CommandRun:
+    script, tag_env = render_shell(t, values)
     env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
     env.update({k: _clean(v) for k, v in tag_env.items()})
     return CommandRun(("/bin/sh", "-c", script), env, cfg.timeout)
+
+
+def f2b_name(action: F2bAction, jail: str) -> str:
+    """fail2ban's `<name>` of an action's runs for `jail` (a jail; `fleet`; `feed` for feed entries): the
+    jail, unless the options fix `name` (`action = X[name=SSH]`)."""
+    return dict(action.fixed).get("name") or jail
+
+
+def render_f2b_life(action: F2bAction, cfg: ActionConfig, which: Literal["start", "stop"], name: str, host: str,
+                    now: float) -> CommandRun | None:
+    """The action file's actionstart/actionstop for the jail `name` (None when the file has none). fail2ban
+    fills them with the jail's tags and an "empty ticket" (action.py `_executeOperation`): no address, no
+    failures, no log text; a tag it would not have is empty here."""
+    t = action.command("action" + which)
+    if t is None:
+        return None
+    values = {"name": name, "actname": cfg.name, "fq-hostname": host, "sh-hostname": host.split(".")[0],
+              "time": _number(now), "agent": "nftblockd", "skipped": "0"}
+    values.update((k, v) for k, v in action.fixed if k != "name")  # `name` is already f2b_name's
+    return _shell_run(t, values, cfg)
 
 
 def render(cfg: ActionConfig, events: Sequence[ActionEvent], skipped: int,

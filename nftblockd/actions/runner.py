@@ -11,6 +11,13 @@ after `retry_delay` seconds, doubling; a 4xx answer other than 408/429 is not re
 What still fails is counted and written as one audit line. A run that times out has its whole process group
 killed. Nothing here reads log files or the kernel; commands get an environment built from nothing
 (render.py), `/` as working directory, no stdin, their own session.
+
+A fail2ban action also has a life, as in fail2ban where each jail holds its own instance of it: `start(names)`
+runs its `actionstart` once for each `<name>` (jail) it serves, before its workers take events (or, with
+`actionstart_on_demand`, before that jail's first ban); `stop()` runs `actionstop` for each name started (or
+that a ban ran for), after the hub let the queue drain, each run bounded by the action's timeout and, at the
+daemon's stop, all of them by one budget. These runs are counted and audited like the others; a failed
+`actionstart` never keeps a ban's run from happening.
 """
 
 from __future__ import annotations
@@ -22,12 +29,12 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from nftblockd.actions.f2baction import F2bAction
-from nftblockd.actions.render import ActionEvent, CommandRun, Run, WebhookPost, render
+from nftblockd.actions.render import ActionEvent, CommandRun, Run, WebhookPost, f2b_name, render, render_f2b_life
 from nftblockd.config import ActionConfig
 from nftblockd.service.logsetup import quote
 
@@ -87,7 +94,7 @@ class ActionStats:
 
 class ActionRunner:
     def __init__(self, cfg: ActionConfig, f2b: Mapping[str, F2bAction], execute: Executor, *,
-                 clock: Callable[[], float] = time.monotonic,
+                 names: Sequence[str] = (), host: str = "", clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.cfg = cfg
         self.f2b = f2b
@@ -100,6 +107,12 @@ class ActionRunner:
         self._queue: asyncio.Queue[ActionEvent] = asyncio.Queue(cfg.queue)
         self._unreported = 0  # skipped since the last run started (what its `skipped` says)
         self._busy = 0
+        # the life of a fail2ban action: the `<name>`s (jails) it serves, and those started (ordered: a dict)
+        self.names = tuple(names)
+        self.host = host
+        self.life = f2b.get(cfg.name) if cfg.type == "fail2ban" and cfg.lifecycle else None
+        self._started: dict[str, None] = {}
+        self._life_lock = asyncio.Lock()
 
     # -- the ban path's side: never waits, never raises ----------------------------------------------
 
@@ -140,8 +153,11 @@ class ActionRunner:
     # -- workers ----------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """The workers, until cancelled; what is still queued then is counted as skipped ("stopping")."""
+        """actionstart for every name (unless on demand), then the workers until cancelled; what is still
+        queued then is counted as skipped ("stopping")."""
         try:
+            if self.life is not None and not self.life.start_on_demand:
+                await self.start(self.names)
             async with asyncio.TaskGroup() as tg:
                 for i in range(self.cfg.concurrency):
                     tg.create_task(self._worker(), name=f"action-{self.cfg.name}-{i}")
@@ -169,9 +185,16 @@ class ActionRunner:
                     self.bucket.take(self.clock())
                 while self.paced and len(events) < self.cfg.batch and not q.empty():
                     events.append(q.get_nowait())
+                # a fail2ban action takes one event at a time (only a webhook batches)
+                name = f2b_name(self.life, first.jail or first.origin) if self.life is not None else None
+                if name is not None and self.life is not None and self.life.start_on_demand:
+                    await self.start((name,))
                 skipped, self._unreported = self._unreported, 0
+                ok = True
                 for r in render(self.cfg, events, skipped, self.f2b):
-                    await self._attempt(r, events)
+                    ok = await self._attempt(r, first.event, first.jail, first.address, len(events) - 1) and ok
+                if name is not None and ok and first.event == "ban":
+                    self._started[name] = None  # fail2ban stops what banned even if its start failed
             except Exception:  # a bug in rendering must cost this event, never the worker
                 log.exception("action %s: preparing a run failed", self.cfg.name)
                 self.stats.failures += 1
@@ -180,7 +203,61 @@ class ActionRunner:
                 for _ in events:
                     q.task_done()
 
-    async def _attempt(self, r: Run, events: Sequence[ActionEvent]) -> None:
+    # -- a fail2ban action's life ---------------------------------------------------------------------
+
+    async def start(self, names: Iterable[str]) -> None:
+        """actionstart for each of `names` not started yet, one after the other. A name is started once its
+        actionstart succeeded (or the file has none), as fail2ban marks it; a failure is counted and audited."""
+        if self.life is None:
+            return
+        async with self._life_lock:  # on demand, two workers may want the same name at once
+            for n in names:
+                if n in self._started:
+                    continue
+                try:
+                    run = render_f2b_life(self.life, self.cfg, "start", n, self.host, time.time())
+                    if run is None or await self._attempt(run, "start", n):
+                        self._started[n] = None
+                except Exception:  # a bug here must cost this run, never the runner (nor the hub's tasks)
+                    log.exception("action %s: starting for %s failed", self.cfg.name, n)
+                    self.stats.failures += 1
+
+    async def stop(self, names: Iterable[str] | None = None, budget: float | None = None) -> None:
+        """actionstop for each started name of `names` (None: every one), `concurrency` at a time; with
+        `budget`, all of it within that many seconds (each run's timeout shortened to what is left); a run the
+        budget cuts short is killed, counted and audited. Never raises but for cancellation."""
+        todo = [n for n in (list(self._started) if names is None else names) if n in self._started]
+        for n in todo:
+            del self._started[n]
+        if self.life is None or not todo:
+            return
+        loop = asyncio.get_running_loop()
+        end = None if budget is None else loop.time() + budget
+        gate = asyncio.Semaphore(self.cfg.concurrency)
+
+        async def one(n: str) -> None:
+            try:
+                assert self.life is not None
+                run = render_f2b_life(self.life, self.cfg, "stop", n, self.host, time.time())
+                if run is None:
+                    return
+                async with asyncio.timeout_at(end), gate:
+                    if end is not None:
+                        run = run._replace(timeout=max(0.001, min(run.timeout, end - loop.time())))
+                    await self._attempt(run, "stop", n)
+            except TimeoutError:
+                self.stats.runs += 1
+                self._failed("stop", n, "", 1, f"not done within the {budget:g}s a stop gives actions")
+            except Exception:
+                log.exception("action %s: stopping for %s failed", self.cfg.name, n)
+                self.stats.failures += 1
+
+        await asyncio.gather(*(one(n) for n in todo))
+
+    # -- runs -------------------------------------------------------------------------------------------
+
+    async def _attempt(self, r: Run, event: str, jail: str, address: str = "", more: int = 0) -> bool:
+        """Run `r` with the retries; False when it failed for good (counted and audited)."""
         st = self.stats
         delay = self.cfg.retry_delay
         for attempt in range(self.cfg.retries + 1):
@@ -196,15 +273,21 @@ class ActionRunner:
                     continue
             else:
                 st.runs += 1
-                return
+                return True
             break
         st.runs += 1
-        st.failures += 1
-        ev = events[0]
-        more = f" (and {len(events) - 1} more events)" if len(events) > 1 else ""
-        audit_log.info("action failed action=%s event=%s address=%s jail=%s attempts=%d error=%s%s", self.cfg.name,
-                       ev.event, ev.address, quote(ev.jail), attempt + 1, quote(st.last_error), more,
-                       extra={"action": self.cfg.name, "address": ev.address, "jail": ev.jail})
+        self._failed(event, jail, address, attempt + 1, st.last_error, more)
+        return False
+
+    def _failed(self, event: str, jail: str, address: str, attempts: int, error: str, more: int = 0) -> None:
+        """Count a run that failed for good, and write its one audit line (a start or stop has no address)."""
+        self.stats.failures += 1
+        self.stats.last_error = error
+        addr = f" address={address}" if address else ""
+        tail = f" (and {more} more events)" if more else ""
+        audit_log.info("action failed action=%s event=%s%s jail=%s attempts=%d error=%s%s", self.cfg.name, event,
+                       addr, quote(jail), attempts, quote(error), tail,
+                       extra={"action": self.cfg.name, "address": address, "jail": jail})
 
 
 # -- the real executor ---------------------------------------------------------------------------------

@@ -171,3 +171,21 @@ def test_values_spanning_lines_only_where_fail2ban_has_them() -> None:
         "c.yaml:4: actions.c.env.A: the value of 'A' must be one line (no CR, LF or NUL)",
         "c.yaml:4: actions.c.env.B: the value of 'B' must be one line (no CR, LF or NUL)"]
     assert cfg is not None and dict(cfg.actions[0].options) == {"logpath": "/a\n/b"}
+
+
+def test_lifecycle_is_a_fail2ban_actions_true_or_false() -> None:
+    text = """actions:
+  quiet: {type: fail2ban, file: /x/mail-buffered.conf, lifecycle: false}
+  loud: {type: fail2ban, file: /x/mail-buffered.conf}
+  bad:
+    type: fail2ban
+    file: /x/mail-buffered.conf
+    lifecycle: "no"
+  cmd: {type: command, argv: [/bin/true], lifecycle: false}
+"""
+    cfg, found = examine_text(text, "c.yaml")
+    assert cfg is not None and [a.lifecycle for a in cfg.actions] == [False, True, True, True]
+    bad, cmd = (str(p) for p in found)
+    assert bad == ("c.yaml:7: actions.bad.lifecycle: lifecycle is true or false (whether the file's actionstart "
+                   "and actionstop run), got 'no'")
+    assert cmd.startswith("c.yaml:8: actions.cmd.lifecycle: unknown key 'lifecycle'")
