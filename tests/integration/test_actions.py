@@ -1,12 +1,15 @@
 """Actions end to end: the real daemon in a namespace bans from a log full of hostile user names, and runs a
 command (writing its argv to a file), a webhook served by this test (which fails once: retried), and
-Debian's fail2ban `sendmail-whois-matches` action whose sendmail is a local stub capturing the message.
+Debian's fail2ban `sendmail-whois-matches` action whose sendmail is a local stub capturing the message
+(with `lifecycle: false`: no start or stop mail). Debian's `sendmail-buffered` mails at start, buffers the
+bans, and mails what its buffer holds at the daemon's stop, as it did under fail2ban.
 
 Every hostile name would create a file if any action let it reach a shell as code; none may exist after."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import threading
 import time
@@ -94,6 +97,7 @@ actions:
     file: {F2B_MAIL}
     options: {{dest: ops@example.org, sender: nftblock@example.org, mailcmd: "{stub} -f <sender> <dest>",
                _whois_command: "echo whois-disabled-in-tests"}}
+    lifecycle: false
 jails:
   sshd:
     files: ["{log}"]
@@ -105,6 +109,17 @@ jails:
 """
 
 
+def sendmail_stub(tmp_path: Path) -> tuple[Path, Path]:
+    """A sendmail that writes each message (after its argv) into mails/, renamed into place once whole."""
+    mails = tmp_path / "mails"
+    mails.mkdir()
+    stub = tmp_path / "sendmail"
+    tmp = f"{mails}/.tmp-$$"
+    stub.write_text(f'#!/bin/sh\n{{ echo "ARGS: $*"; cat; }} > {tmp} && mv {tmp} {mails}/mail-$$.txt\n')
+    stub.chmod(0o755)
+    return stub, mails
+
+
 def test_command_webhook_and_fail2ban_mail_run_on_ban_and_log_text_never_runs(
         netns: NetNS, tmp_path: Path, hooks: tuple[Hooks, int]) -> None:
     srv, port = hooks
@@ -113,12 +128,7 @@ def test_command_webhook_and_fail2ban_mail_run_on_ban_and_log_text_never_runs(
     out = tmp_path / "record"
     out.mkdir()
     (tmp_path / "recorder.py").write_text(RECORDER)
-    mails = tmp_path / "mails"
-    mails.mkdir()
-    stub = tmp_path / "sendmail"
-    tmp = f"{mails}/.tmp-$$"
-    stub.write_text(f'#!/bin/sh\n{{ echo "ARGS: $*"; cat; }} > {tmp} && mv {tmp} {mails}/mail-$$.txt\n')
-    stub.chmod(0o755)
+    stub, mails = sendmail_stub(tmp_path)
     log = tmp_path / "auth.log"
     log.write_text("")
     d = DaemonProc(netns, tmp_path / "d", config(log, out, port, stub)).start()
@@ -177,3 +187,78 @@ def test_command_webhook_and_fail2ban_mail_run_on_ban_and_log_text_never_runs(
         d.close()
     assert list(pwn.iterdir()) == []  # no hostile name ran in any action
     assert "Traceback" not in d.log()
+    assert len(list(mails.glob("mail-*.txt"))) == 1  # lifecycle: false: no stop mail either
+
+
+# Debian's actionban with the offender's user name in the buffered line (log text: it reaches the buffer, and
+# the actionstop's `cat <tmpfile>`, as data)
+BUFFERED_LOCAL = """[Definition]
+actionban = printf %%b "`date`: <ip> (<failures> failures) user <F-USER>\\n" >> <tmpfile>
+            LINE=$( wc -l <tmpfile> | awk '{ print $1 }' )
+            if [ $LINE -ge <lines> ]; then
+                printf %%b "Subject: [Fail2Ban] <name>: summary from <fq-hostname>
+                From: <sendername> <<sender>>
+                To: <dest>\\n
+                `cat <tmpfile>`
+                Fail2Ban" | <mailcmd>
+                rm <tmpfile>
+            fi
+"""
+
+
+def test_a_buffered_mail_action_mails_its_remainder_at_the_daemons_stop(netns: NetNS, tmp_path: Path) -> None:
+    pwn = tmp_path / "pwn"
+    pwn.mkdir()
+    action_d = tmp_path / "action.d"
+    action_d.mkdir()
+    for f in ("sendmail-buffered.conf", "sendmail-common.conf"):
+        shutil.copy(F2B_MAIL.parent / f, action_d / f)
+    (action_d / "sendmail-buffered.local").write_text(BUFFERED_LOCAL)
+    stub, mails = sendmail_stub(tmp_path)
+    buffer = tmp_path / "buffer.txt"
+    log = tmp_path / "auth.log"
+    log.write_text("")
+    d = DaemonProc(netns, tmp_path / "d", f"""
+reconcile: {{interval: 1h}}
+actions:
+  mail:
+    type: fail2ban
+    file: {action_d}/sendmail-buffered.conf
+    options: {{dest: ops@example.org, sender: nftblock@example.org, mailcmd: "{stub} -f <sender> <dest>",
+               tmpfile: "{buffer}", lines: "5"}}
+jails:
+  sshd: {{files: ["{log}"], filter: sshd, maxretry: 1, findtime: 10m, bantime: 1h, actions: [mail]}}
+""").start()
+
+    def subjects() -> dict[str, str]:
+        texts = [p.read_text() for p in mails.glob("mail-*.txt")]
+        return {t.split("Subject: ", 1)[1].split("\n", 1)[0]: t for t in texts if "Subject: " in t}
+
+    users = hostile_users(pwn)[:3]
+    addrs = [f"198.51.100.{20 + i}" for i in range(len(users))]
+    try:
+        started = wait_for(lambda: [s for s in subjects() if s.startswith("[Fail2Ban] sshd: started on ")],
+                           what="the start mail")
+        stamp = time.strftime("%b %e %H:%M:%S")
+        with log.open("a") as f:
+            f.write("".join(f"{stamp} host sshd[{1000 + i}]: Failed password for invalid user {u} from {a} port "
+                            f"{40000 + i} ssh2\n" for i, (u, a) in enumerate(zip(users, addrs, strict=True))))
+        wait_for(lambda: buffer.is_file() and len(buffer.read_text().splitlines()) == len(addrs),
+                 what="the buffered bans")
+        assert len(subjects()) == 1  # fewer bans than `lines`: nothing mailed yet
+    finally:
+        rc = d.stop()
+        d.close()
+    mailed = subjects()
+    summary = [t for s, t in mailed.items() if s.startswith("[Fail2Ban] sshd: summary from ")]
+    host = started[0].rsplit(" ", 1)[1]
+    # Debian's file writes "stopped  on", two spaces
+    assert sorted(" ".join(m.split()) for m in mailed) == [
+        f"[Fail2Ban] sshd: started on {host}", f"[Fail2Ban] sshd: stopped on {host}",
+        f"[Fail2Ban] sshd: summary from {host}"], mailed
+    (text,) = summary
+    for u, a in zip(users, addrs, strict=True):  # each ban's line, its user name as logged
+        assert f": {a} (1 failures) user {u}\n" in text
+    assert not buffer.exists()  # the actionstop emptied the buffer, as under fail2ban
+    assert rc == 0 and list(pwn.iterdir()) == []
+    assert "Traceback" not in d.log() and "action failed" not in d.log()
