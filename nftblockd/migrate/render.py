@@ -83,7 +83,8 @@ def render_config(m: Migration) -> str:
         for j in m.jails:
             lines += _jail(j)
     if m.actions:
-        lines += ["", "# fail2ban action.d files that notify (mail, reports, ...), run after a ban is in place",
+        lines += ["", "# fail2ban action.d files that notify (mail, reports, ...), run after a ban is in place; their",
+                  "# actionstart/actionstop run too, once per jail as in fail2ban (`lifecycle: false` turns them off)",
                   "actions:"]
         for a in m.actions:
             lines += _action(a)
