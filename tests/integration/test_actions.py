@@ -211,8 +211,8 @@ def test_a_buffered_mail_action_mails_its_remainder_at_the_daemons_stop(netns: N
     pwn.mkdir()
     action_d = tmp_path / "action.d"
     action_d.mkdir()
-    for f in ("sendmail-buffered.conf", "sendmail-common.conf"):
-        shutil.copy(F2B_MAIL.parent / f, action_d / f)
+    for name in ("sendmail-buffered.conf", "sendmail-common.conf"):
+        shutil.copy(F2B_MAIL.parent / name, action_d / name)
     (action_d / "sendmail-buffered.local").write_text(BUFFERED_LOCAL)
     stub, mails = sendmail_stub(tmp_path)
     buffer = tmp_path / "buffer.txt"
