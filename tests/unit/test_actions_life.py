@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from nftblockd.actions.render import ActionEvent, CommandRun, Run, render_f2b_li
 from nftblockd.actions.runner import ActionRunner, RunFailed
 from nftblockd.config import ActionConfig, parse_config
 from nftblockd.events import Ban
+from tests.unit.test_actions_runner import until
 
 ACTION = """[Definition]
 actionstart = echo start <name> <fq-hostname> <ip>
@@ -50,15 +50,6 @@ class Fake:
         self.timeouts.append(run.timeout)
         if words.startswith(self.fail):
             raise RunFailed("boom", retry=False)
-
-
-async def until(pred: Callable[[], bool]) -> None:
-    """Let the loop run until `pred` holds (bounded: a few hundred turns, never a clock)."""
-    for _ in range(500):
-        if pred():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
 
 
 def action(tmp_path: Path, extra: str = "") -> F2bAction:
