@@ -287,7 +287,7 @@ class ActionRunner:
         tail = f" (and {more} more events)" if more else ""
         audit_log.info("action failed action=%s event=%s%s jail=%s attempts=%d error=%s%s", self.cfg.name, event,
                        addr, quote(jail), attempts, quote(error), tail,
-                       extra={"action": self.cfg.name, "address": address, "jail": jail})
+                       extra={"action": self.cfg.name, "address": address or None, "jail": jail})
 
 
 # -- the real executor ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from nftblockd.actions.render import ActionEvent, CommandRun, Run, render_f2b_li
 from nftblockd.actions.runner import ActionRunner, RunFailed
 from nftblockd.config import ActionConfig, parse_config
 from nftblockd.events import Ban
+from nftblockd.service.logsetup import KeyValueFormatter
 from tests.unit.test_actions_runner import until
 
 ACTION = """[Definition]
@@ -103,9 +104,9 @@ async def test_a_failing_actionstart_is_counted_and_audited_and_bans_still_run(
     assert fake.runs == ["start sshd h1.example.org", "start web h1.example.org", "ban 198.51.100.1 sshd",
                          "stop sshd m"]
     assert (r.stats.runs, r.stats.failures) == (4, 2)
-    lines = [rec.getMessage() for rec in caplog.records if rec.name == "nftblockd.audit"]
+    lines = [KeyValueFormatter("%(message)s").format(rec) for rec in caplog.records if rec.name == "nftblockd.audit"]
     assert lines == ["action failed action=m event=start jail=sshd attempts=1 error=boom",
-                     "action failed action=m event=start jail=web attempts=1 error=boom"]
+                     "action failed action=m event=start jail=web attempts=1 error=boom"]  # no `address=""`
 
 
 async def test_on_demand_the_start_comes_before_the_jails_first_ban(tmp_path: Path) -> None:
