@@ -187,8 +187,8 @@ class ActionRunner:
                     events.append(q.get_nowait())
                 # a fail2ban action takes one event at a time (only a webhook batches)
                 name = f2b_name(self.life, first.jail or first.origin) if self.life is not None else None
-                if name is not None and self.life is not None and self.life.start_on_demand:
-                    await self.start((name,))
+                if name is not None and first.event == "ban" and self.life is not None and self.life.start_on_demand:
+                    await self.start((name,))  # (fail2ban's unban never starts an action)
                 skipped, self._unreported = self._unreported, 0
                 ok = True
                 for r in render(self.cfg, events, skipped, self.f2b):

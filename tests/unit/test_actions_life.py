@@ -113,6 +113,7 @@ async def test_on_demand_the_start_comes_before_the_jails_first_ban(tmp_path: Pa
     fake = Fake()
     r = runner(tmp_path, fake, extra="actionstart_on_demand = true\n")
     t = asyncio.create_task(r.run())
+    r.submit(ActionEvent("unban", "198.51.100.9", "sshd"))  # an unban starts nothing (as in fail2ban)
     for i in (1, 2):
         r.submit(ev(i, "web"))
     await until(lambda: len(fake.runs) == 3)
