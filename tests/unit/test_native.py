@@ -401,8 +401,8 @@ def test_nftblockd_version_names_the_engine(capsys: pytest.CaptureFixture[str]) 
 
 # -- the Scanner's shortcuts against the plain version ---------------------------------------------------
 
-_shape_chars = st.sampled_from(list("JanFebMarDecOctNov 0123456789:.-+aZ_") + ["\t", "\x0b", "\x1c", "\x1f", "\x00",
-                                                                            "\x7f", "\n"])
+_shape_chars = st.sampled_from([*"JanFebMarDecOctNov 0123456789:.-+aZ_", "\t", "\x0b", "\x1c", "\x1f", "\x00", "\x7f",
+                                "\n"])
 _near_syslog = st.one_of(
     st.builds(lambda ts, rest: ts + rest, _syslog, st.lists(_shape_chars, max_size=3).map("".join)),
     st.builds(lambda ts, i, c, rest: ts[:i] + c + ts[i + 1:] + rest, _syslog, st.integers(0, 14), _shape_chars,
