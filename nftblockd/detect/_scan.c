@@ -1040,21 +1040,15 @@ static PyObject *result(ScannerObject *self, PyObject *raw, PyObject *when, int 
         PyObject *items[5] = {s_empty, s_no_address, when, ign, index};
         return new_tuple_of(self->rejected_type, items, 5);
     }
-    /* The memo's lookup misses the CPU caches once it is large (it was ~6 % of a brute-force log's
-     * matching). An attacker's lines come in runs (a connection's failures): the host of the previous
-     * result is taken again (the same text for ~55 % of results there); a plain dotted quad is built
-     * without the memo (cheaper than the lookup it replaces: +6..10 % lines/s); the memo keeps the rest,
-     * whose parse is a Python call. */
+    /* An attacker's lines come in runs (a connection's failures): the host of the previous result is
+     * taken again without the memo's lookup, which misses the CPU caches on a large memo (it was ~6 % of
+     * a brute-force log's matching; the text is the same as last time for ~55 % of results there). */
     PyObject *host = NULL;
     int again = self->last_raw != NULL && (raw == self->last_raw ||
                 (PyUnicode_Check(raw) && PyUnicode_GetLength(raw) == PyUnicode_GetLength(self->last_raw) &&
                  PyUnicode_Compare(raw, self->last_raw) == 0));
     if (again) {
         host = Py_NewRef(self->last_host);
-    } else if ((host = ipv4_fast(self, raw)) != NULL) {
-        /* built */
-    } else if (PyErr_Occurred()) {
-        return NULL;
     } else if ((host = PyDict_GetItemWithError(self->hosts, raw)) != NULL) {
         Py_INCREF(host);
     } else {
