@@ -21,16 +21,38 @@ import logging
 import socket
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 
-from nftblockd.actions.f2baction import F2bAction
+from nftblockd.actions.f2baction import F2bAction, TagRef
 from nftblockd.actions.render import ActionEvent, f2b_name
 from nftblockd.actions.runner import ActionRunner, Executor, RealExecutor
 from nftblockd.addr import IPNet, format_target, key_net
-from nftblockd.config import Config, FeedConfig
+from nftblockd.config import ActionConfig, Config, FeedConfig
 from nftblockd.detect.matchmemory import MatchMemory
 from nftblockd.durations import ban_end
 from nftblockd.events import Ban
 
 log = logging.getLogger("nftblockd.actions")
+
+
+# fail2ban tags whose values come from the offender's kept lines (MatchMemory): `<F-*>` too
+_OFFENDER_TAGS = frozenset({"matches", "ipmatches", "ipjailmatches", "failures", "ipfailures", "ipjailfailures"})
+
+
+def shows_lines(cfg: ActionConfig, f2b: Mapping[str, F2bAction]) -> bool:
+    """Whether the action's ban runs show what the jail's match memory keeps: the offender's lines, its
+    `<F-*>` captures or its failure count. A command (NFTBLOCK_MATCHES, ... in every run's environment) and
+    a webhook (every event's JSON) always do; a fail2ban file only when its actionban names such a tag that
+    its options do not fix. An action that does not run on ban never does."""
+    if "ban" not in cfg.on:
+        return False
+    if cfg.type != "fail2ban":
+        return True
+    action = f2b.get(cfg.name)
+    script = action.command("actionban") if action is not None else None
+    if action is None or script is None:
+        return False
+    fixed = {k for k, _ in action.fixed}
+    return any(isinstance(p, TagRef) and p.tag not in fixed and (p.tag in _OFFENDER_TAGS or p.tag.startswith("F-"))
+               for p in script.parts)
 
 
 def _left(until: float, now: float) -> float:
@@ -99,8 +121,15 @@ class ActionHub:
         self.feed_actions = {f.name: [self.runners[n] for n in f.actions if n in self.runners] for f in cfg.feeds}
         self.fleet_actions = [self.runners[n] for n in cfg.fleet.actions if n in self.runners] \
             if cfg.fleet is not None else []
-        self.memories = {j.name: self.memories.get(j.name) or MatchMemory(j.ipv6_prefix) for j in cfg.jails
-                         if j.actions}
+        # the same memory across reloads (a running JailRunner holds it); `or` would replace an empty one,
+        # whose len() is 0, and the runner's lines would no longer reach the actions
+        old_mem = self.memories
+        self.memories = {j.name: m if (m := old_mem.get(j.name)) is not None else MatchMemory(j.ipv6_prefix)
+                         for j in cfg.jails if j.actions}
+        # Keeping lines costs a jail whose every line is a failure 25-35 % of its matching (docs/actions.md):
+        # only jails with an action that shows them keep any. A reload may change that either way.
+        for name, memory in self.memories.items():
+            memory.keep = any(shows_lines(r.cfg, f2b) for r in self.jail_actions[name])
         return changed
 
     def memory(self, jail: str) -> MatchMemory | None:
@@ -285,4 +314,4 @@ class ActionHub:
             "unban", text(removed[i]), "", feed.blocklist, "feed", why, time=now, host=self.host))
 
 
-__all__ = ["ActionHub"]
+__all__ = ["ActionHub", "shows_lines"]

@@ -81,7 +81,8 @@ class JailRunner:
                  positions: PositionStore, metrics: Metrics | None = None, *,
                  sources: list[Source] | None = None, memory: MatchMemory | None = None) -> None:
         self.jail = jail
-        self.memory = memory  # only a jail with actions keeps its offenders' lines (for `{matches}`)
+        # only a jail with an action that shows them keeps its offenders' lines (`{matches}`; memory.keep)
+        self.memory = memory
         self.filter = flt
         self.tracker = tracker
         self.sink = sink
@@ -175,7 +176,8 @@ class JailRunner:
         observe = self.tracker.observe
         jail = self.jail.name
         on_failure = self.on_failure
-        memory = self.memory
+        # read per batch: a reload may change whether the jail's actions show lines (ActionHub.configure)
+        memory = self.memory if self.memory is not None and self.memory.keep else None
         for i, r in flt.scan(texts, now, ctx):
             if type(r) is Rejected:
                 st.rejected += 1

@@ -1,7 +1,9 @@
 """The recent log lines of each offender of one jail, for the actions its bans run (`{matches}`, `<matches>`).
 
-Only jails with actions keep one: the tracker itself keeps times, never text. Bounded: at most `max_hosts`
-offenders (the one first seen longest ago is forgotten first), the last `max_lines` lines each, and at most
+Only jails with an action that shows them keep lines (`keep`; ActionHub decides, see actions/hub.py): the
+tracker itself keeps times, never text. Bounded: at most `max_hosts`
+offenders (those first seen longest ago are forgotten first, a sixteenth of them at once), the last
+`max_lines` lines each, and at most
 `max_hosts` decided bans waiting for their actions (JailRunner moves an offender's lines there when the
 tracker bans it; the action side takes them once the kernel holds the ban). Pure: no IO, no clock.
 """
@@ -9,9 +11,18 @@ tracker bans it; the action side takes them once the kernel holds the ban). Pure
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import islice
 from typing import Any, NamedTuple
 
 from nftblockd.addr import IPAddr, IPNet
+
+
+def _forget_oldest(d: dict[Any, Any], max_hosts: int) -> None:
+    """Drop the oldest sixteenth of `d` (at least one entry). One at a time, `del d[next(iter(d))]` cost a
+    scan over every entry deleted before it (a dict only compacts when it grows): with more offenders than
+    `max_hosts` that scan was 20 % of a jail's matching (bench_jailmem, 50k offenders)."""
+    for k in list(islice(d, max(1, max_hosts // 16))):
+        del d[k]
 
 
 class Recent(NamedTuple):
@@ -21,9 +32,10 @@ class Recent(NamedTuple):
 
 
 class MatchMemory:
-    __slots__ = ("_decided", "_lines", "_shift", "max_hosts", "max_lines")
+    __slots__ = ("_decided", "_keep", "_lines", "_shift", "max_hosts", "max_lines")
 
     def __init__(self, ipv6_prefix: int = 64, *, max_hosts: int = 10_000, max_lines: int = 20) -> None:
+        self._keep = True
         self._shift = 128 - ipv6_prefix
         self.max_hosts = max_hosts
         self.max_lines = max_lines
@@ -31,6 +43,19 @@ class MatchMemory:
         # (the memory cost 50 % of a jail's matching with a tuple per failure; see the commit that made it)
         self._lines: dict[int, list[Any]] = {}
         self._decided: dict[IPNet, Recent] = {}
+
+    @property
+    def keep(self) -> bool:
+        """Whether the jail's failures are to be added: False when none of its actions shows an offender's
+        lines, captures or failure count (JailRunner then skips `add` altogether)."""
+        return self._keep
+
+    @keep.setter
+    def keep(self, on: bool) -> None:
+        if not on:  # nothing will take what is kept: let it go
+            self._lines.clear()
+            self._decided.clear()
+        self._keep = on
 
     def _key(self, host: IPAddr) -> int:
         # IPv4 keys are the address, IPv6 keys the prefix as a negative number: the two never meet
@@ -41,8 +66,8 @@ class MatchMemory:
         d = self._lines
         entry = d.get(key)
         if entry is None:
-            if len(d) >= self.max_hosts:  # the offender first seen longest ago is forgotten
-                del d[next(iter(d))]
+            if len(d) >= self.max_hosts:
+                _forget_oldest(d, self.max_hosts)
             d[key] = [1, [line], fields]
             return
         entry[0] += 1
@@ -58,7 +83,7 @@ class MatchMemory:
         if got is None:
             return
         if len(self._decided) >= self.max_hosts:
-            del self._decided[next(iter(self._decided))]
+            _forget_oldest(self._decided, self.max_hosts)
         count, lines, fields = got
         self._decided[target] = Recent(count, tuple(lines), tuple(fields.items()))
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nftblockd.detect.timestamps import DateParser
+from nftblockd.detect.timestamps import FAST_SYSLOG, DateParser
 
 __all__ = ["Built", "Hooks", "Parts", "Rule", "Untranslatable", "available", "build", "compile_pcre2", "describe",
            "to_pcre2"]
@@ -323,7 +323,8 @@ def build(flt: Parts, hooks: Hooks) -> Built:  # noqa: C901
                             flt.heads_len, heads, unheaded, tuple(rules), tuple(ignores), flt.ignore_whole,
                             flt.dates.stamp, flt.dates.year_of, flt.dates.hour_base,
                             flt.dates.find_span, flt.hosts, hooks.parse_host, hooks.host_memo, hooks.match_type,
-                            hooks.rejected_type, hooks.evict, IPV4_BY_SLOT)
+                            hooks.rejected_type, hooks.evict, IPV4_BY_SLOT, ts is not None and shapes is not None
+                            and shapes[0] == FAST_SYSLOG)
     mode = "JIT" if scanner.jit else "interpreted: no executable memory for the JIT"
     engine = f"native (PCRE2 {_scan.pcre2_version().split()[0]}, {mode})"
     if ts is None:

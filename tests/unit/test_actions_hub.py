@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 
+from nftblockd.actions.f2baction import F2bAction, load_action
 from nftblockd.actions.hub import ActionHub
 from nftblockd.actions.render import Run
-from nftblockd.config import parse_config
+from nftblockd.addr import format_target
+from nftblockd.config import Config, parse_config
+from nftblockd.detect.filterload import load_filter
+from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.matchmemory import MatchMemory
-from nftblockd.events import Ban
+from nftblockd.detect.tracker import BanRecord, JailPolicy, Tracker
+from nftblockd.events import Ban, LogLine
+from nftblockd.sources.base import MemoryPositionStore
 
 CFG = """
 actions:
@@ -123,3 +130,119 @@ async def test_a_reload_replaces_changed_actions_and_stops_removed_ones() -> Non
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert all(t.done() for t in h._tasks.values())
+
+
+# -- which jails keep their offenders' lines -------------------------------------------------------------
+
+F2B_CFG = """
+actions:
+  quiet: {{type: fail2ban, file: {d}/quiet.conf}}
+  lines: {{type: fail2ban, file: {d}/lines.conf}}
+  user: {{type: fail2ban, file: {d}/user.conf}}
+  count: {{type: fail2ban, file: {d}/count.conf}}
+  fixed: {{type: fail2ban, file: {d}/count.conf, options: {{failures: "3"}}}}
+  gone: {{type: fail2ban, file: {d}/lines.conf, on: [unban]}}
+  cmd: {{type: command, argv: [/bin/a, "{{address}}"]}}
+jails:
+{jails}
+"""
+SCRIPTS = {"quiet": "echo <ip> banned by <name> for <bantime>", "lines": "printf %%s <matches> | mail -s <ip> ops",
+           "user": "echo <ip> <F-USER>", "count": "echo <ip> after <failures> attempts"}
+
+
+def f2b_hub(tmp_path: Path, jails: dict[str, list[str]]) -> tuple[Config, dict[str, F2bAction], ActionHub]:
+    for name, script in SCRIPTS.items():
+        (tmp_path / f"{name}.conf").write_text(f"[Definition]\nactionban = {script}\nactionunban = echo <ip>\n")
+    text = "\n".join(f"  {j}: {{filter: sshd, journal: {{matches: {{_SYSTEMD_UNIT: {j}.service}}}}, "
+                     f"actions: [{', '.join(a)}]}}" for j, a in jails.items())
+    cfg = parse_config(F2B_CFG.format(d=tmp_path, jails=text))
+    f2b = {a.name: load_action(a.file, dict(a.options)) for a in cfg.actions if a.type == "fail2ban"}
+    return cfg, f2b, ActionHub(cfg, f2b, nothing)
+
+
+def test_only_jails_whose_actions_show_lines_keep_them(tmp_path: Path) -> None:
+    jails = {"j_quiet": ["quiet"], "j_lines": ["quiet", "lines"], "j_user": ["user"], "j_count": ["count"],
+             "j_fixed": ["fixed"], "j_gone": ["gone"], "j_cmd": ["cmd"]}
+    _, _, h = f2b_hub(tmp_path, jails)
+    keep = {j: h.memories[j].keep for j in jails}
+    assert keep == {"j_quiet": False, "j_lines": True, "j_user": True, "j_count": True, "j_fixed": False,
+                    "j_gone": False, "j_cmd": True}
+
+
+def test_a_reload_that_changes_what_the_actions_show_changes_what_is_kept(tmp_path: Path) -> None:
+    cfg, f2b, h = f2b_hub(tmp_path, {"sshd": ["quiet"]})
+    mem = h.memories["sshd"]
+    assert not mem.keep
+    (tmp_path / "quiet.conf").write_text("[Definition]\nactionban = echo <ip> <matches>\n")
+    h.configure(cfg, {"quiet": load_action(tmp_path / "quiet.conf")})
+    assert h.memories["sshd"] is mem and mem.keep
+    mem.add(A("192.0.2.1"), "line 1", {})
+    h.configure(cfg, f2b)  # back to the quiet file: what was kept is let go
+    assert not mem.keep and len(mem) == 0
+
+
+def jail_runner(cfg: Config, hub: ActionHub, jail: str) -> tuple[JailRunner, list[Ban]]:
+    j = next(x for x in cfg.jails if x.name == jail)
+    flt = load_filter(j.filter)
+    tracker = Tracker([JailPolicy.from_config(j)])
+    bans: list[Ban] = []
+
+    class Sink:
+        async def submit(self, b: list[Ban], records: list[BanRecord], arrival: float) -> None:
+            bans.extend(b)
+
+        def submit_nowait(self, b: list[Ban], records: list[BanRecord], arrival: float) -> bool:
+            bans.extend(b)
+            return True
+
+    runner = JailRunner(j, flt, tracker, Sink(), MemoryPositionStore(), sources=[], memory=hub.memory(jail))
+    return runner, bans
+
+
+def brute_lines(n: int) -> list[LogLine]:
+    return [LogLine("t", f"Dec  2 09:53:{10 + i:02d} web1 sshd[{100 + i}]: Failed password for invalid user u{i} "
+                         f"from 192.0.2.7 port {2000 + i} ssh2") for i in range(n)]
+
+
+def test_a_jail_whose_action_shows_matches_still_gets_them(tmp_path: Path) -> None:
+    cfg, _, h = f2b_hub(tmp_path, {"sshd": ["quiet", "lines"]})
+    runner, _ = jail_runner(cfg, h, "sshd")
+    lines = brute_lines(5)  # the jail's default maxretry: the fifth failure bans
+    found, _records = runner.process(lines, 1796205190.0, True, 0.0)
+    assert [format_target(b.target) for b in found] == ["192.0.2.7"]
+    h.jail_bans(found, 1796205190.0)
+    ev = h.runners["lines"]._queue._queue[0]  # type: ignore[attr-defined]
+    assert ev.matches == tuple(x.text for x in lines) and ev.failures == 5 and ev.fields == (("user", "u4"),)
+    assert h.runners["quiet"]._queue._queue[0] is ev  # type: ignore[attr-defined]  # one event for both
+
+
+def test_a_jail_whose_actions_show_no_lines_keeps_none(tmp_path: Path) -> None:
+    cfg, _, h = f2b_hub(tmp_path, {"sshd": ["quiet"]})
+    runner, _ = jail_runner(cfg, h, "sshd")
+    lines = brute_lines(5)
+    found, _records = runner.process(lines[:4], 1796205190.0, True, 0.0)
+    assert found == [] and len(h.memories["sshd"]) == 0  # four failures counted, no line kept
+    found, _records = runner.process(lines[4:], 1796205190.0, True, 0.0)
+    h.jail_bans(found, 1796205190.0)
+    ev = h.runners["quiet"]._queue._queue[0]  # type: ignore[attr-defined]
+    assert ev.address == "192.0.2.7" and ev.matches == () and runner.stats.bans == 1
+
+
+def test_match_memory_forgets_the_oldest_offenders_in_chunks_like_one_at_a_time() -> None:
+    # against the plain version (the oldest one forgotten per new offender): the same newest offenders
+    # are kept, only up to a sixteenth fewer of them
+    m = MatchMemory(max_hosts=32)
+    plain: dict[int, str] = {}
+    for i in range(500):
+        host = A(f"10.0.{i >> 8}.{i & 255}")
+        m.add(host, f"line {i}", {})
+        if len(plain) >= 32:
+            del plain[next(iter(plain))]
+        plain[int(host)] = f"line {i}"
+        kept = list(m._lines)
+        assert 30 <= len(kept) <= 32 or i < 30
+        assert kept == list(plain)[len(plain) - len(kept):]
+    for i in range(40):  # the decided bans waiting for their actions are bounded the same way
+        m.add(A(f"10.1.0.{i}"), "x", {})
+        m.decided(A(f"10.1.0.{i}"), N(f"10.1.0.{i}/32"))
+    assert 30 <= len(m._decided) <= 32 and m.take(N("10.1.0.39/32")) is not None

@@ -397,3 +397,50 @@ def test_nftblockd_version_names_the_engine(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     assert out == f"nftblockd {__version__}\nmatcher: {native.describe()}\n"
     assert out.splitlines()[1].startswith("matcher: native core, PCRE2 ")  # this module's tests need the core
+
+
+# -- the Scanner's shortcuts against the plain version ---------------------------------------------------
+
+_shape_chars = st.sampled_from([*"JanFebMarDecOctNov 0123456789:.-+aZ_", "\t", "\x0b", "\x1c", "\x1f", "\x00", "\x7f",
+                                "\n"])
+_near_syslog = st.one_of(
+    st.builds(lambda ts, rest: ts + rest, _syslog, st.lists(_shape_chars, max_size=3).map("".join)),
+    st.builds(lambda ts, i, c, rest: ts[:i] + c + ts[i + 1:] + rest, _syslog, st.integers(0, 14), _shape_chars,
+              st.lists(_shape_chars, max_size=3).map("".join)),
+    st.lists(_shape_chars, max_size=18).map("".join))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_near_syslog)
+def test_the_scanners_syslog_check_only_takes_what_fast_syslog_matches(text: str) -> None:
+    # the Scanner skips its timestamp regex when this check holds: it must never hold where the regex
+    # would not match "Mmm dd HH:MM:SS" (15 characters) as its first alternative
+    from nftblockd.detect.timestamps import FAST_SYSLOG
+
+    rx = native.compile_pcre2(f"(?:({FAST_SYSLOG})|(x))", anchored=True)
+    if native._scan.syslog_shape(text.encode()):
+        spans = rx.search(text)
+        assert spans is not None and spans[0] == (0, 15) and spans[1] == (0, 15), text
+        assert re.match(FAST_SYSLOG, text) is not None
+
+
+def test_the_scanners_syslog_check_takes_the_usual_lines() -> None:
+    for text in ("Dec  2 09:53:10 web1 sshd[1]: x", "Jan 31 23:59:59", "Feb 09 00:00:00 h", "Oct 25 02:30:00 x"):
+        assert native._scan.syslog_shape(text.encode()), text
+    for text in ("Dec  2 09:53:10 2026 x", "Dec  2 09:53:10.5 x", "Dec 32 09:53:10 x", "Dec  2 24:00:00 x",
+                 "Dec  2 09:53:10  x", "Dec  2 09:53:10 \x1cx", "dec  2 09:53:10 x", "Dec  2 09:53:1"):
+        assert not native._scan.syslog_shape(text.encode()), text
+
+
+def test_a_host_repeated_from_the_previous_result_is_the_one_parse_host_gives() -> None:
+    # the Scanner reuses the previous result's host when the text repeats (no memo lookup): runs of one
+    # attacker, a rejected text repeated, and a text that changes back, against the Python path
+    d = FilterDef("ids", "test", (RegexSource(r"^id <F-ID/>$", "t:1"),), prefix=RegexSource(r"\s*x "))
+    nat, py = pair(d)
+    texts = ["192.0.2.1", "192.0.2.1", "192.0.2.10", "192.0.2.1", "bad host", "bad host", "2001:db8::1",
+             "2001:db8::1", "192.0.2.1", "192.0.2.1 ", "192.0.2.1"]
+    lines = [f"Dec  2 09:53:10 x id {t}" for t in texts]
+    same(nat, py, lines)
+    same(nat, py, lines, batch=1)
+    got = [r for _, r in nat.scan(lines, NOW)]
+    assert got[0].host is got[1].host and got[0].host == got[3].host  # type: ignore[union-attr]
