@@ -10,7 +10,7 @@ Rules (the receive side is a small state machine: offline -> catching up -> foll
   the trust gate; events whose origin is this host only move the cursor. The accepted events of one reply
   become ONE `FleetSink.apply_fleet` call (one kernel transaction); within a reply, the last event for an
   address wins. A reply of nothing but plain single-address bans (a catch-up) takes the batch path
-  (`_apply_plain`: `codec.plain_bans`, `Gate.check_hosts`, `FleetChange.hosts`), which must come to exactly
+  (`_apply_plain`: `rawread.plain_bans`, `Gate.check_hosts`, `FleetChange.hosts`), which must come to exactly
   what the entry-by-entry path does (`batch=False`; tests/unit/test_fleet_batch.py); any other reply goes
   entry by entry. The cursor is saved after the kernel commit (at most every `cursor_interval` seconds, and at
   close), so a crash replays a little: bans keep the later end and unbans delete if present, so
@@ -40,8 +40,10 @@ from __future__ import annotations
 import asyncio  # noqa: TID251 (an IO edge: the fleet's receive loop, publisher and reconnects)
 import collections
 import contextlib
+import itertools
 import logging
 import math
+import operator
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -68,9 +70,10 @@ from nftblockd.fleet.catchup import (
     reassert,
     reconcile,
 )
-from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net, plain_bans
+from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net
 from nftblockd.fleet.gate import Gate, TrustLimits
 from nftblockd.fleet.link import Engine, Entry, LinkError
+from nftblockd.fleet.rawread import plain_bans
 from nftblockd.fleet.retry import retry_delay
 from nftblockd.state.store import OutboxItem, OutboxRow
 
@@ -533,7 +536,7 @@ class FleetService:
         for op, n in plain.own.items():
             received[(op, "own")] += n
         versions, keys, origins = plain.versions, plain.keys, plain.origins
-        decided = [int(t) / 1000 for t in plain.ts]
+        decided = list(map(operator.truediv, map(int, plain.ts), itertools.repeat(1000)))
         ends, refused = self.gate.check_hosts(origins, plain.ats, versions, keys, plain.untils, now, decided)
         n = len(keys)
         if n > len(refused):
