@@ -179,6 +179,29 @@ def _until_text(until: float | None) -> float | None:
     return None if until is None or until == math.inf else until
 
 
+def _host_groups(last: Sequence[Mapping[int, int]], keys: list[int], origins: list[str], ends: list[float]
+                 ) -> dict[tuple[int, str], tuple[list[int], list[float]]]:
+    """The accepted entries of a plain read (`last`: per IP version, address -> index of the entry that wins)
+    as one group per IP version and origin host, every address with its own end (`FleetHosts`)."""
+    groups: dict[tuple[int, str], tuple[list[int], list[float]]] = {}
+    for version, chosen in zip((4, 6), last, strict=True):
+        if not chosen:
+            continue
+        first = next(iter(chosen.values()))
+        if len(chosen) == len(keys) and len(set(origins)) == 1:  # the whole read, in order, from one host
+            groups[(version, origins[first])] = (keys, ends)
+        elif all(origins[i] == origins[first] for i in chosen.values()):  # one origin: the read as it is
+            groups[(version, origins[first])] = (list(chosen), list(map(ends.__getitem__, chosen.values())))
+        else:
+            for k, i in chosen.items():
+                grp = groups.get((version, origins[i]))
+                if grp is None:
+                    grp = groups[(version, origins[i])] = ([], [])
+                grp[0].append(k)
+                grp[1].append(ends[i])
+    return groups
+
+
 def _honour_cancel(task: asyncio.Task[Any] | None) -> None:
     """redis-py can swallow a CancelledError that lands while it waits for a reply (seen with XREAD BLOCK on
     8.1, one stop in ~10): the request to stop is still counted on the task, so honour it after each call."""
@@ -536,7 +559,8 @@ class FleetService:
         for op, n in plain.own.items():
             received[(op, "own")] += n
         versions, keys, origins = plain.versions, plain.keys, plain.origins
-        decided = list(map(operator.truediv, map(int, plain.ts), itertools.repeat(1000)))
+        ts_ms = list(map(int, plain.ts))
+        decided = list(map(operator.truediv, ts_ms, itertools.repeat(1000)))
         ends, refused = self.gate.check_hosts(origins, plain.ats, versions, keys, plain.untils, now, decided)
         n = len(keys)
         if n > len(refused):
@@ -552,26 +576,15 @@ class FleetService:
         if self._deferred:  # an accepted newer ban of a target settles its deferred older event (an unban)
             self._settle_deferred(last)
         self._plain_refused(plain, refused, last)
-        # one group per IP version and origin host, every address with its own end (`FleetHosts`)
-        groups: dict[tuple[int, str], tuple[list[int], list[float]]] = {}
-        for version, chosen in zip((4, 6), last, strict=True):
-            if not chosen:
-                continue
-            first = next(iter(chosen.values()))
-            if all(origins[i] == origins[first] for i in chosen.values()):  # one origin: the read as it is
-                groups[(version, origins[first])] = (list(chosen), list(map(ends.__getitem__, chosen.values())))
-            else:
-                for k, i in chosen.items():
-                    grp = groups.get((version, origins[i]))
-                    if grp is None:
-                        grp = groups[(version, origins[i])] = ([], [])
-                    grp[0].append(k)
-                    grp[1].append(ends[i])
+        groups = _host_groups(last, keys, origins, ends)
         if not groups:
             return
         await self.sink.apply_fleet(FleetChange(hosts=tuple(FleetHosts(v, origin, tuple(ks), tuple(es))
                                                             for (v, origin), (ks, es) in groups.items())))
-        newest = max(map(int, map(plain.ts.__getitem__, [i for chosen in last for i in chosen.values()])))
+        if sum(map(len, last)) == n:
+            newest = max(ts_ms)
+        else:
+            newest = max(map(ts_ms.__getitem__, [i for chosen in last for i in chosen.values()]))
         if newest:
             self.stats.lag_last = self.clock() - newest / 1000
             if self.on_lag is not None:
