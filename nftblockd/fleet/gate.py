@@ -171,6 +171,11 @@ class Gate:
                 bad = self.check_net(host_net(keys[i], versions[i]))
                 if bad is not None:
                     refused[i] = bad
+        if untils:  # `clamp` is monotone in the end: when it leaves the earliest and the latest as they are
+            # (a catch-up's bans, none over, none beyond max_ban), it leaves every one (no call per distinct end)
+            lo, hi = min(untils), max(untils)
+            if lo >= now + 1.0 and hi != math.inf and hi - now <= self.limits.max_ban:
+                return HostVerdict(list(untils), refused)
         end: dict[float, float] = {}
         expired: dict[float, Rejection] = {}
         for u in set(untils):

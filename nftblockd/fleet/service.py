@@ -10,7 +10,7 @@ Rules (the receive side is a small state machine: offline -> catching up -> foll
   the trust gate; events whose origin is this host only move the cursor. The accepted events of one reply
   become ONE `FleetSink.apply_fleet` call (one kernel transaction); within a reply, the last event for an
   address wins. A reply of nothing but plain single-address bans (a catch-up) takes the batch path
-  (`_apply_plain`: `codec.plain_bans`, `Gate.check_hosts`, `FleetChange.hosts`), which must come to exactly
+  (`_apply_plain`: `rawread.plain_bans`, `Gate.check_hosts`, `FleetChange.hosts`), which must come to exactly
   what the entry-by-entry path does (`batch=False`; tests/unit/test_fleet_batch.py); any other reply goes
   entry by entry. The cursor is saved after the kernel commit (at most every `cursor_interval` seconds, and at
   close), so a crash replays a little: bans keep the later end and unbans delete if present, so
@@ -40,8 +40,10 @@ from __future__ import annotations
 import asyncio  # noqa: TID251 (an IO edge: the fleet's receive loop, publisher and reconnects)
 import collections
 import contextlib
+import itertools
 import logging
 import math
+import operator
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -68,9 +70,10 @@ from nftblockd.fleet.catchup import (
     reassert,
     reconcile,
 )
-from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net, plain_bans
+from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net
 from nftblockd.fleet.gate import Gate, TrustLimits
 from nftblockd.fleet.link import Engine, Entry, LinkError
+from nftblockd.fleet.rawread import plain_bans
 from nftblockd.fleet.retry import retry_delay
 from nftblockd.state.store import OutboxItem, OutboxRow
 
@@ -174,6 +177,29 @@ class FleetStats:
 
 def _until_text(until: float | None) -> float | None:
     return None if until is None or until == math.inf else until
+
+
+def _host_groups(last: Sequence[Mapping[int, int]], keys: list[int], origins: list[str], ends: list[float]
+                 ) -> dict[tuple[int, str], tuple[list[int], list[float]]]:
+    """The accepted entries of a plain read (`last`: per IP version, address -> index of the entry that wins)
+    as one group per IP version and origin host, every address with its own end (`FleetHosts`)."""
+    groups: dict[tuple[int, str], tuple[list[int], list[float]]] = {}
+    for version, chosen in zip((4, 6), last, strict=True):
+        if not chosen:
+            continue
+        first = next(iter(chosen.values()))
+        if len(chosen) == len(keys) and len(set(origins)) == 1:  # the whole read, in order, from one host
+            groups[(version, origins[first])] = (keys, ends)
+        elif all(origins[i] == origins[first] for i in chosen.values()):  # one origin: the read as it is
+            groups[(version, origins[first])] = (list(chosen), list(map(ends.__getitem__, chosen.values())))
+        else:
+            for k, i in chosen.items():
+                grp = groups.get((version, origins[i]))
+                if grp is None:
+                    grp = groups[(version, origins[i])] = ([], [])
+                grp[0].append(k)
+                grp[1].append(ends[i])
+    return groups
 
 
 def _honour_cancel(task: asyncio.Task[Any] | None) -> None:
@@ -533,7 +559,8 @@ class FleetService:
         for op, n in plain.own.items():
             received[(op, "own")] += n
         versions, keys, origins = plain.versions, plain.keys, plain.origins
-        decided = [int(t) / 1000 for t in plain.ts]
+        ts_ms = list(map(int, plain.ts))
+        decided = list(map(operator.truediv, ts_ms, itertools.repeat(1000)))
         ends, refused = self.gate.check_hosts(origins, plain.ats, versions, keys, plain.untils, now, decided)
         n = len(keys)
         if n > len(refused):
@@ -549,26 +576,15 @@ class FleetService:
         if self._deferred:  # an accepted newer ban of a target settles its deferred older event (an unban)
             self._settle_deferred(last)
         self._plain_refused(plain, refused, last)
-        # one group per IP version and origin host, every address with its own end (`FleetHosts`)
-        groups: dict[tuple[int, str], tuple[list[int], list[float]]] = {}
-        for version, chosen in zip((4, 6), last, strict=True):
-            if not chosen:
-                continue
-            first = next(iter(chosen.values()))
-            if all(origins[i] == origins[first] for i in chosen.values()):  # one origin: the read as it is
-                groups[(version, origins[first])] = (list(chosen), list(map(ends.__getitem__, chosen.values())))
-            else:
-                for k, i in chosen.items():
-                    grp = groups.get((version, origins[i]))
-                    if grp is None:
-                        grp = groups[(version, origins[i])] = ([], [])
-                    grp[0].append(k)
-                    grp[1].append(ends[i])
+        groups = _host_groups(last, keys, origins, ends)
         if not groups:
             return
         await self.sink.apply_fleet(FleetChange(hosts=tuple(FleetHosts(v, origin, tuple(ks), tuple(es))
                                                             for (v, origin), (ks, es) in groups.items())))
-        newest = max(map(int, map(plain.ts.__getitem__, [i for chosen in last for i in chosen.values()])))
+        if sum(map(len, last)) == n:
+            newest = max(ts_ms)
+        else:
+            newest = max(map(ts_ms.__getitem__, [i for chosen in last for i in chosen.values()]))
         if newest:
             self.stats.lag_last = self.clock() - newest / 1000
             if self.on_lag is not None:

@@ -35,9 +35,10 @@ import bisect
 import enum
 import gc
 import itertools
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import NamedTuple, cast
 
 from nftblockd.addr import IPNet, format_target, host_net, key_net, key_range, net_key
 from nftblockd.events import Ban, BanInfo, Unban
@@ -76,9 +77,10 @@ class SetOp:
     existed: bool = False  # the element may already be in the kernel: an add must refresh its timeout
 
 
-@dataclass(frozen=True, slots=True)
-class OpSpec:
-    """The key-less part of an op; bulk paths share one instance across many elements."""
+class OpSpec(NamedTuple):
+    """The key-less part of an op; bulk paths share one instance across many elements. A NamedTuple, not a
+    frozen dataclass: a catch-up of 100k bans with distinct ends makes one per key, and a dataclass's
+    `__init__` (one `object.__setattr__` per field) was a tenth of it (0.09 s vs 0.024 s per 100k)."""
 
     add: bool
     until_ms: int | None = None
@@ -356,8 +358,18 @@ class BanState:
         never = _NEVER << META_BITS | meta  # pack_end, inlined: once per key
         now_ms = int(now * 1000)
         d = entries.entries
-        out = HostsEach(entries.spec.name, [], [], [], [], [])
         due = self.next_due
+        if None not in untils and keys and d.keys().isdisjoint(keys) and len(set(keys)) == len(keys):
+            # all new, none permanent (a catch-up into an empty set): the loop below a column at a time
+            ends = list(map(int, map(operator.mul, cast("Sequence[float]", untils), itertools.repeat(1000))))
+            first = min(ends)
+            if first > now_ms:
+                rep = itertools.repeat
+                d.update(zip(keys, map(operator.or_, map(operator.lshift, ends, rep(META_BITS)), rep(meta)),
+                             strict=False))  # (`max(1, ms)` of the loop: every ms is above now_ms here)
+                self.next_due = min(due, first)
+                return HostsEach(entries.spec.name, list(keys), list(untils), [], [], [])
+        out = HostsEach(entries.spec.name, [], [], [], [], [])
         for k, until in zip(keys, untils, strict=True):
             ms = None if until is None else int(until * 1000)
             if ms is not None and ms <= now_ms:

@@ -33,9 +33,11 @@ import bisect
 import itertools
 import logging
 import math
+import operator
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from nftblockd.addr import IPNet, format_host, format_target, net_key
 from nftblockd.events import FLEET_REASON, Ban, FleetChange, LocalBan, Unban, fleet_reason
@@ -299,6 +301,10 @@ _Hosts = tuple[str, int, list[int], list[float | None], str]
 def _specs(untils: list[float | None], existed: bool) -> list[OpSpec]:
     """One kernel op spec per key, its end in ms as `BanState.ban_hosts` makes it; keys of one end share one
     (the writer tells a uniform group by `list.count`, which an identical object passes at once)."""
+    if None not in untils and len(set(untils)) == len(untils):  # every end its own: nothing to share
+        rep = itertools.repeat
+        ms = map(int, map(operator.mul, cast("list[float]", untils), rep(1000)))
+        return list(map(OpSpec._make, zip(rep(True), ms, rep(""), rep(existed), strict=False)))
     memo: dict[float | None, OpSpec] = {}
     out = []
     for u in untils:
@@ -314,8 +320,15 @@ def _packed(blocklist: str, hosts: list[_Hosts]) -> list[PackedBans]:
     carry one end. The addresses packed in one pass (a `pack_hosts` call per end was a third of a catch-up of
     100k distinct ends)."""
     rows: dict[tuple[int, float | None, str], list[bytes]] = {}
+    out: list[PackedBans] = []
     for _name, v, keys, untils, reason in hosts:
         size = 4 if v == 4 else 16
+        if len(set(untils)) == len(untils):  # every end its own (a jail's bans): one row per key, C-level passes
+            rep = itertools.repeat
+            packed_keys = map(int.to_bytes, keys, rep(size), rep("big"))  # type: ignore[arg-type]  # typeshed
+            out += zip(rep(blocklist), map(list, zip(packed_keys, strict=False)), untils, rep("remote"), rep(reason),
+                       rep(""), strict=False)  # (the repeats are endless: keys and untils bound it)
+            continue
         for k, u in zip(keys, untils, strict=True):
             packed = k.to_bytes(size, "big")
             row = rows.get((v, u, reason))
@@ -323,7 +336,7 @@ def _packed(blocklist: str, hosts: list[_Hosts]) -> list[PackedBans]:
                 rows[(v, u, reason)] = [packed]
             else:
                 row.append(packed)
-    return [(blocklist, packed, u, "remote", reason, "") for (_v, u, reason), packed in rows.items()]
+    return out + [(blocklist, packed, u, "remote", reason, "") for (_v, u, reason), packed in rows.items()]
 
 
 def _nth_ban(ranges: list[tuple[Ban, tuple[IPNet, ...]]],

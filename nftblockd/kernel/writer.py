@@ -22,7 +22,9 @@ from __future__ import annotations
 import bisect
 import errno as E
 import ipaddress
+import itertools
 import logging
+import operator
 import time
 from collections.abc import Sequence
 
@@ -39,6 +41,7 @@ log = logging.getLogger("nftblockd.kernel")
 
 RULE_COMMENT_PREFIX = "nftblockd"  # every rule ruleset.py writes carries a comment starting with this
 ADD_FLAGS = m.NLM_F_REQUEST | m.NLM_F_CREATE  # no EXCL: re-adding an existing element is not an error
+_ADD, _UNTIL_MS, _COMMENT = (operator.attrgetter(a) for a in ("add", "until_ms", "comment"))  # OpSpec columns
 
 
 class KernelStateError(Exception):
@@ -446,25 +449,22 @@ class KernelWriter:
         return WriteResult(committed_ops=n, transactions=1, elements_sent=n)
 
     def _mixed_hash_adds(self, g: Group, spec: rs.SetSpec, now_ms: int) -> list[bytes] | None:
-        """Hash-set adds whose ends differ (restored bans): one template per distinct end."""
+        """Hash-set adds whose ends differ (restored bans, a fleet catch-up's jail bans): `timed_hash_messages`,
+        one struct pack per element, the specs read a column at a time (a template and a dict look-up per
+        distinct end were most of the kernel thread's encoding when every end differs)."""
         if not self.features.timeout_update:
             return None  # equal element lengths need EXPIRATION on every element (refresh form)
-        klen = spec.key_len
-        tails: dict[int, bytes] = {}
-        blobs = []
-        for k, s in zip(g.keys, g.specs, strict=True):
-            if not s.add or s.comment or s.until_ms is None:
-                return None
-            tpl = tails.get(id(s))
-            if tpl is None:
-                t = s.until_ms - now_ms
-                if t <= 0:
-                    return None
-                tpl = tails[id(s)] = m.encode_hash_elements([bytes(klen)], [t], True)[0]
-            blobs.append(tpl[:12] + k.to_bytes(klen, "big") + tpl[12 + klen:])
-        return [sm.data for sm in m.split_set_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, self.plan.table,
-                                                       g.set_name, blobs, self.sock.next_seq(len(blobs) + 1),
-                                                       ADD_FLAGS)]
+        specs = g.specs
+        if not all(map(_ADD, specs)) or any(map(_COMMENT, specs)):
+            return None
+        ends = list(map(_UNTIL_MS, specs))
+        if None in ends:
+            return None
+        remaining = list(map(operator.sub, ends, itertools.repeat(now_ms)))
+        if min(remaining, default=1) <= 0:
+            return None
+        return m.timed_hash_messages(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, self.plan.table, g.set_name, g.keys,
+                                     spec.key_len, remaining, self.sock.next_seq(len(g.keys) + 1), ADD_FLAGS)
 
     def _encode(self, names: list[str], keys: list[int], specs: list[OpSpec], live: Sequence[int], now_ms: int,
                 no_replace: set[int]) -> tuple[list[m.SetMessage], dict[int, _Where]]:

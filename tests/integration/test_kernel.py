@@ -6,6 +6,7 @@ import errno
 import ipaddress
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,8 @@ from nftblockd.addr import net_key
 from nftblockd.config import parse_config
 from nftblockd.kernel import nfmsg as m
 from nftblockd.kernel import ruleset as rs
-from nftblockd.kernel.bans import SetOp
+from nftblockd.kernel.bans import OpSpec, SetOp
+from nftblockd.kernel.batcher import Group
 from nftblockd.kernel.netlink import NftSocket
 from nftblockd.kernel.writer import KernelStateError, KernelWriter
 from tests.helpers.netns import NetNS, inside
@@ -97,6 +99,33 @@ def test_add_with_timeouts_and_delete(netns: NetNS, writer: KernelWriter) -> Non
     res = writer.write_ops([SetOp("feeds_ip4", op.key, False) for op in ops[:1000]])
     assert not res.failed
     assert len(netns.set_elements("nftblock", "feeds_ip4")) == 4000
+
+
+def test_adds_with_an_end_each_in_one_group(netns: NetNS, writer: KernelWriter,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet catch-up's group: every element its own end (`_mixed_hash_adds`, timed_hash_messages), IPv4 and
+    IPv6, into the kernel in one write with the timeout each asked for."""
+    encoded: list[int] = []
+    timed = m.timed_hash_messages
+
+    def spy(*a: Any) -> list[bytes]:
+        encoded.append(len(a[4]))
+        return timed(*a)
+
+    monkeypatch.setattr(m, "timed_hash_messages", spy)
+    t = now_ms()
+    keys4 = [ip4(f"10.1.{i // 250}.{i % 250 + 1}") for i in range(3000)]
+    keys6 = [int(ipaddress.IPv6Address(f"2001:db8:1::{i + 1:x}")) for i in range(50)]  # (the set holds 64)
+    specs4 = [OpSpec(True, t + 120_000 + i * 1000) for i in range(3000)]
+    specs6 = [OpSpec(True, t + 60_000 + i * 1000, "", True) for i in range(50)]
+    res = writer.write([Group("feeds_ip4", keys4, specs4), Group("default_ip6", keys6, specs6)], t)
+    assert res.committed_ops == 3050 and not res.failed and sorted(encoded) == [50, 3000]
+    elems = netns.set_elements("nftblock", "feeds_ip4")
+    assert len(elems) == 3000
+    assert 118 <= elems["10.1.0.1"]["expires"] <= 120 and elems["10.1.0.1"]["timeout"] == 120
+    assert 3117 <= elems["10.1.11.250"]["expires"] <= 3119
+    six = netns.set_elements("nftblock", "default_ip6")
+    assert len(six) == 50 and 107 <= six["2001:db8:1::32"]["expires"] <= 109
 
 
 def test_delete_of_absent_element_is_not_an_error(writer: KernelWriter) -> None:

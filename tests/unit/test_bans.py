@@ -154,6 +154,20 @@ def test_ban_hosts_each_is_ban_hosts_key_by_key(bans: list[tuple[int, float | No
                                                 held: list[tuple[int, float | None]]) -> None:
     """The fleet's bulk form with an end per key against the plain form, one `ban_hosts` call per key: the same
     state (ends and metas), the same new / extended / unchanged keys, the same kernel ends."""
+    each_vs_plain(bans, held)
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 10**7).map(lambda ms: NOW + ms / 1000)), min_size=1,
+                max_size=30, unique_by=lambda b: b[0]),
+       st.lists(st.tuples(st.integers(30, 60), st.sampled_from([None, NOW + 5, NOW + 60])), max_size=3))
+def test_ban_hosts_each_of_new_keys_with_distinct_ends_is_ban_hosts_key_by_key(
+        bans: list[tuple[int, float | None]], held: list[tuple[int, float | None]]) -> None:
+    """A catch-up into an empty set (every key new, every end in the future: the column-at-a-time path) and
+    the same with a few of its keys already held (the loop)."""
+    each_vs_plain(bans, held)
+
+
+def each_vs_plain(bans: list[tuple[int, float | None]], held: list[tuple[int, float | None]]) -> None:
     base = 0xCB007100
     each, plain = state(), state()
     for s in (each, plain):

@@ -6,6 +6,8 @@ import ipaddress
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from nftblockd.allowlist import build_allowlist
 from nftblockd.fleet.codec import FleetEvent, Rejection
@@ -142,3 +144,18 @@ def test_replays_and_live_events_have_separate_buckets() -> None:
     assert live == ["ok"] * 5 + ["rate"]
     assert replay == ["ok"] * 6  # one a second of decision time: within the replay bucket's pace
     assert REPLAY_AGE > 0
+
+
+@given(st.lists(st.floats(-10.0, 8 * 86400.0) | st.just(math.inf), min_size=1, max_size=30), st.booleans())
+def test_check_hosts_clamps_every_end_as_clamp_does(offsets: list[float], permanent: bool) -> None:
+    """Ends all within [now + 1 s, now + max_ban] are left as they are without a `clamp` each: the same answer."""
+    gate = _gate(rate=1e9, burst=10**9, allow_permanent=permanent)
+    untils = [NOW + o for o in offsets]
+    n = len(untils)
+    got = gate.check_hosts(["h"] * n, [NOW] * n, [4] * n, [0x08080808 + i for i in range(n)], untils, NOW)
+    for i, u in enumerate(untils):
+        c = gate.clamp(u, NOW)
+        if isinstance(c, Rejection):
+            assert got.refused[i].reason == c.reason
+        else:
+            assert i not in got.refused and got.ends[i] == c[0]

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from nftblockd.addr import IPNet, format_host
 from nftblockd.config import parse_config
 from nftblockd.events import Ban, FleetBan, FleetChange, FleetHosts, FleetUnban, fleet_origin_host
+from nftblockd.kernel.bans import OpSpec
 from nftblockd.kernel.enforcer import Enforcer
-from nftblockd.kernel.fleetsink import EnforcerFleetSink
+from nftblockd.kernel.fleetsink import EnforcerFleetSink, _packed, _specs
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.state.change import StateChange
 from tests.helpers.fakekernel import FakeSetWriter, running_enforcer
@@ -244,3 +245,17 @@ def test_host_keys_with_their_own_ends_do_what_one_change_per_ban_does(
     many = [FleetChange(hosts=tuple(FleetHosts(4, o, tuple(k for k, _ in kes), tuple(e for _, e in kes))
                                     for o, kes in by_origin.items()))]
     assert asyncio.run(_kernel_after(many, held)) == asyncio.run(_kernel_after(one, held))
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**32 - 1), st.sampled_from([None, 1e9, 1e9 + 0.5, 2e9])
+                          | st.integers(10**9, 2 * 10**9).map(float)), max_size=40), st.booleans())
+def test_specs_and_rows_of_host_groups_are_one_per_end(bans: list[tuple[int, float | None]], existed: bool) -> None:
+    """`_specs` and `_packed` (every end its own: a column at a time) against their plain meaning: one op spec
+    per key with its end in ms, one database row per (version, end, reason) holding the keys of that end."""
+    keys, untils = [k for k, _u in bans], [u for _k, u in bans]
+    assert _specs(untils, existed) == [OpSpec(True, None if u is None else int(u * 1000), "", existed) for u in untils]
+    rows = _packed("bl", [("bl_ip4", 4, keys, untils, "fleet:h1")])
+    want: dict[float | None, list[bytes]] = {}
+    for k, u in bans:
+        want.setdefault(u, []).append(k.to_bytes(4, "big"))
+    assert sorted(rows, key=repr) == sorted([("bl", p, u, "remote", "fleet:h1", "") for u, p in want.items()], key=repr)

@@ -1,0 +1,167 @@
+"""A read as the parser hands it (`rawread.RawEntries`) and its column-at-a-time plain-ban decoding, held to the
+entry-by-entry forms they replace: the link's old per-entry dicts and `codec.plain_bans`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nftblockd.addr import host_net4
+from nftblockd.fleet import rawread
+from nftblockd.fleet.catchup import parse_id
+from nftblockd.fleet.codec import FleetEvent, encode
+from nftblockd.fleet.codec import plain_bans as reference
+from tests.unit.test_fleet_batch import ME, NOW, RANGES, UNTILS, observed, service
+
+LAYOUT_ADDRESSES = (b"198.51.100.7", b"198.51.100.8", b"10.1.2.3", b"8.8.8.8", b"127.0.0.1", b"192.0.2.5",
+                    b"2001:db8::1", b"::ffff:10.1.2.3", b"fe80::1")
+
+
+def as_raw(fields: list[Any]) -> list[Any]:
+    """A field map as redis sends it: [f, v, f, v, ...] (a dict's order: `encode`'s when built by it)."""
+    return [x for kv in fields for x in kv]
+
+
+ms_ids = st.integers(0, 2**44).flatmap(lambda ms: st.integers(0, 50).map(lambda seq: f"{ms}-{seq}".encode()))
+
+
+ODD = ("unban", "range", "odd_value", "odd_until", "order", "extra")
+
+
+@st.composite
+def layout_fields(draw: st.DrawFn, odd: str) -> list[tuple[Any, Any]]:
+    """An entry laid out as `encode` writes it: a plain ban (`odd` "plain"), or something else in one field."""
+    until = draw(st.sampled_from(UNTILS[:5]) | st.integers(-2_000, 4_000_000).map(
+        lambda ms: repr(NOW + ms / 1000).encode()))
+    origin = draw(st.sampled_from((b"h1", b"h1", b"h2", ME)))
+    oseq, ts = str(draw(st.integers(0, 10**6))).encode(), str(draw(st.integers(0, int(NOW * 1000)))).encode()
+    f = {b"v": b"1", b"op": b"ban", b"net": draw(st.sampled_from(LAYOUT_ADDRESSES)), b"until": until,
+         b"origin": origin, b"oseq": oseq, b"src": draw(st.sampled_from((b"jail:sshd", b"cli"))), b"ts": ts}
+    if odd == "unban":
+        f[b"op"], f[b"until"] = b"unban", b"0"
+    elif odd == "range":
+        f[b"net"] = draw(st.sampled_from(RANGES))
+    elif odd == "odd_value":
+        key = draw(st.sampled_from(list(f)))
+        f[key] = draw(st.sampled_from((b"2", b"x", b"-1", b"", "text", bytearray(b"1"), b"a" * 200,
+                                       b"12345678901234567890", b"1234567890123456789", b"1.5", b"inf", b"nan",
+                                       b" 7")))
+    elif odd == "odd_until":
+        f[b"until"] = draw(st.sampled_from((*UNTILS[5:], b"inf", b"Infinity", b"1e3", b" 1700000100", b"nan")))
+    items = list(f.items())
+    if odd == "order":
+        items = draw(st.permutations(items))
+    elif odd == "extra":
+        items.append((b"later", b"field"))
+    return items
+
+
+@st.composite
+def raw_reads(draw: st.DrawFn) -> list[Any]:
+    """Reads of entries as `encode` lays them out: all plain bans (or own entries), all plain but one, or mixed."""
+    n = draw(st.integers(1, 30))
+    kind = draw(st.sampled_from(("plain", "one_odd", "mixed")))
+    odd_at = draw(st.integers(0, n - 1))
+    ms = int(NOW * 1000)
+    out = []
+    for i in range(n):
+        ms += draw(st.sampled_from((0, 1, 300)))
+        if kind == "mixed":
+            odd = draw(st.sampled_from(("plain",) * 4 + ODD))
+        else:
+            odd = draw(st.sampled_from(ODD)) if kind == "one_odd" and i == odd_at else "plain"
+        out.append([f"{ms}-{i}".encode(), as_raw(draw(layout_fields(odd)))])
+    return out
+
+
+def by_entry(raw: list[Any]) -> list[tuple[tuple[int, int], dict[Any, Any]]]:
+    """What `RedisLink.read` made of a reply before (one dict per entry)."""
+    return [(parse_id(eid), dict(zip(f[::2], f[1::2], strict=False))) for eid, f in raw]
+
+
+@settings(max_examples=200, deadline=None)
+@given(raw_reads())
+def test_column_decoding_agrees_with_the_reference(raw: list[Any]) -> None:
+    entries = rawread.RawEntries(raw)
+    assert len(entries) == len(raw) and list(entries) == by_entry(raw) and entries[-1] == by_entry(raw)[-1]
+    want = reference(by_entry(raw), ME)
+    assert rawread.plain_bans(entries, ME) == want
+    try:
+        columns = rawread._columns(entries, ME)
+    except Exception:  # an odd value's type: `plain_bans` then asks the reference
+        columns = None
+    if columns is not None:  # where the column path answers, it answers what the reference does
+        assert columns == want
+
+
+@given(st.lists(ms_ids, min_size=1, max_size=40))
+def test_stream_id_times_a_column_at_a_time(ids: list[bytes]) -> None:
+    assert rawread._ms_of(list(ids)) == [parse_id(i)[0] for i in ids]
+
+
+@pytest.mark.parametrize("ids", [[b"5", b"6-1"], [b"1-2-3"], [b"7-", b"8-0"], ["9-1", "10-2"], [b"1 2-3"]])
+def test_odd_ids_take_parse_id(ids: list[Any]) -> None:
+    try:
+        want: Any = [parse_id(i)[0] for i in ids]
+    except ValueError:
+        with pytest.raises(ValueError):
+            rawread._ms_of(ids)
+        return
+    assert rawread._ms_of(ids) == want
+
+
+def jail_read(n: int, own_every: int = 0) -> list[Any]:
+    out = []
+    for i in range(n):
+        origin = "me" if own_every and i % own_every == 0 else "h1"
+        ev = FleetEvent("ban", host_net4(0x0A000000 + i), NOW + 60 + i * 0.001, origin, i + 1, "jail:sshd",
+                        int(NOW * 1000))
+        fields = as_raw([(k.encode(), v.encode()) for k, v in encode(ev).items()])
+        out.append([f"{int(NOW * 1000)}-{i}".encode(), fields])
+    return out
+
+
+def test_a_catch_up_read_is_decoded_by_columns() -> None:
+    """Entries as `codec.encode` writes them (the stream keeps the order) take the column path, own entries too."""
+    raw = jail_read(50, own_every=7)
+    got = rawread._columns(rawread.RawEntries(raw), ME)
+    assert got is not None and got == reference(by_entry(raw), ME)
+    assert got.own == {"ban": 8} and len(got.keys) == 42
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(raw_reads(), min_size=1, max_size=3), st.booleans())
+def test_the_receive_loop_on_raw_reads_does_what_it_does_entry_by_entry(reads: list[list[Any]],
+                                                                       permanent: bool) -> None:
+    async def run() -> None:
+        ref = service(batch=False, allow_permanent=permanent)
+        fast = service(batch=True, allow_permanent=permanent)
+        for raw in reads:
+            await ref._apply(by_entry(raw), "run")
+            await fast._apply(rawread.RawEntries(raw), "run")
+            assert observed(fast) == observed(ref)
+
+    asyncio.run(run())
+
+
+ODD_VALUES = (b"2", b"x", b"-1", b"", "text", bytearray(b"1"), b"a" * 200, b"12345678901234567890",
+              b"1234567890123456789", b"1.5", b"inf", b"-inf", b"nan", b"Infinity", b"1e400", b" 7", b"4102444800.5",
+              b"10.1.2.3/32", b"::1", b"\xff", None)
+
+
+@pytest.mark.parametrize("field", [1, 3, 5, 7, 9, 11, 13, 15])
+def test_one_odd_value_in_a_plain_read_is_what_the_reference_says(field: int) -> None:
+    for value in ODD_VALUES:
+        raw = jail_read(4)
+        raw[2][1][field] = value
+        want = reference(by_entry(raw), ME)
+        try:
+            got = rawread._columns(rawread.RawEntries(raw), ME)
+        except Exception:
+            got = None
+        assert got is None or got == want, value
+        assert rawread.plain_bans(rawread.RawEntries(raw), ME) == want, value
