@@ -582,9 +582,10 @@ class Filter:
     (which only saves work and never changes a result), so one Filter may serve many jails.
     """
 
-    __slots__ = ("_dates", "_fast", "_fast_plans", "_fast_plans_stamped", "_fast_stamped", "_gate", "_heads", "_heads_len", "_hosts", "_ignore",
-                 "_ignore_rx", "_ignore_whole", "_ml", "_native", "_pref", "_pref_rx", "_rules", "_unheaded",
-                 "definition", "engines", "name", "native_notes", "notes", "scanner", "uses_context")
+    __slots__ = ("_dates", "_fast", "_fast_plans", "_fast_plans_stamped", "_fast_stamped", "_gate", "_heads",
+                 "_heads_len", "_hosts", "_ignore", "_ignore_rx", "_ignore_whole", "_ml", "_native", "_pref",
+                 "_pref_rx", "_rules", "_unheaded", "definition", "engines", "name", "native_notes", "notes",
+                 "scanner", "uses_context")
 
 
     # complexity exempt (C901): building a filter's engines: each optional part is one branch

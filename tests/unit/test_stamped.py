@@ -22,7 +22,7 @@ import pytest
 from nftblockd.config import parse_config
 from nftblockd.detect.filterload import load_filter, load_yaml_filter
 from nftblockd.detect.jails import JailRunner
-from nftblockd.detect.matcher import Filter, FilterDef, Match, MatchContext, RegexSource, compile_filter
+from nftblockd.detect.matcher import Filter, FilterDef, Match, MatchContext, RegexSource, Rejected, compile_filter
 from nftblockd.detect.tracker import BanRecord, JailPolicy, Tracker
 from nftblockd.events import Ban, LogLine
 from nftblockd.sources.base import MemoryPositionStore
@@ -41,6 +41,13 @@ def engines(spec: str) -> list[Filter]:
     py = load_filter(spec)
     py.disable_native()
     return [nat, py]
+
+
+def matches(found: list[tuple[int, Match | Rejected]]) -> list[tuple[int, Match]]:
+    """The results, every one a Match."""
+    out = [(i, r) for i, r in found if isinstance(r, Match)]
+    assert len(out) == len(found), found
+    return out
 
 
 def journal_shaped(lines: list[str]) -> list[str]:
@@ -74,7 +81,7 @@ def test_the_datepattern_is_not_consulted_for_stamped_lines(native: bool) -> Non
     dated = "2026-12-01 10:00:00 app[1]: failed from 192.0.2.1"
     assert flt.scan([dated], NOW)[0][1].time is not None  # a file line: its date is read and cut out
     assert flt.scan([dated], NOW, stamped=True) == []  # a journal line: the regexes see it whole
-    found = flt.scan(["app[1]: failed from 192.0.2.1"], NOW, stamped=True)
+    found = matches(flt.scan(["app[1]: failed from 192.0.2.1"], NOW, stamped=True))
     assert [(str(r.host), r.time) for _, r in found] == [("192.0.2.1", None)]
 
 
@@ -102,20 +109,21 @@ def test_a_newline_in_a_journal_message_is_written_as_fail2ban_writes_it(flt: Fi
     forged = "web1 sshd[13]: hello\nweb1 sshd[13]: Failed password for root from 192.0.2.5 port 22 ssh2"
     assert flt.scan([forged], NOW, MatchContext(), stamped=True) == []
     kept = "web1 sshd[14]: Failed password for invalid user a\nb from 192.0.2.6 port 22 ssh2"
-    found = flt.scan([kept], NOW, MatchContext(), stamped=True)
+    found = matches(flt.scan([kept], NOW, MatchContext(), stamped=True))
     assert [(str(r.host), r.fields.get("user")) for _, r in found] == [("192.0.2.6", "a\\nb")]
 
 
 def test_the_maxlines_buffer_keeps_stamped_lines_whole() -> None:
     flt = compile_filter(FilterDef(
         name="t", source="t.conf", maxlines=3,
-        failregex=(RegexSource(r"^\S+ app\[(?P<_c>\d+)\]: accept from <HOST><SKIPLINES>\S+ app\[(?P=_c)\]: fail at .*$"),)))
+        failregex=(RegexSource(r"^\S+ app\[(?P<_c>\d+)\]: accept from <HOST>"
+                               r"<SKIPLINES>\S+ app\[(?P=_c)\]: fail at .*$"),)))
     lines = ["web1 app[1]: accept from 192.0.2.7", "web1 app[2]: noise",
              "web1 app[1]: fail at Dec  1 10:00:00"]
-    found = flt.scan(lines, NOW, MatchContext(), stamped=True)
+    found = matches(flt.scan(lines, NOW, MatchContext(), stamped=True))
     assert [(i, str(r.host), r.time) for i, r in found] == [(2, "192.0.2.7", None)]
     # as file lines, the date is cut out of the last line (fail2ban's file semantics) and becomes its time
-    filed = flt.scan(lines, NOW, MatchContext())
+    filed = matches(flt.scan(lines, NOW, MatchContext()))
     assert [(i, str(r.host)) for i, r in filed] == [(2, "192.0.2.7")] and filed[0][1].time is not None
     ctx = MatchContext()
     flt.scan(lines[:2], NOW, ctx, stamped=True)
