@@ -16,15 +16,17 @@ import dataclasses
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from nftblockd.config import parse_config
 from nftblockd.detect.filterload import load_filter, load_yaml_filter
-from nftblockd.detect.jails import JailRunner
+from nftblockd.detect.jails import BanSink, JailRunner
 from nftblockd.detect.matcher import Filter, FilterDef, Match, MatchContext, RegexSource, Rejected, compile_filter
-from nftblockd.detect.tracker import BanRecord, JailPolicy, Tracker
-from nftblockd.events import Ban, LogLine
+from nftblockd.detect.tracker import JailPolicy, Tracker
+from nftblockd.events import LogLine
 from nftblockd.sources.base import MemoryPositionStore
 from tests.helpers.samples import sample_lines
 
@@ -130,7 +132,7 @@ def test_the_maxlines_buffer_keeps_stamped_lines_whole() -> None:
     assert [(b.text, b.time) for b in ctx.lines] == [(lines[0], None), (lines[1], None)]
 
 
-def _runner(tmp_path: Path) -> tuple[JailRunner, list[Ban]]:
+def _runner(tmp_path: Path) -> JailRunner:
     cfg = parse_config(f"""
 state_dir: {tmp_path}
 allowlist_self: false
@@ -140,31 +142,22 @@ jails:
   sshd: {{filter: sshd, journal: {{matches: {{SYSLOG_IDENTIFIER: sshd}}}}, maxretry: 3, findtime: 600}}
 """)
     j = cfg.jails[0]
-    bans: list[Ban] = []
-
-    class Sink:
-        async def submit(self, b: list[Ban], records: list[BanRecord], arrival: float) -> None:
-            bans.extend(b)
-
-        def submit_nowait(self, b: list[Ban], records: list[BanRecord], arrival: float) -> bool:
-            bans.extend(b)
-            return True
-
-    runner = JailRunner(j, load_filter("sshd"), Tracker([JailPolicy.from_config(j)]), Sink(),
-                        MemoryPositionStore(), sources=[])
-    return runner, bans
+    # `process` returns its bans; only the consumer loop (not run here) hands them to the sink
+    no_sink = cast(BanSink, SimpleNamespace())
+    return JailRunner(j, load_filter("sshd"), Tracker([JailPolicy.from_config(j)]), no_sink, MemoryPositionStore(),
+                      sources=[])
 
 
 def test_the_jail_takes_a_journal_lines_time_not_a_date_in_its_message(tmp_path: Path) -> None:
     # each message names a date a year old; the entries were written just now (LogLine.time)
     batch = [LogLine("sshd", f"web1 sshd[{20 + i}]: Invalid user Dec  1 10:00:0{i} from 192.0.2.8 port 22",
                      NOW - 5 + i) for i in range(3)]
-    runner, _ = _runner(tmp_path)
+    runner = _runner(tmp_path)
     bans, _records = runner.process(batch, NOW, False, 0.0, True)
     assert [str(b.target) for b in bans] == ["192.0.2.8/32"]
     assert runner.stats.stale == 0
     # read as file lines, the message's date would be the time: too old to count while catching up
-    runner, _ = _runner(tmp_path)
+    runner = _runner(tmp_path)
     bans, _records = runner.process(batch, NOW, False, 0.0)
     assert bans == [] and runner.stats.stale == 3
 
