@@ -6,9 +6,10 @@ PY    := $(VENV)/bin/python
 # gcc, python3-dev, libpcre2-dev: the matcher's native core (nftblockd/detect/_scan.c); dpkg-dev: make deb;
 # gcc, libc6-dev: the data-path benchmark's packet sender (bench/udpflood.c);
 # redis-server, openssl: the fleet tests' own servers and TLS certificates; python3-venv: `make venv` and the
-# wheel test's venvs of Debian's python3 (tests/integration/test_wheel.py)
+# wheel test's venvs of Debian's python3 (tests/integration/test_wheel.py); python3-systemd: fail2ban-regex
+# reading a journal, the reference for journal lines (tests/integration/test_journal_f2b.py)
 APT_PACKAGES := nftables libsystemd-dev pkg-config iproute2 systemd fail2ban mmdebstrap systemd-container lintian \
-                gcc python3-dev libpcre2-dev dpkg-dev libc6-dev redis-server openssl python3-venv
+                gcc python3-dev libpcre2-dev dpkg-dev libc6-dev redis-server openssl python3-venv python3-systemd
 STAMP := $(VENV)/.installed
 PROMTOOL := $(VENV)/bin/promtool
 

@@ -5,7 +5,14 @@ three auth.logs, each figure next to fail2ban-regex measured in the same run:
   or so lines OpenSSH and PAM write, ~20 % other daemons' lines, ~10 % IPv6 attackers, scanners, logins;
 - `quiet`: a quiet server's log (`attack=0.02`): mostly other daemons' lines;
 - `synthetic`: the previous benchmark's shape (kept for comparison with earlier figures), half of its sshd
-  lines from the `sshd-session[PID]` processes of OpenSSH >= 9.8, which fail2ban 1.0.2 misses.
+  lines from the `sshd-session[PID]` processes of OpenSSH >= 9.8, which fail2ban 1.0.2 misses;
+- `journal`: the `brute` log as a journal jail sees it (Debian's default sshd jail reads the journal): each
+  line "web1 sshd[PID]: message", its date cut off (the journal's time travels beside the text), matched
+  stamped (`Filter.scan(..., stamped=True)`, no date search) as JailRunner matches JournalSource batches.
+  Two references: fail2ban-regex on the same messages with `--datepattern {NONE}` and sshd.conf's
+  `logtype=journal` (no date search either, as its systemd backend: filter.processLine with the journal's
+  date; reading a journal of 100k entries would time sd-journal too), and ours on the same lines from the
+  file, interleaved in the same run (the journal row must not be slower than the file row).
 
 nftblockd runs over the whole file as the daemon's jail does (one filter, one MatchContext, `Filter.scan`
 over batches of lines as the tailer hands them over, the daemon's garbage collector settings: daemon.tune_gc),
@@ -168,8 +175,19 @@ class Run:
     failures: int
 
 
-def ours(path: Path, engine: str, python: bool, daemon_gc: bool = True) -> tuple[Run, str]:
-    """nftblockd's sshd filter over the whole file: best of two passes, each with a fresh context."""
+_HEAD_DATE = re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d ")
+
+
+def journal_shaped(path: Path, out: Path) -> None:
+    """The log's lines as a journal source hands them over: "host ident[pid]: message", no date."""
+    with path.open() as src, out.open("w") as dst:
+        for line in src:
+            dst.write(_HEAD_DATE.sub("", line, count=1))
+
+
+def ours(path: Path, engine: str, python: bool, daemon_gc: bool = True, stamped: bool = False) -> tuple[Run, str]:
+    """nftblockd's sshd filter over the whole file: best of two passes, each with a fresh context;
+    `stamped`: the lines are a journal's (see `journal_shaped`)."""
     flt = load_filter("sshd", engine=engine)  # type: ignore[arg-type]
     if python:
         flt.disable_native()
@@ -185,7 +203,7 @@ def ours(path: Path, engine: str, python: bool, daemon_gc: bool = True) -> tuple
         c0 = time.process_time()
         t0 = time.perf_counter()
         for batch in batches:
-            for _i, r in flt.scan(batch, now, ctx):
+            for _i, r in flt.scan(batch, now, ctx, stamped=stamped):
                 if type(r) is Match and not r.ignored:
                     found += 1
         wall = time.perf_counter() - t0
@@ -200,11 +218,11 @@ def ours(path: Path, engine: str, python: bool, daemon_gc: bool = True) -> tuple
 PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 1
 
 
-def ours_interpreted(path: Path, engine: str, daemon_gc: bool) -> tuple[Run, str] | None:
+def ours_interpreted(path: Path, engine: str, daemon_gc: bool, stamped: bool = False) -> tuple[Run, str] | None:
     """`ours` in a child process without executable memory (PR_SET_MDWE, as MemoryDenyWriteExecute=yes
     sets it): PCRE2 runs interpreted, as under the packaged unit. None: the kernel has no PR_SET_MDWE."""
     proc = subprocess.run([sys.executable, __file__, "--child-mdwe", str(path), "--engine", engine,
-                           "--gc", "daemon" if daemon_gc else "default"],
+                           "--gc", "daemon" if daemon_gc else "default", *(["--stamped"] if stamped else [])],
                           capture_output=True, text=True, check=False)
     if proc.returncode == 77:
         return None
@@ -214,10 +232,10 @@ def ours_interpreted(path: Path, engine: str, daemon_gc: bool) -> tuple[Run, str
     return Run(got["lps"], got["cpu"], got["lines"], got["failures"]), got["scanner"]
 
 
-def _child_mdwe(path: Path, engine: str, daemon_gc: bool) -> int:
+def _child_mdwe(path: Path, engine: str, daemon_gc: bool, stamped: bool) -> int:
     if ctypes.CDLL(None).prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0:
         return 77
-    run, scanner = ours(path, engine, False, daemon_gc)
+    run, scanner = ours(path, engine, False, daemon_gc, stamped)
     print(json.dumps({"lps": run.lps, "cpu": run.cpu, "lines": run.lines, "failures": run.failures,
                       "scanner": scanner}))
     return 0
@@ -228,13 +246,16 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def theirs(path: Path, n: int, tmp: Path) -> Run | None:
+def theirs(path: Path, n: int, tmp: Path, journal: bool = False) -> Run | None:
     """fail2ban-regex on the first `n` lines: lines/s from its own processing time, CPU per line from its
-    rusage minus that of a run on a one-line file (interpreter start, filter compilation)."""
+    rusage minus that of a run on a one-line file (interpreter start, filter compilation). `journal`: the
+    lines are journal-shaped; no date is searched (`{NONE}`) and the filter's prefix is the journal's."""
     exe = shutil.which("fail2ban-regex")
     conf = Path("/etc/fail2ban/filter.d/sshd.conf")
     if exe is None or not conf.is_file():
         return None
+    spec = f"{conf}[logtype=journal]" if journal else str(conf)
+    opts = ["--datepattern", "{NONE}"] if journal else []
     part = tmp / "prefix.log"
     one = tmp / "one.log"
     with path.open() as src, part.open("w") as dst, one.open("w") as first:
@@ -247,7 +268,7 @@ def theirs(path: Path, n: int, tmp: Path) -> Run | None:
 
     def run(log: Path) -> tuple[subprocess.CompletedProcess[str], float]:
         c0 = _children_cpu()
-        proc = subprocess.run([exe, str(log), str(conf)], capture_output=True, text=True, check=False)
+        proc = subprocess.run([exe, *opts, str(log), spec], capture_output=True, text=True, check=False)
         return proc, _children_cpu() - c0
 
     _, startup = run(one)
@@ -265,6 +286,7 @@ SHAPES = {
     "brute": ("server under brute force", 0.55, ">= 50x"),  # issue #22
     "quiet": ("quiet server (--attack 0.02)", 0.02, ">= 50x"),
     "synthetic": ("synthetic (previous benchmark)", 0.55, None),
+    "journal": ("server under brute force, journal lines", 0.55, ">= 50x"),  # Debian's sshd jail: the journal
 }
 
 
@@ -272,17 +294,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--f2b-lines", type=int, default=100_000)
-    ap.add_argument("--shape", default="brute,quiet,synthetic")
+    ap.add_argument("--shape", default="brute,quiet,synthetic,journal")
     ap.add_argument("--engine", default="auto", choices=["auto", "re", "re2"])
     ap.add_argument("--python", action="store_true", help="the pure-Python reference path")
     ap.add_argument("--gc", default="daemon", choices=["daemon", "default"],
                     help="the collector as the daemon sets it (tune_gc), or Python's default thresholds")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--child-mdwe", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--stamped", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     daemon_gc = args.gc == "daemon"
     if args.child_mdwe is not None:
-        return _child_mdwe(args.child_mdwe, args.engine, daemon_gc)
+        return _child_mdwe(args.child_mdwe, args.engine, daemon_gc, args.stamped)
     if not daemon_gc:
         gc.set_threshold(*DEFAULT_GC)
     for shape in args.shape.split(","):
@@ -293,9 +316,21 @@ def main() -> int:
             t0 = time.perf_counter()
             what = synthetic(log, args.lines) if shape == "synthetic" else realistic(log, args.lines, attack)
             print(f"[{shape}] generated in {time.perf_counter() - t0:.1f}s: {what}", flush=True)
-            runs = [("", *ours(log, args.engine, args.python, daemon_gc))]
+            stamped = shape == "journal"
+            filed: list[tuple[str, Run]] = []
+            if stamped:
+                filed = file_runs(log, args.engine, args.python, daemon_gc)
+                journal_shaped(log, tmp / "journal.log")
+                log = tmp / "journal.log"
+            runs = [("", *ours(log, args.engine, args.python, daemon_gc, stamped))]
+            if stamped:  # interleaved with the file runs: a busy machine slows both alike
+                filed = [(m, max(r, more, key=lambda x: x.lps)) for (m, r), (_, more)
+                         in zip(filed, file_runs(log.with_name("auth.log"), args.engine, args.python, daemon_gc),
+                                strict=True)]
+                again = ours(log, args.engine, args.python, daemon_gc, stamped)
+                runs = [("", max(runs[0][1], again[0], key=lambda x: x.lps), again[1])]
             if not args.python and "JIT)" in runs[0][2]:  # the packaged unit's mode too
-                got = ours_interpreted(log, args.engine, daemon_gc)
+                got = ours_interpreted(log, args.engine, daemon_gc, stamped)
                 if got is None:
                     print("the kernel has no PR_SET_MDWE: no interpreted run", file=sys.stderr)
                 else:
@@ -305,7 +340,7 @@ def main() -> int:
                       f"{mine.cpu:.2f} CPU-s per 1M lines, over {mine.lines:,} lines, {mine.failures:,} failures",
                       flush=True)
             n_ref = min(args.f2b_lines, args.lines)
-            ref = theirs(log, n_ref, tmp)
+            ref = theirs(log, n_ref, tmp, journal=stamped)
             if ref is None:
                 print("fail2ban-regex not available: no reference", file=sys.stderr)
             else:
@@ -314,21 +349,41 @@ def main() -> int:
                 for mode, mine, _scanner in runs:
                     print(f"[{shape}] ratio{mode or ''}: {mine.lps / ref.lps:.1f}x lines/s, "
                           f"{ref.cpu / mine.cpu:.1f}x less CPU", flush=True)
+            for (mode, mine, _scanner), (_, file_run) in zip(runs, filed, strict=False):
+                print(f"[{shape}] journal lines / file lines{mode}: {mine.lps / file_run.lps:.2f}x lines/s "
+                      f"({file_run.lps:,.0f} lines/s from the file, {file_run.failures:,} failures)", flush=True)
             if args.no_record:
                 continue
             variant = "" if args.engine == "auto" and not args.python else \
                 f", {'python' if args.python else 'engine=' + args.engine}"
             variant += "" if daemon_gc else ", default gc"
+            reference = "fail2ban-regex 1.0.2 sshd.conf" + ("[logtype=journal], {NONE}" if stamped else "")
             for mode, mine, scanner in runs:
                 note = (f"{what}; ours: {scanner}, one filter + MatchContext, gc {args.gc}, best of 2; "
                         f"fail2ban-regex on the first {n_ref:,} lines")
                 record(f"matcher sshd, {title}{mode}{variant}: lines/s", mine.lps, "lines/s",
-                       reference="fail2ban-regex 1.0.2 sshd.conf", reference_value=ref.lps if ref else None,
+                       reference=reference, reference_value=ref.lps if ref else None,
                        target=target if not variant else None, note=note)
                 record(f"matcher sshd, {title}{mode}{variant}: CPU-s per 1M lines", mine.cpu, "s",
-                       reference="fail2ban-regex 1.0.2 sshd.conf", reference_value=ref.cpu if ref else None,
+                       reference=reference, reference_value=ref.cpu if ref else None,
                        note=note + " (ratio: ours / theirs, lower is better)")
+            for (mode, mine, _scanner), (_, file_run) in zip(runs, filed, strict=False):
+                record(f"matcher sshd, journal vs file lines{mode}{variant}: lines/s", mine.lps, "lines/s",
+                       reference="the same lines from the file (ours, interleaved)", reference_value=file_run.lps,
+                       target="ratio >= 0.9" if not variant else None,
+                       note="the journal row's lines with their dates, scanned as a file tail hands them over")
     return 0
+
+
+def file_runs(log: Path, engine: str, python: bool, daemon_gc: bool) -> list[tuple[str, Run]]:
+    """The file-line runs the journal row is compared with: JIT and (when it runs) interpreted."""
+    run, scanner = ours(log, engine, python, daemon_gc)
+    out = [("", run)]
+    if not python and "JIT)" in scanner:
+        got = ours_interpreted(log, engine, daemon_gc)
+        if got is not None:
+            out.append((", interpreted (packaged unit)", got[0]))
+    return out
 
 
 if __name__ == "__main__":

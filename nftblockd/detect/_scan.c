@@ -1,11 +1,13 @@
 /* nftblockd.detect._scan: the native scanning core of the matcher (PCRE2, JIT when the system allows it).
  *
- * What it does: `Scanner.scan(lines, now, ctx, slow)` runs a compiled filter over a block of log lines and
- * returns what `Filter.scan` returns, `[(index, Match | Rejected), ...]`, doing per line in C what the
+ * What it does: `Scanner.scan(lines, now, ctx, slow[, stamped])` runs a compiled filter over a block of log
+ * lines and returns what `Filter.scan` returns, `[(index, Match | Rejected), ...]`, doing per line in C what the
  * Python path (matcher.py, `Filter._general` and the fast lane) does: cut overlong lines, the substring
  * gate, the syslog / ISO timestamp at the line start, the prefix or prefregex, the dispatch on the
  * message's first characters, the failregexes in order, ignoreregexes, the multi-line connection memory
  * (the caller's MatchContext: a dict of _Conn objects shared with the Python path) and the strict host.
+ * `stamped` lines (journal entries, whose time travels beside the text) skip the timestamp step: the whole
+ * line is the text, its time None, exactly as the Python path's stamped mode (Filter.scan).
  *
  * What it must not do: decide anything the Python path would decide differently. Every line it cannot take
  * exactly is handed to `slow(line, now, ctx)` (the Python path, for that one line, with the same context):
@@ -1693,14 +1695,21 @@ static int match_text(ScannerObject *self, const char *text, Py_ssize_t tlen, Py
     return decide(self, hit, &g, ignored, when, cx, out, idx) < 0 ? LINE_ERROR : LINE_DONE;
 }
 
+/* A stamped line (a journal entry: its time travels beside it) has no date to find: the whole line is the
+ * text the prefix sees and its `when` is None (the caller's LogLine.time), as fail2ban's processLine with a
+ * date given. */
 static int scan_line(ScannerObject *self, PyObject *line, const char *b, Py_ssize_t n, Context *cx,
-                     StampMemo *memo, PyObject *out, Py_ssize_t idx) {
+                     StampMemo *memo, PyObject *out, Py_ssize_t idx, int stamped) {
     if (!gate_pass(self, b, n))
         return LINE_DONE;
-    const char *text = NULL;
-    Py_ssize_t tlen = 0;
+    const char *text = b;
+    Py_ssize_t tlen = n;
     PyObject *when = NULL;
-    int st = timestamp(self, line, b, n, cx, memo, &text, &tlen, &when);
+    int st = LINE_DONE;
+    if (stamped)
+        when = Py_NewRef(Py_None);
+    else
+        st = timestamp(self, line, b, n, cx, memo, &text, &tlen, &when);
     if (st != LINE_DONE)
         return st;
     st = match_text(self, text, tlen, when, cx, out, idx);
@@ -1712,7 +1721,8 @@ static int scan_line(ScannerObject *self, PyObject *line, const char *b, Py_ssiz
 static PyObject *Scanner_scan(PyObject *op, PyObject *args) {
     ScannerObject *self = (ScannerObject *)op;
     PyObject *lines, *now, *ctx, *slow;
-    if (!PyArg_ParseTuple(args, "OOOO", &lines, &now, &ctx, &slow))
+    int stamped = 0;
+    if (!PyArg_ParseTuple(args, "OOOO|p", &lines, &now, &ctx, &slow, &stamped))
         return NULL;
     if (self->busy) {
         PyErr_SetString(PyExc_RuntimeError, "Scanner.scan is not re-entrant");
@@ -1773,7 +1783,7 @@ static PyObject *Scanner_scan(PyObject *op, PyObject *args) {
             if (n > self->max_line)
                 n = self->max_line;
             if (memchr(b, '\n', (size_t)n) == NULL && memchr(b, '\r', (size_t)n) == NULL)
-                st = scan_line(self, line, b, n, &cx, &memo, out, i);
+                st = scan_line(self, line, b, n, &cx, &memo, out, i, stamped);
         }
         if (st == LINE_SLOW) {
             self->python_lines++;
@@ -1827,8 +1837,8 @@ static PyObject *Scanner_get_jit(PyObject *op, void *closure) {
 
 static PyMethodDef Scanner_methods[] = {
     {"scan", Scanner_scan, METH_VARARGS,
-     "scan(lines, now, ctx, slow) -> [(index, Match | Rejected), ...]; slow(line, now, ctx) is the Python path "
-     "for one line"},
+     "scan(lines, now, ctx, slow, stamped=False) -> [(index, Match | Rejected), ...]; slow(line, now, ctx) is "
+     "the Python path for one line; stamped: the lines carry their time (journal), no date is looked for"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -137,13 +137,14 @@ class JailRunner:
 
         marker = asyncio.create_task(mark_ready())
         consumed = 0
+        stamped = isinstance(src, JournalSource)  # its lines carry their time: no date search (Filter.scan)
         try:
             while True:
                 batch = await queue.get()
                 arrival = time.monotonic()
                 consumed += len(batch)
                 live = bool(ready_mark) and consumed > ready_mark[0]
-                bans, records = self.process(batch, time.time(), live, arrival)
+                bans, records = self.process(batch, time.time(), live, arrival, stamped)
                 if bans:
                     await self.sink.submit(bans, records, arrival)  # waits while the sink's queue is full
                 # Queue.get() does not suspend while batches are waiting: yield, so the bans of this batch
@@ -154,7 +155,8 @@ class JailRunner:
             # lines already handed over by the source are matched before we stop (their position is saved)
             while not queue.empty():
                 with contextlib.suppress(Exception):
-                    bans, records = self.process(queue.get_nowait(), time.time(), False, time.monotonic())
+                    bans, records = self.process(queue.get_nowait(), time.time(), False, time.monotonic(),
+                                                 stamped)
                     if bans and not self.sink.submit_nowait(bans, records, time.monotonic()):
                         # no room left at shutdown: the tracker must not believe these are banned
                         log.warning("jail %s: %d bans decided while stopping could not be queued",
@@ -162,10 +164,11 @@ class JailRunner:
                         for b in bans:
                             self.tracker.forget_ban(b.target, jail=b.jail)
 
-    def process(self, batch: LineBatch, now: float, live: bool, arrival: float
+    def process(self, batch: LineBatch, now: float, live: bool, arrival: float, stamped: bool = False
                 ) -> tuple[list[Ban], list[BanRecord]]:
         """Match a batch of lines and feed the failures to the tracker: returns the bans it decided (for the
-        sink, as one submission) and their history records."""
+        sink, as one submission) and their history records. `stamped`: the lines are the journal's, their
+        time is LogLine.time and their text holds no date to look for (fail2ban's systemd backend)."""
         flt = self.filter
         st = self.stats
         ctx = self._ctx
@@ -178,7 +181,7 @@ class JailRunner:
         on_failure = self.on_failure
         # read per batch: a reload may change whether the jail's actions show lines (ActionHub.configure)
         memory = self.memory if self.memory is not None and self.memory.keep else None
-        for i, r in flt.scan(texts, now, ctx):
+        for i, r in flt.scan(texts, now, ctx, stamped=stamped):
             if type(r) is Rejected:
                 st.rejected += 1
                 st.by_reason[str(r.reason)] = st.by_reason.get(str(r.reason), 0) + 1

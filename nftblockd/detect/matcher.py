@@ -12,6 +12,8 @@ How a line is matched (the general path, `Filter._general`):
 2. Gate: the filter's `prefilter` substrings, or else a literal every failregex needs (derived from the
    regex). A line holding none of them is dropped with a few substring searches.
 3. The timestamp is found (timestamps.DateParser) and cut out, as fail2ban does, so regexes never see it.
+   Journal lines are "stamped" (`scan(..., stamped=True)`): their time travels beside the text, so no date
+   is looked for and the regexes see the whole "host ident[pid]: message", as in fail2ban's systemd backend.
 4. The filter's prefix (fail2ban `prefregex`, or a YAML `prefix`) must match at the start; the regexes
    then see the message after it.
 5. Only the failregexes that can start the way the message starts are tried, in order; the first match
@@ -552,6 +554,23 @@ def _plan(rule: _Rule, local: dict[str, int], pre: dict[str, int], tail: tuple[i
     return _Plan(rule, tuple(idx), core, field_names, values, alts, field1)
 
 
+def _lane(pattern: str, marks: dict[str, tuple[_Rule, str]], pre_only: Mapping[str, int]
+          ) -> tuple[re.Pattern[str], dict[str | None, _Plan | None]] | None:
+    """The fast lane's regex for `pattern` and the plan of each rule marker in it (None: `re` refuses it)."""
+    try:
+        rx = re.compile(cheap_optionals(pattern))
+    except re.error:
+        return None
+    gi = rx.groupindex
+    pre = {n: gi[n] for n in pre_only}
+    tail = (gi["_pre"], gi["_ds"], gi["_di"], gi["_none"])
+    plans: dict[str | None, _Plan | None] = {}
+    for mark, (r, own) in marks.items():
+        local = {n[len(own):]: j for n, j in gi.items() if n.startswith(own)}
+        plans[mark] = _plan(r, local, pre, tail)
+    return rx, plans
+
+
 def _joinable(rule: _Rule) -> bool:
     """Can the rule be one alternative of the combined regex (on `re`, anchored at the message start)?"""
     p = rule.pattern
@@ -563,9 +582,10 @@ class Filter:
     (which only saves work and never changes a result), so one Filter may serve many jails.
     """
 
-    __slots__ = ("_dates", "_fast", "_fast_plans", "_gate", "_heads", "_heads_len", "_hosts", "_ignore",
-                 "_ignore_rx", "_ignore_whole", "_ml", "_native", "_pref", "_pref_rx", "_rules", "_unheaded",
-                 "definition", "engines", "name", "native_notes", "notes", "scanner", "uses_context")
+    __slots__ = ("_dates", "_fast", "_fast_plans", "_fast_plans_stamped", "_fast_stamped", "_gate", "_heads",
+                 "_heads_len", "_hosts", "_ignore", "_ignore_rx", "_ignore_whole", "_ml", "_native", "_pref",
+                 "_pref_rx", "_rules", "_unheaded", "definition", "engines", "name", "native_notes", "notes",
+                 "scanner", "uses_context")
 
 
     # complexity exempt (C901): building a filter's engines: each optional part is one branch
@@ -649,6 +669,8 @@ class Filter:
             for src in (definition.prefregex, definition.prefix, *definition.failregex) if src is not None)
         self._fast: re.Pattern[str] | None = None
         self._fast_plans: dict[str | None, _Plan | None] = {}
+        self._fast_stamped: re.Pattern[str] | None = None  # the same without the date (journal lines)
+        self._fast_plans_stamped: dict[str | None, _Plan | None] = {}
         if fast:
             self._build_fast_lane()
         # The native scanning core (native.py), when the extension is built and the filter suits it;
@@ -729,13 +751,12 @@ class Filter:
         timestamp forms; the tests run both paths over every sample line and require identical results.
         """
         d = self.definition
-        if d.prefix is None or self._dates.fast_shapes is None:
+        if d.prefix is None:
             return
         try:
             prefix = expand_tags(d.prefix.text)
             if lint_regex("^" + prefix):
                 return
-            syslog, iso = self._dates.fast_shapes
             re.compile(prefix)
         except (re.error, UnsupportedRegex):
             return
@@ -760,56 +781,62 @@ class Filter:
                     else "(?P<_slowo>)")
             guard = f"(?!{'|'.join(re.escape(k) for k in keys)})" if keys else ""
             branches.append(guard + body)
-        pattern = (f"(?:(?P<_ds>{syslog})|(?P<_di>{iso}))"
-                   f"(?:(?P<_pre>(?>{prefix}))(?:{'|'.join(branches)})|(?P<_none>))")
-        try:
-            rx = re.compile(cheap_optionals(pattern))
-        except re.error:
-            return
-        gi = rx.groupindex
+        body = f"(?:(?P<_pre>(?>{prefix}))(?:{'|'.join(branches)})|(?P<_none>))"
         pre_only = re.compile(prefix).groupindex
-        pre = {n: gi[n] for n in pre_only}
-        tail = (gi["_pre"], gi["_ds"], gi["_di"], gi["_none"])
-        plans: dict[str | None, _Plan | None] = {}
-        for mark, (r, own) in marks.items():
-            local = {n[len(own):]: j for n, j in gi.items() if n.startswith(own)}
-            plans[mark] = _plan(r, local, pre, tail)
-        self._fast_plans = plans
-        self._fast = rx
+        if self._dates.fast_shapes is not None:
+            syslog, iso = self._dates.fast_shapes
+            lane = _lane(f"(?:(?P<_ds>{syslog})|(?P<_di>{iso})){body}", marks, pre_only)
+            if lane is not None:
+                self._fast, self._fast_plans = lane
+        # Stamped lines (the journal's) have no date to read whatever the datepattern: two empty groups
+        # stand where the date groups were, so the plans read the same tuple shape and `_ds` is always "".
+        lane = _lane(f"(?P<_ds>)(?P<_di>){body}", marks, pre_only)
+        if lane is not None:
+            self._fast_stamped, self._fast_plans_stamped = lane
 
     # -- matching ----------------------------------------------------------------------------------------
 
-    def match(self, line: str, now: float, ctx: MatchContext | None = None) -> MatchResult:
+    def match(self, line: str, now: float, ctx: MatchContext | None = None, *, stamped: bool = False
+              ) -> MatchResult:
         """Match one line. `now` is the caller's clock (used for year inference and context expiry).
 
         Returns Match (a failure by an address, possibly `ignored`), Rejected (a failure whose host is not
         a usable address) or None. Pass a MatchContext to get multi-line (connection id) semantics; without
-        one every line stands alone. Never raises on input.
+        one every line stands alone. Never raises on input. `stamped`: see `scan`.
         """
-        found = self.scan((line,), now, ctx)
+        found = self.scan((line,), now, ctx, stamped=stamped)
         return found[0][1] if found else None
 
     # C901: one function on purpose. It runs for every line of every jail and inlines the general path's
     # steps (state, connection merge, decision, result) with every lookup hoisted out of the loop; a call per
     # step per line is what the inlining removed (bench_matcher times it in lines/s). `match` and the general
     # path are the readable version, and tests check the two agree line by line.
-    def scan(self, lines: Sequence[str], now: float, ctx: MatchContext | None = None
+    def scan(self, lines: Sequence[str], now: float, ctx: MatchContext | None = None, *, stamped: bool = False
              ) -> list[tuple[int, Match | Rejected]]:
         """Match many lines in order (what `match` does for each): the (index, result) of every line that
         gave a result. The daemon's hot path: on the native core when there is one (it hands the lines it
         cannot take exactly to `_scan_one`), else `_scan_py`.
+
+        `stamped`: the lines carry their time outside their text (journal entries, "host ident[pid]: msg"),
+        as fail2ban's systemd backend hands them to `processLine` with the journal's date: no date is looked
+        for, whatever the filter's datepattern, and the regexes see the whole text, a date-like text in the
+        message included. Such a result's `time` is None: the line's own time (LogLine.time) is its time.
+        An embedded newline becomes the two characters "\\n", as fail2ban's formatJournalEntry writes it.
         """
         native = self._native
         if native is not None:
+            if stamped:
+                return native.scan(lines, now, ctx, self._scan_one_stamped, True)  # type: ignore[no-any-return]
             return native.scan(lines, now, ctx, self._scan_one)  # type: ignore[no-any-return]
         if self._ml is not None:
-            return self._scan_multi(lines, now, ctx)
-        return self._scan_py(lines, now, ctx)
+            return self._scan_multi(lines, now, ctx, stamped)
+        return self._scan_py(lines, now, ctx, stamped)
 
-    def _scan_multi(self, lines: Sequence[str], now: float, ctx: MatchContext | None
+    def _scan_multi(self, lines: Sequence[str], now: float, ctx: MatchContext | None, stamped: bool = False
                     ) -> list[tuple[int, Match | Rejected]]:
         """fail2ban's maxlines buffer (multiline.py): each line joins the buffer, which the regexes search;
-        without a context each line stands alone."""
+        without a context each line stands alone. Stamped lines are buffered whole, their time None (each
+        match takes the time of the line that completes it, as fail2ban's findFailure does)."""
         ml = self._ml
         assert ml is not None
         buf: list[BufferedLine] = ctx.lines if ctx is not None else []
@@ -817,10 +844,16 @@ class Filter:
         for i, line in enumerate(lines):
             if len(line) > MAX_LINE:
                 line = line[:MAX_LINE]
-            found = self._dates.find_span(line, now)
+            if stamped:
+                found = None
+                line = line.replace("\n", "\\n")
+            else:
+                found = self._dates.find_span(line, now)
             if found is not None and found[1] < found[2]:
                 when: float | None = found[0]
                 text = line[:found[1]] + line[found[2]:]
+            elif stamped:
+                when, text = None, line
             else:  # no date, or an empty one (`^WARNING:()**`): fail2ban's last known date, the message's
                 when, text = (buf[-1].time if buf else None), line
             if "\n" in text:  # a journal message may hold one: it must not pass for a line of its own (`^`)
@@ -858,31 +891,41 @@ class Filter:
         found = self._scan_py((line,), now, ctx)
         return found[0][1] if found else None
 
+    def _scan_one_stamped(self, line: str, now: float, ctx: MatchContext | None) -> MatchResult:
+        """`_scan_one` for a stamped line (the native core's fallback in a stamped batch)."""
+        found = self._scan_py((line,), now, ctx, True)
+        return found[0][1] if found else None
+
 
     # complexity exempt (C901): the per-line hot path of the Python engine, inlined on purpose (bench_matcher)
-    def _scan_py(self, lines: Sequence[str], now: float, ctx: MatchContext | None = None  # noqa: C901
-                 ) -> list[tuple[int, Match | Rejected]]:
+    def _scan_py(self, lines: Sequence[str], now: float, ctx: MatchContext | None = None,  # noqa: C901
+                 stamped: bool = False) -> list[tuple[int, Match | Rejected]]:
         """The pure-Python path of `scan`: the reference, and the fallback without the native core.
         Everything a line needs is looked up once per batch.
         """
         out: list[tuple[int, Match | Rejected]] = []
         gate = self._gate
         gate1 = gate[0] if gate is not None and len(gate) == 1 else None
-        fast = self._fast
+        fast = self._fast_stamped if stamped else self._fast
         fmatch = fast.match if fast is not None else None
-        plans = self._fast_plans
+        plans = self._fast_plans_stamped if stamped else self._fast_plans
         stamp = self._dates.stamp
-        general = self._general
+        general = self._general_stamped if stamped else self._general
         ignore = self._ignore
         hosts = self._hosts
         conns = ctx._conns if ctx is not None else None
-        last_ds: str | None = None
-        last_di: str | None = None
+        # The stamped lane's date groups are always "" (see _build_fast_lane): starting from "" the time is
+        # never read from the text and stays None, the line's own time.
+        last_ds: str | None = "" if stamped else None
+        last_di: str | None = "" if stamped else None
         last_when: float | None = None  # `now` is fixed for the call, so a timestamp text has one time
         for i, line in enumerate(lines):
             if len(line) > MAX_LINE:
                 line = line[:MAX_LINE]
-            if "\n" in line or "\r" in line:
+            if stamped:
+                if "\n" in line:  # fail2ban's formatJournalEntry: one entry, one line, "\\n" for a newline
+                    line = line.replace("\n", "\\n")
+            elif "\n" in line or "\r" in line:
                 # One record, one line: an embedded newline must not let a forged line start mid-record.
                 line = line.replace("\r", " ").replace("\n", " ")
             if gate1 is not None:
@@ -1024,8 +1067,12 @@ class Filter:
                 out.append((i, _new_match(Match, (host, when, False, fields, rule.index))))
         return out
 
-    def _general(self, line: str, now: float, ctx: MatchContext | None) -> MatchResult:
-        found = self._dates.find_span(line, now)
+    def _general_stamped(self, line: str, now: float, ctx: MatchContext | None) -> MatchResult:
+        """`_general` for a stamped line: no date is looked for, the regexes see the whole text."""
+        return self._general(line, now, ctx, True)
+
+    def _general(self, line: str, now: float, ctx: MatchContext | None, stamped: bool = False) -> MatchResult:
+        found = None if stamped else self._dates.find_span(line, now)
         if found is not None:
             when: float | None = found[0]
             text = line[:found[1]] + line[found[2]:] if found[1] or found[2] else line

@@ -87,12 +87,15 @@ def generated_lines() -> list[str]:
     return lines
 
 
-def same(flt_native: Filter, flt_python: Filter, lines: list[str], now: float = NOW, batch: int = 500) -> None:
-    """Equal results in batches (as the jails scan) and one line at a time, connections included."""
+def same(flt_native: Filter, flt_python: Filter, lines: list[str], now: float = NOW, batch: int = 500,
+         stamped: bool = False) -> None:
+    """Equal results in batches (as the jails scan) and one line at a time, connections included;
+    `stamped`: as journal lines (no date search)."""
     cn, cp = MatchContext(), MatchContext()
     for i in range(0, len(lines), batch):
         chunk = lines[i:i + batch]
-        got, want = flt_native.scan(chunk, now, cn), flt_python.scan(chunk, now, cp)
+        got = flt_native.scan(chunk, now, cn, stamped=stamped)
+        want = flt_python.scan(chunk, now, cp, stamped=stamped)
         if got != want:
             diff = next((g, w) for g, w in zip([*got, None], [*want, None], strict=False) if g != w)
             k = (diff[0] or diff[1])[0]  # type: ignore[index]
@@ -174,6 +177,9 @@ def test_every_translated_regex_finds_what_re_finds(text: str) -> None:
 
 
 LINES = (sample_lines() + generated_lines()) if native.available() else []
+# the same as journal lines: "host ident[pid]: message", the date at the head cut off (it travels beside)
+_HEAD_DATE = re.compile(r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d\S*) ")
+JOURNAL_LINES = [_HEAD_DATE.sub("", line) for line in LINES]
 
 
 @pytest.mark.parametrize(("name", "definition"), list(builtin_definitions()), ids=lambda x: x
@@ -188,6 +194,18 @@ def test_builtin_filters_agree_on_sample_and_generated_logs(name: str, definitio
         assert stats["python_lines"] < stats["lines"] / 4
 
 
+@pytest.mark.parametrize(("name", "definition"), list(builtin_definitions()), ids=lambda x: x
+                         if isinstance(x, str) else "")
+def test_builtin_filters_agree_on_stamped_lines(name: str, definition: FilterDef) -> None:
+    nat, py = pair(definition)
+    same(nat, py, JOURNAL_LINES, stamped=True)
+    same(nat, py, LINES[:3000], stamped=True)  # a stamped line that starts with a date keeps it too
+    stats = nat.native_stats
+    assert stats is not None and stats["limited"] == 0
+    if not nat.native_notes:  # no date search: only non-ASCII, CR/LF lines leave the native core
+        assert stats["python_lines"] < stats["lines"] / 20
+
+
 def test_fail2ban_filters_agree_on_sample_and_generated_logs() -> None:
     filters = f2b_filters()
     if not filters:
@@ -197,6 +215,7 @@ def test_fail2ban_filters_agree_on_sample_and_generated_logs() -> None:
         py = compile_filter(nat.definition, tz=UTC, native=False)
         natives += nat.scanner.startswith("native")
         same(nat, py, LINES)
+        same(nat, py, JOURNAL_LINES, stamped=True)
     # the others have a lint-flagged regex on RE2 where it matters (matched natively under a match limit, a
     # padded line could slip past them; RE2 answers in linear time)
     assert natives >= 0.65 * len(filters)
@@ -251,6 +270,13 @@ HOSTILE_PY = [compile_filter(f.definition, tz=f._dates.tz, native=False) for f i
 def test_hostile_lines_agree(lines: list[str], now: float, batch: int) -> None:
     for nat, py in zip(HOSTILE, HOSTILE_PY, strict=True):
         same(nat, py, lines, now=now, batch=batch)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_line, max_size=16), st.sampled_from([3, 100]))
+def test_hostile_stamped_lines_agree(lines: list[str], batch: int) -> None:
+    for nat, py in zip(HOSTILE, HOSTILE_PY, strict=True):
+        same(nat, py, lines, batch=batch, stamped=True)
 
 
 # -- bounds, engines, fallbacks ----------------------------------------------------------------------------
