@@ -20,7 +20,6 @@ import asyncio  # noqa: TID251 (an IO edge: hands batches to the kernel thread a
 import errno as E
 import functools
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -48,7 +47,6 @@ T = TypeVar("T")
 # called (so a bulk ban can queue its save, let the kernel commit meanwhile, then await both).
 Persist = Callable[[StateChange], Awaitable[None]]
 
-HANDOVER_WAIT = 0.002  # s: how long `_meanwhile` waits for the kernel thread to take a job before working on
 AUDIT_LINES_PER_REQUEST = 50  # beyond this, a bulk request gets one summary line instead of a flood
 AUDIT_LINES_PER_SECOND = 10.0  # and over time: a flood of small requests (a jail's burst) is summarised too
 
@@ -551,60 +549,22 @@ class Enforcer:
         until_ms = None if until is None else int(until * 1000)
         spec_new = OpSpec(True, until_ms, "")
         spec_kept = OpSpec(True, until_ms, "", True)
-        changed = {name: d for name, d in deltas.items() if d[0] or d[1] or d[2]}
-        now = time.time()
-        refused: list[tuple[str, int]] = []
-        async with self._lock:
-            writer = self._writer()
+
+        def plan() -> list[Group]:
             groups: list[Group] = []
-            for name, (added, removed, renewed) in changed.items():
-                # The kernel's ops come from the delta alone, so the state can follow while the kernel commits
-                # (`_meanwhile`). A removed key the state no longer holds ended meanwhile, in the kernel too:
-                # deleting it again is harmless with DESTROYSETELEM; without it (DELSETELEM fails on an absent
-                # element) only the held ones are deleted, as the state says now.
-                held = self.state.sets[name].entries
-                gone = removed if writer.features.destroy else [k for k in removed if k in held]
+            for name, (added, removed, renewed) in deltas.items():
+                if not (added or removed or renewed):
+                    continue
+                gone = self.state.apply_delta(name, added, removed, renewed, until, origin=origin, reason=reason)
                 if gone:
                     groups.append(Group(name, gone, [DELETE] * len(gone)))
                 if added or renewed:
                     groups.append(Group(name, added + renewed, [spec_new] * len(added) + [spec_kept] * len(renewed)))
+            return groups
 
-            def follow() -> None:
-                for name, (added, removed, renewed) in changed.items():
-                    self.state.apply_delta(name, added, removed, renewed, until, origin=origin, reason=reason)
-
-            if groups:
-                res = await self._meanwhile(follow, writer.write, groups, int(now * 1000))
-                self.generation = writer.last_generation
-                refused = self._settle_write(res, groups)
-            else:
-                follow()
+        refused = await self.write_sets(plan, time.time())
         return SyncResult(sum(len(d[0]) for d in deltas.values()), sum(len(d[1]) for d in deltas.values()),
                           len(refused)), refused
-
-    async def _meanwhile(self, work: Callable[[], None], fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on the kernel thread, and `work()` here while the kernel commits: a feed refresh's state
-        bookkeeping (~0.6 ms for a 1 % refresh of 54,000 keys, its memory cold after the kernel's work) then
-        costs nothing next to the transaction (~15-30 ms, the GIL released in send()).
-
-        Handing over takes a wait here: the kernel thread needs the GIL to start, and this thread would keep
-        it through `work()`. So this thread waits (GIL released) until the kernel thread has begun, 2 ms at
-        most (a kernel thread still busy with an earlier job is not waited for: `work()` then simply runs
-        first, as it would without this). `work()` raising still lets the write finish before it propagates.
-        """
-        started = threading.Event()
-
-        def job() -> T:
-            started.set()
-            return fn(*args)
-
-        fut = asyncio.get_running_loop().run_in_executor(self._executor, job)
-        started.wait(HANDOVER_WAIT)
-        try:
-            work()
-        finally:
-            out = await fut
-        return out
 
     async def restore_hosts(self, blocklist: str, version: int, keys: list[int], ends_ms: list[int | None], *,
                             origin: str, reason: str, jail: str,

@@ -4,10 +4,8 @@ feed manager applies it to an Enforcer over the in-memory kernel (tests/helpers/
 from __future__ import annotations
 
 import errno as E
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -205,65 +203,3 @@ async def test_an_element_the_kernel_refused_is_added_again_next_time(enforcer: 
     del fake.fail[("feeds_ip4", hosts[3])]
     res = await apply_desired(enf, applied, _desired(hosts, []), None, reason="feeds x")
     assert (res.added, res.failed) == (1, 0) and fake.elements("feeds_ip4") == set(hosts)
-    assert hosts[3] in enf.state.sets["feeds_ip4"].entries
-
-
-async def test_the_refused_key_is_forgotten_by_the_state_that_followed_the_write(
-        enforcer: tuple[Enforcer, FakeSetWriter]) -> None:
-    # the state follows the delta while the kernel commits (Enforcer._meanwhile); a refusal is settled after
-    enf, fake = enforcer
-    applied = AppliedSets()
-    hosts = [0xC6130000 + i for i in range(4)]
-    await apply_desired(enf, applied, _desired(hosts[:2], []), None, reason="feeds x")
-    fake.fail[("feeds_ip4", hosts[3])] = E.ENOMEM
-    res = await apply_desired(enf, applied, _desired(hosts[1:], []), None, reason="feeds x")
-    assert (res.added, res.removed, res.failed) == (2, 1, 1)
-    assert set(enf.state.sets["feeds_ip4"].entries) == {hosts[1], hosts[2]} == fake.elements("feeds_ip4")
-
-
-@pytest.mark.parametrize("destroy", [True, False])
-async def test_a_removed_key_that_ended_meanwhile_is_deleted_only_where_that_is_harmless(
-        enforcer: tuple[Enforcer, FakeSetWriter], destroy: bool) -> None:
-    """The refresh's ops come from the delta before the state follows it. A removed key the state no longer
-    holds (it ended) is deleted anyway with DESTROYSETELEM (a no-op if the kernel dropped it too); without it
-    a DELSETELEM of an absent element would fail, so only held keys are deleted."""
-    enf, fake = enforcer
-    fake.features = replace(fake.features, destroy=destroy)
-    applied = AppliedSets()
-    hosts = [0xC6130000 + i for i in range(3)]
-    await apply_desired(enf, applied, _desired(hosts, []), None, reason="feeds x")
-    del enf.state.sets["feeds_ip4"].entries[hosts[0]]  # as the state's sweep does when a ban ends
-    await apply_desired(enf, applied, _desired(hosts[2:], []), None, reason="feeds x")
-    (group,) = fake.transactions[-1]
-    assert group.keys == (hosts[:2] if destroy else [hosts[1]]) and not any(s.add for s in group.specs)
-    assert set(enf.state.sets["feeds_ip4"].entries) == {hosts[2]}
-
-
-async def test_meanwhile_works_while_the_kernel_thread_runs_and_a_failure_still_lets_the_write_end(
-        enforcer: tuple[Enforcer, FakeSetWriter]) -> None:
-    enf, _fake = enforcer
-    in_fn, worked = threading.Event(), threading.Event()
-
-    def fn(x: int) -> bool:
-        in_fn.set()
-        return worked.wait(10)  # bound: only a hang if `work` never runs while this does
-
-    def work() -> None:
-        assert in_fn.wait(10)  # the kernel thread's job has begun: this runs alongside it
-        worked.set()
-
-    assert await enf._meanwhile(work, fn, 1) is True
-    in_fn.clear()
-    worked.clear()
-    done: list[int] = []
-
-    def write(x: int) -> int:
-        done.append(x)
-        return x
-
-    def boom() -> None:
-        raise RuntimeError("bookkeeping failed")
-
-    with pytest.raises(RuntimeError, match="bookkeeping"):
-        await enf._meanwhile(boom, write, 7)
-    assert done == [7]  # the kernel's write was not abandoned
