@@ -227,16 +227,18 @@ async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | N
         async def sync(want: dict[str, list[int]], what: str, later: float = 0.0, verify: bool = True) -> None:
             until = None if ban_timeout is None else time.time() + later + ban_timeout
             apply_t.total = tx_t.total = 0.0
+            c0 = time.process_time()
             t0 = time.perf_counter()
             res = await apply_desired(enf, applied, want, until, reason="bench", now=time.time() + later)
             secs = time.perf_counter() - t0
+            cpu = time.process_time() - c0
             assert not res.failed, f"{what}: the kernel refused {res.failed} elements"
             counts = await enf.kernel_counts()
             for name, keys in want.items():
                 assert counts[name] == len(keys), f"{what}: {name} count {counts[name]} != {len(keys)}"
             if check_content and verify:
                 verify_content(ns, plan.table, expected_text(want), what)
-            out[what] = {"s": secs, "apply": apply_t.total, "kernel": tx_t.total, "added": res.added,
+            out[what] = {"s": secs, "cpu": cpu, "apply": apply_t.total, "kernel": tx_t.total, "added": res.added,
                          "removed": res.removed, "elements": sum(len(k) for k in want.values())}
 
         await sync(desired, "load")
@@ -259,26 +261,33 @@ async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | N
         w = enf.writer
         assert isinstance(w, KernelWriter)
 
-        def raw(d: dict[str, tuple[list[int], list[int]]]) -> float:
+        def raw(d: dict[str, tuple[list[int], list[int]]]) -> tuple[float, float]:
+            """(wall seconds, CPU seconds of this process: the commit runs in the sending thread)"""
             msgs = _encode_delta(w, d, until)  # built before the clock starts
+            c0 = time.process_time()
             t0 = time.perf_counter()
             res = sock.transact(msgs)
             secs = time.perf_counter() - t0
+            cpu = time.process_time() - c0
             assert res.committed, f"raw delta refused: {res.errors[:1]}"
-            return secs
+            return secs, cpu
 
         until = None if ban_timeout is None else time.time() + ban_timeout
         again: list[float] = []
         floor: list[float] = []
+        cpu: dict[str, list[float]] = {"again": [], "floor": [], "ours_gc": [out["refresh"]["cpu"]], "floor_gc": []}
         for rep in range(REPEAT):
             for who in (("ours", "raw") if rep % 2 == 0 else ("raw", "ours")):
                 if who == "ours":
                     await sync(desired, "back", verify=False)
                     await sync(desired2, "again", verify=False)
                     again.append(out["again"]["s"])
+                    cpu["again"].append(out["again"]["cpu"])
                 else:
                     await enf.kernel(raw, back)
-                    floor.append(await enf.kernel(raw, fwd))
+                    secs, c = await enf.kernel(raw, fwd)
+                    floor.append(secs)
+                    cpu["floor"].append(c)
         # and with the backend's garbage-collection scan due, as for the first refresh (which comes seconds
         # after the load) and for a real one (hours after the last): each undone, then GC_DUE later redone,
         # ours and the floor interleaved GC_REPEAT times (one pair of single samples swung the ratio 0.8-1.6)
@@ -291,15 +300,18 @@ async def ours(desired: dict[str, list[int]], body2: str, ban_timeout: float | N
                     await asyncio.sleep(GC_DUE)
                     await sync(desired2, "again", verify=False)
                     ours_gc.append(out["again"]["s"])
+                    cpu["ours_gc"].append(out["again"]["cpu"])
                 else:
                     await enf.kernel(raw, back)
                     await asyncio.sleep(GC_DUE)
-                    floor_gc.append(await enf.kernel(raw, fwd))
+                    secs, c = await enf.kernel(raw, fwd)
+                    floor_gc.append(secs)
+                    cpu["floor_gc"].append(c)
         counts = await enf.kernel_counts()
         for name, keys in desired2.items():
             assert counts[name] == len(keys), f"after the floor: {name} count {counts[name]} != {len(keys)}"
         out["floor"] = {"again": statistics.median(again), "floor": statistics.median(floor),
-                        "ours_gc": ours_gc, "floor_gc": floor_gc}
+                        "ours_gc": ours_gc, "floor_gc": floor_gc, "cpu": cpu}
         if ban_timeout is not None:
             # the refresh that finds every element past half of its life: each kept one is renewed (what every
             # refresh did before); `later` moves the planner's clock, the kernel's timeouts are relative anyway
@@ -523,6 +535,15 @@ def main() -> None:
                     f"Medians: the first refresh plus {GC_REPEAT} per round undone and redone {GC_DUE}s later, "
                     f"interleaved with the floor done so ({n_gc} samples). The floor alone is "
                     f"{floor_gc / load:.3f} of the full load; the refresh {ours_gc / load:.3f}")
+        c = {k: med([t for f in fl for t in f["cpu"][k]]) for k in fl[0]["cpu"]}
+        record(f"feeds_kernel.70k.refresh_1pct{label}_vs_floor_cpu_s", c["ours_gc"], "s",
+               reference="kernel floor, CPU time", reference_value=c["floor_gc"],
+               target="ratio <= 1.1" if variant == "none" else None,
+               note=f"the row above in CPU seconds of the bench process (time.process_time: the commit runs in "
+                    f"the sending thread, so the kernel's work is counted; time other processes take from "
+                    f"the shared cores is not, which swings the wall-time ratio by +-0.3 from run to run); "
+                    f"same samples. Without the gc scan (the _again_ row's pairs): ours {c['again'] * 1e3:.1f} "
+                    f"ms, floor {c['floor'] * 1e3:.1f} ms, ratio {c['again'] / c['floor']:.3f}")
         record(f"feeds_kernel.70k.refresh_1pct{label}_again_s", again, "s",
                reference="kernel floor, no gc scan due", reference_value=floor,
                note=f"the same refresh undone and redone {REPEAT}x per round, interleaved with the floor undone "
