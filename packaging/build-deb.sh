@@ -159,9 +159,10 @@ PY
 "$CC" -O2 -g0 -s -shared -fPIC -Wall -DPy_LIMITED_API=0x030B0000 -I"$PY_INCLUDE" \
     nftblockd/detect/_scan.c -lpcre2-8 -o "$LIB/nftblockd/detect/_scan.abi3.so"
 chmod 0644 "$LIB/nftblockd/detect/_scan.abi3.so"
-# The feed refresh's sorted-key diff (setup.py's second extension; Python's C API alone)
+# The feed refresh's sorted-key diff (setup.py's second extension; Python's C API alone). Linked to libc
+# although it calls nothing there: a shared library without it is lintian's shared-library-lacks-prerequisites.
 "$CC" -O2 -g0 -s -shared -fPIC -Wall -DPy_LIMITED_API=0x030B0000 -I"$PY_INCLUDE" \
-    nftblockd/feeds/_sorted.c -o "$LIB/nftblockd/feeds/_sorted.abi3.so"
+    nftblockd/feeds/_sorted.c -Wl,--no-as-needed -lc -o "$LIB/nftblockd/feeds/_sorted.abi3.so"
 chmod 0644 "$LIB/nftblockd/feeds/_sorted.abi3.so"
 "$SYSTEM_PYTHON" -I -B -c 'import sys; sys.path.insert(0, sys.argv[1]); from nftblockd.detect import native
 assert native.available(), native.describe()
