@@ -490,11 +490,14 @@ class BanState:
         packed = pack_end(to_ms(until), self._intern((origin, reason, "", "")))
         if added or renewed:
             self._due(to_ms(until))
-        gone = [k for k in removed if d.pop(k, None) is not None]
-        new = [k for k in added if k not in d]
-        d.update(dict.fromkeys(added, packed))
-        d.update(dict.fromkeys(renewed, packed))
-        _reindex(entries, new, gone)
+        pop = d.pop
+        gone = [k for k in removed if pop(k, None) is not None]
+        if entries.spec.interval:  # which keys are new matters to a small edit of the index only
+            small = len(added) + len(removed) < INDEX_EDITS
+            _reindex(entries, [k for k in added if k not in d] if small else added, gone)
+        d.update(zip(added, itertools.repeat(packed)))  # a 1 % refresh's dict work, its memory cold after the commit
+        if renewed:
+            d.update(zip(renewed, itertools.repeat(packed)))
         return gone
 
     def unban_hosts(self, blocklist: str, version: int, keys: list[int]) -> tuple[str, list[int], list[int]] | None:

@@ -195,3 +195,32 @@ def each_vs_plain(bans: list[tuple[int, float | None]], held: list[tuple[int, fl
 
 def ban_hosts_each_unknown() -> object:
     return state().ban_hosts_each("nosuch", 4, [1], [None], NOW, origin="remote", reason="")
+
+
+# a feed-owned interval set's keys: disjoint /24s of 198.18.0.0/15 (as the aggregate gives them) as net keys
+_ranges = st.sets(st.integers(0, 511), max_size=150).map(lambda s: sorted((0xC6120000 + (i << 8)) << 8 | 24 for i in s))
+
+
+@given(_ranges, _ranges, st.sets(st.integers(0, 511), max_size=5))
+def test_apply_delta_leaves_the_set_as_replace_set_does(old: list[int], new: list[int], ended: set[int]) -> None:
+    """`apply_delta` (a refresh that diffed itself) against the plain `replace_set`, small edits of the
+    interval index and bulk ones (marked stale) alike: same entries, same look-ups, same keys deleted."""
+    plain, delta = state(), state()
+    for s in (plain, delta):
+        s.replace_set("default_net4", old, None)
+        s.sets["default_net4"].reindex()  # an index in force, edited in place by a small change
+    for i in ended:  # dropped by the feed, and ended meanwhile: the sweep took them out of the state
+        key = (0xC6120000 + (i << 8)) << 8 | 24
+        if key not in new:
+            for s in (plain, delta):
+                s.sets["default_net4"].entries.pop(key, None)
+    added, removed = sorted(set(new) - set(old)), sorted(set(old) - set(new))
+    _a, plain_removed, _k = plain.replace_set("default_net4", new, 3600.0)
+    gone = delta.apply_delta("default_net4", added, removed, [], 3600.0)
+    p, d = plain.sets["default_net4"], delta.sets["default_net4"]
+    assert d.entries == p.entries and set(d.entries) == set(new)
+    assert sorted(gone) == sorted(plain_removed)  # what was held, so what the kernel is asked to delete
+    for i in range(0, 512, 7):
+        first = (0xC6120000 + (i << 8)) + 5
+        assert d.containing(first, first) == p.containing(first, first)
+    assert d.inside(0xC6120000, 0xC613FFFF) == p.inside(0xC6120000, 0xC613FFFF)

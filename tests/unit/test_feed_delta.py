@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import errno as E
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -13,28 +14,58 @@ from hypothesis import strategies as st
 
 from nftblockd.allowlist import EMPTY
 from nftblockd.config import parse_config
-from nftblockd.feeds.delta import AppliedSets, SetDelta, diff_sorted
+from nftblockd.feeds import delta
+from nftblockd.feeds.delta import AppliedSets, SetDelta, diff_sorted, diff_sorted_py
 from nftblockd.feeds.manager import apply_desired
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.ruleset import plan_ruleset
 from tests.helpers.fakekernel import FakeSetWriter
 
 _sorted_keys = st.lists(st.integers(0, 200), max_size=60, unique=True).map(sorted)
+Diff = Callable[[list[int], list[int]], tuple[list[int], list[int]]]
+# the Python walk, and the C loop (feeds/_sorted.c) where it was built: both must give the set differences
+DIFFS = [pytest.param(diff_sorted_py, id="python"),
+         pytest.param(diff_sorted, id="native",
+                      marks=pytest.mark.skipif(not delta.NATIVE, reason="feeds/_sorted.c not built"))]
+# keys on both sides of the C loop's switch from C integers to int objects (2**63), as IPv4 net keys (40
+# bits) and IPv6 ones (136 bits) are
+_wide_keys = st.lists(st.one_of(st.integers(0, 1 << 40), st.integers((1 << 63) - 50, (1 << 63) + 50),
+                                st.integers(0, 1 << 136)), max_size=60, unique=True).map(sorted)
 
 
-@given(_sorted_keys, _sorted_keys)
-def test_diff_sorted_is_the_set_difference_both_ways(old: list[int], new: list[int]) -> None:
-    added, removed = diff_sorted(old, new)
+@pytest.mark.parametrize("diff", DIFFS)
+@given(old=_sorted_keys, new=_sorted_keys)
+def test_diff_sorted_is_the_set_difference_both_ways(diff: Diff, old: list[int], new: list[int]) -> None:
+    added, removed = diff(old, new)
     assert added == sorted(set(new) - set(old))
     assert removed == sorted(set(old) - set(new))
 
 
-@given(_sorted_keys, st.lists(st.integers(0, 200), max_size=8), st.lists(st.integers(0, 200), max_size=8))
-def test_diff_sorted_finds_a_few_changes_in_long_equal_runs(base: list[int], add: list[int], drop: list[int]
-                                                            ) -> None:
+@pytest.mark.parametrize("diff", DIFFS)
+@given(base=_sorted_keys, add=st.lists(st.integers(0, 200), max_size=8), drop=st.lists(st.integers(0, 200), max_size=8))
+def test_diff_sorted_finds_a_few_changes_in_long_equal_runs(diff: Diff, base: list[int], add: list[int],
+                                                            drop: list[int]) -> None:
     old = sorted({k * 1000 for k in base})  # long runs of equal elements, then a handful of differences
     new = sorted((set(old) - {k * 1000 for k in drop}) | {k * 1000 + 1 for k in add})
-    assert diff_sorted(old, new) == (sorted(set(new) - set(old)), sorted(set(old) - set(new)))
+    assert diff(old, new) == (sorted(set(new) - set(old)), sorted(set(old) - set(new)))
+
+
+@pytest.mark.parametrize("diff", DIFFS)
+@given(old=_wide_keys, new=_wide_keys)
+def test_diff_sorted_of_wide_keys_equals_the_python_walk(diff: Diff, old: list[int], new: list[int]) -> None:
+    added, removed = diff(old, new)
+    assert (added, removed) == diff_sorted_py(old, new) == (sorted(set(new) - set(old)), sorted(set(old) - set(new)))
+    assert all(type(k) is int for k in added + removed)
+
+
+@pytest.mark.skipif(not delta.NATIVE, reason="feeds/_sorted.c not built")
+def test_the_native_diff_refuses_what_is_not_two_lists_and_passes_comparison_errors_on() -> None:
+    with pytest.raises(TypeError):
+        diff_sorted((1, 2), [1])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        diff_sorted([1, "a"], [1, 2])  # type: ignore[list-item]  # "a" < 2 raises, as in Python
+    untyped: Any = diff_sorted  # any totally ordered items work, as in Python
+    assert untyped([(1, 1), (2, 0)], [(1, 1), (3, 0)]) == ([(3, 0)], [(2, 0)])
 
 
 def test_applied_sets_diff_the_previous_aggregate_and_renew_at_half_life() -> None:
