@@ -99,6 +99,11 @@ class FleetSink(Protocol):
         """(fleet-origin elements -> end, local-origin bans) of the fleet's blocklist; math.inf = permanent."""
         ...
 
+    async def settled(self) -> None:
+        """Wait until what `apply_fleet` applied so far is saved (`apply_fleet` may return once the kernel holds
+        a change, its database write still queued)."""
+        ...
+
 
 class FleetState(Protocol):
     """The state store's fleet tables (`store.Store` implements it); called from a worker thread."""
@@ -344,6 +349,7 @@ class FleetService:
     async def save_cursor(self) -> None:
         """Persist the cursor now (the daemon calls this at shutdown)."""
         if self._cursor is not None and self._dirty:
+            await self.sink.settled()  # the cursor never runs ahead of the saved bans
             c = self._cursor
             last = c.last_id
             if self._deferred:  # a restart must read the deferred entries again: stop before the first
