@@ -1,6 +1,7 @@
 """The fleet publisher's rounds against a fake engine and the real store: one store call per round (mark the
 previous round, queue, read), what arrives during a publish is queued at once and goes with the next
-MULTI (never two MULTIs at once), and events are never lost to a failing store call or a refused MULTI. No server: `_publish_pending` is driven directly."""
+MULTI (never two MULTIs at once), and events are never lost to a failing store call or a refused MULTI.
+No server: `_publish_pending` is driven directly."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import pytest
 
 from nftblockd.addr import parse_target
 from nftblockd.allowlist import build_allowlist
+from nftblockd.fleet import service as service_module
 from nftblockd.fleet.codec import FleetEvent
 from nftblockd.fleet.link import LinkError
-from nftblockd.fleet import service as service_module
 from nftblockd.fleet.service import FleetService
 from nftblockd.state.store import OutboxItem, OutboxRow, Store, StoreError
 from tests.helpers.fleet import FakeSink, fleet_config
