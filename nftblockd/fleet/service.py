@@ -320,6 +320,7 @@ class FleetService:
         sent: list[int] = []  # published, marked by the next store call
         flight: asyncio.Future[None] | None = None  # the MULTI out now, of the rows `flying`
         flying: list[int] = []
+        backlog = False  # a full read was met: the rows are marked at the end at once, not after MARK_DELAY
         try:
             while True:
                 now = self.clock()
@@ -327,6 +328,7 @@ class FleetService:
                 rows = await self._store_round(sent, now)
                 self._unmarked = sent = []
                 more = len(rows) >= PUBLISH_BATCH  # a backlog: more may be pending than was read
+                backlog = backlog or more
                 if flight is not None:
                     await flight  # (refused: raises, and its rows stay pending like the ones just read)
                     sent, flight = flying, None
@@ -351,12 +353,12 @@ class FleetService:
                     self.stats.outbox = 0
                     return
                 # Nothing else waits: these are marked by the next round, with what comes next, if it comes
-                # within MARK_DELAY, else alone. Marked at once (a store call of its own), the mark was where
+                # within MARK_DELAY, else alone (at once after a backlog). Marked at once (a store call of its own), the mark was where
                 # the next submission waited at 1,000 bans/s. Unmarked, a published row is published again
                 # after a crash: harmless (a ban keeps the later end, rows are published in order).
                 self.stats.outbox = 0
                 self._unmarked = sent  # (a stop meanwhile: `close` marks them)
-                if not self._wake.is_set():
+                if not self._wake.is_set() and not backlog:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), MARK_DELAY)
                 if not self._wake.is_set() or not self._online.is_set():  # (offline: the wake is the caller's)
