@@ -353,9 +353,9 @@ class FleetService:
                     self.stats.outbox = 0
                     return
                 # Nothing else waits: these are marked by the next round, with what comes next, if it comes
-                # within MARK_DELAY, else alone (at once after a backlog). Marked at once (a store call of its own), the mark was where
-                # the next submission waited at 1,000 bans/s. Unmarked, a published row is published again
-                # after a crash: harmless (a ban keeps the later end, rows are published in order).
+                # within MARK_DELAY, else alone (at once after a backlog). Marked at once (a store call of its
+                # own), the mark was where the next submission waited at 1,000 bans/s. Unmarked, a published
+                # row is published again after a crash: harmless (a ban keeps the later end, rows in order).
                 self.stats.outbox = 0
                 self._unmarked = sent  # (a stop meanwhile: `close` marks them)
                 if not self._wake.is_set() and not backlog:
