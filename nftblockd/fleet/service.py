@@ -358,7 +358,7 @@ class FleetService:
                 # row is published again after a crash: harmless (a ban keeps the later end, rows in order).
                 self.stats.outbox = 0
                 self._unmarked = sent  # (a stop meanwhile: `close` marks them)
-                if not self._wake.is_set() and not backlog:
+                if not self._wake.is_set() and not backlog and self._online.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), MARK_DELAY)
                 if not self._wake.is_set() or not self._online.is_set():  # (offline: the wake is the caller's)
