@@ -61,6 +61,9 @@ class NullSink:
     async def fleet_view(self) -> tuple[dict[IPNet, float], dict[IPNet, LocalBan]]:
         return {}, {}
 
+    async def settled(self) -> None:
+        pass
+
 
 def addrs(n: int, base: int = 0x0A000000) -> list[str]:
     return [f"{(a >> 24) & 255}.{(a >> 16) & 255}.{(a >> 8) & 255}.{a & 255}" for a in range(base, base + n)]

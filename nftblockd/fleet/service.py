@@ -88,6 +88,7 @@ BATCH_MIN = 2
 QUEUE_LIMIT = 1_000_000  # submitted events waiting for the outbox write; beyond, counted and dropped
 DEFER_LIMIT = 200_000  # rate-refused events kept for a retry; beyond, counted as refused ("rate") and dropped
 DEFER_BLOCK_MS = 200  # while events are deferred, reads block this long at most, so retries come round
+MARK_DELAY = 0.2  # seconds a published round waits to be marked with the next round's store call
 
 
 class FleetSink(Protocol):
@@ -100,6 +101,11 @@ class FleetSink(Protocol):
 
     async def fleet_view(self) -> tuple[Mapping[IPNet, float], Mapping[IPNet, LocalBan]]:
         """(fleet-origin elements -> end, local-origin bans) of the fleet's blocklist; math.inf = permanent."""
+        ...
+
+    async def settled(self) -> None:
+        """Wait until what `apply_fleet` applied so far is saved (`apply_fleet` may return once the kernel holds
+        a change, its database write still queued)."""
         ...
 
 
@@ -202,6 +208,17 @@ def _host_groups(last: Sequence[Mapping[int, int]], keys: list[int], origins: li
     return groups
 
 
+async def _first(fut: asyncio.Future[None], event: asyncio.Event) -> None:
+    """Wait until `fut` is done or `event` is set (`fut` keeps running)."""
+    if event.is_set():
+        return
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((fut, waiter), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
 def _honour_cancel(task: asyncio.Task[Any] | None) -> None:
     """redis-py can swallow a CancelledError that lands while it waits for a reply (seen with XREAD BLOCK on
     8.1, one stop in ~10): the request to stop is still counted on the task, so honour it after each call."""
@@ -232,6 +249,7 @@ class FleetService:
         self._saved_at = -math.inf
         self._dirty = False
         self._queue: collections.deque[OutboxItem] = collections.deque()
+        self._unmarked: list[int] = []  # oseqs published and not yet marked so (`_publish_pending`)
         self._wake = asyncio.Event()
         self._online = asyncio.Event()
         self._connected = asyncio.Event()  # set at each (re)connect: a waiting publisher retries at once
@@ -318,25 +336,74 @@ class FleetService:
 
     async def _publish_pending(self) -> None:
         """Publish until nothing is pending. A round is one store call (mark the previous round's events
-        published, queue what was submitted since, read what is pending: one transaction) and one MULTI; what
-        is submitted during a round's publish goes out, many events at once, with the next round. At 1,000
-        bans/s the four store calls a round made before (queue, read, mark, read again, each its own commit)
-        were most of a ban's way from A's kernel to the stream (bench/bench_fleet.py)."""
-        sent: list[int] = []
-        while True:
-            now = self.clock()
-            rows = await self._store_round(sent, now)
-            if not rows:
+        published, queue what was submitted since, read what is pending: one transaction) and one MULTI.
+        What is submitted while a MULTI is out gets its store call at once, so its own MULTI leaves as soon as
+        the one before it is acknowledged (MULTIs never overlap: an unban must not overtake its ban, and a
+        refused MULTI must leave everything after it pending). At 1,000 bans/s the four store calls a round
+        made at first (queue, read, mark, read again, each its own commit) were most of a ban's way from A's
+        kernel to the stream; then a submission still waited for the whole round before it, store call and
+        MULTI (bench/bench_fleet.py)."""
+        sent: list[int] = []  # published, marked by the next store call
+        flight: asyncio.Future[None] | None = None  # the MULTI out now, of the rows `flying`
+        flying: list[int] = []
+        backlog = False  # a full read was met: the rows are marked at the end at once, not after MARK_DELAY
+        try:
+            while True:
+                now = self.clock()
+                self._wake.clear()  # this round takes the queue and reads every pending row
+                rows = await self._store_round(sent, now)
+                self._unmarked = sent = []
+                more = len(rows) >= PUBLISH_BATCH  # a backlog: more may be pending than was read
+                backlog = backlog or more
+                if flight is not None:
+                    await flight  # (refused: raises, and its rows stay pending like the ones just read)
+                    sent, flight = flying, None
+                    self.stats.published += len(flying)
+                    out = set(flying)
+                    rows = [r for r in rows if r.oseq not in out]  # read again while they were out
+                if rows:
+                    events = [self._event(r) for r in rows]
+                    flight = asyncio.ensure_future(self.link.publish([e for e in events if e is not None], now))
+                    flying = [r.oseq for r in rows]
+                    if not more:
+                        if not self._queue:  # whichever comes first: its acknowledgement, or a submission
+                            await _first(flight, self._wake)
+                        if self._queue:  # the next round takes it while the MULTI is out
+                            continue
+                    await flight
+                    sent, flight = sent + flying, None
+                    self.stats.published += len(flying)
+                if more or self._queue:
+                    continue
+                if not sent:
+                    self.stats.outbox = 0
+                    return
+                # Nothing else waits: these are marked by the next round, with what comes next, if it comes
+                # within MARK_DELAY, else alone (at once after a backlog). Marked at once (a store call of its
+                # own), the mark was where the next submission waited at 1,000 bans/s. Unmarked, a published
+                # row is published again after a crash: harmless (a ban keeps the later end, rows in order).
                 self.stats.outbox = 0
-                return
-            events = [self._event(r) for r in rows]
-            await self.link.publish([e for e in events if e is not None], now)
-            sent = [r.oseq for r in rows]
-            self.stats.published += len(rows)
-            if not self._queue and len(rows) < PUBLISH_BATCH:  # nothing else waits: mark them now, alone
+                self._unmarked = sent  # (a stop meanwhile: `close` marks them)
+                if not self._wake.is_set() and not backlog and self._online.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), MARK_DELAY)
+                if not self._wake.is_set() or not self._online.is_set():  # (offline: the wake is the caller's)
+                    await self._mark_unmarked()
+                    return
+        finally:
+            if flight is not None and not flight.done():  # a failed store call or a stop: the MULTI's rows
+                flight.cancel()  # stay pending (published again if it got through: harmless)
+                with contextlib.suppress(BaseException):
+                    await flight
+
+    async def _mark_unmarked(self) -> None:
+        sent, self._unmarked = self._unmarked, []
+        if sent:
+            try:
                 await asyncio.to_thread(self.state.fleet_mark_published, sent)
-                self.stats.outbox = 0
-                return
+            except BaseException:
+                self._unmarked = sent
+                raise
 
     def _event(self, r: OutboxRow) -> FleetEvent | None:
         # `ts` is when this host decided the event (the row's creation), not when it is published: receivers
@@ -370,6 +437,7 @@ class FleetService:
     async def save_cursor(self) -> None:
         """Persist the cursor now (the daemon calls this at shutdown)."""
         if self._cursor is not None and self._dirty:
+            await self.sink.settled()  # the cursor never runs ahead of the saved bans
             c = self._cursor
             last = c.last_id
             if self._deferred:  # a restart must read the deferred entries again: stop before the first
@@ -714,6 +782,10 @@ class FleetService:
     async def close(self) -> None:
         """Save the cursor and close the connections (after `run` was cancelled)."""
         try:
+            try:
+                await self._mark_unmarked()
+            except Exception as exc:  # they are published again at the next start: harmless
+                log.debug("fleet %s: could not mark published events: %s", self.cfg.name, exc)
             await self.save_cursor()
         finally:
             await self.link.close()

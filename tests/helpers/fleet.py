@@ -52,6 +52,9 @@ class FakeSink:
     async def fleet_view(self) -> tuple[Mapping[IPNet, float], Mapping[IPNet, LocalBan]]:
         return dict(self.fleet), dict(self.local)
 
+    async def settled(self) -> None:
+        pass  # applied and saved alike at once
+
     def has(self, net: IPNet) -> bool:
         return net in self.fleet or net in self.local
 

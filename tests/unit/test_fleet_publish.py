@@ -1,18 +1,21 @@
 """The fleet publisher's rounds against a fake engine and the real store: one store call per round (mark the
-previous round, queue, read), what arrives during a publish goes with the next round, and events are never
-lost to a failing store call. No server: `_publish_pending` is driven directly."""
+previous round, queue, read), what arrives during a publish is queued at once and goes with the next
+MULTI (never two MULTIs at once), and events are never lost to a failing store call or a refused MULTI.
+No server: `_publish_pending` is driven directly."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
 
 from nftblockd.addr import parse_target
 from nftblockd.allowlist import build_allowlist
+from nftblockd.fleet import service as service_module
 from nftblockd.fleet.codec import FleetEvent
+from nftblockd.fleet.link import LinkError
 from nftblockd.fleet.service import FleetService
 from nftblockd.state.store import OutboxItem, OutboxRow, Store, StoreError
 from tests.helpers.fleet import FakeSink, fleet_config
@@ -28,12 +31,23 @@ class Engine:
         self.published: list[list[FleetEvent]] = []
         self.hold: asyncio.Event | None = None
         self.entered = asyncio.Event()
+        self.out = 0  # publishes under way now
+        self.most_out = 0
+        self.refuse: Exception | None = None  # the next publish fails with this
 
     async def publish(self, events: Sequence[FleetEvent], now: float) -> None:
-        self.entered.set()
-        if self.hold is not None:
-            await self.hold.wait()
-        self.published.append(list(events))
+        self.out += 1
+        self.most_out = max(self.most_out, self.out)
+        try:
+            self.entered.set()
+            if self.hold is not None:
+                await self.hold.wait()
+            if self.refuse is not None:
+                exc, self.refuse = self.refuse, None
+                raise exc
+            self.published.append(list(events))
+        finally:
+            self.out -= 1
 
 
 class CountingStore:
@@ -84,9 +98,66 @@ async def test_a_round_is_one_store_call_and_what_comes_meanwhile_goes_next() ->
     await task
     assert [[str(e.net) for e in p] for p in engine.published] == [
         ["203.0.113.1/32", "203.0.113.2/32"], ["203.0.113.3/32", "203.0.113.4/32", "203.0.113.5/32"]]
-    # round 1 (queue + read), round 2 (mark round 1 + queue + read), then round 2 marked alone: 3 calls
+    # round 1 (queue + read), round 2 (queue + read, while round 1's MULTI is out), then both marked alone
     assert store.calls == ["round", "round", "mark_published"]
     assert store.store.fleet_outbox_size() == 0 and svc.stats.published == 5 and svc.stats.outbox == 0
+
+
+async def test_what_comes_during_a_publish_is_queued_at_once_and_published_after_it() -> None:
+    """A submission's store call runs while the MULTI before it is out (it waited for that MULTI before), and
+    its own MULTI leaves once that one is acknowledged: never two at once."""
+    svc, engine, store = service()
+    svc.submit_bans(bans("203.0.113.1"))
+    engine.hold = asyncio.Event()
+    task = asyncio.create_task(svc._publish_pending())
+    await engine.entered.wait()
+    svc.submit_bans(bans("203.0.113.2", "203.0.113.3"))
+    await until(lambda: store.calls == ["round", "round"])  # queued (durable) while the first MULTI is held
+    assert store.store.fleet_outbox_size() == 3 and engine.published == []
+    engine.hold.set()
+    await task
+    assert [[str(e.net) for e in p] for p in engine.published] == [
+        ["203.0.113.1/32"], ["203.0.113.2/32", "203.0.113.3/32"]]
+    assert engine.most_out == 1 and svc.stats.published == 3
+    assert store.store.fleet_outbox_size() == 0 and store.calls == ["round", "round", "mark_published"]
+
+
+async def test_a_refused_publish_leaves_what_was_read_behind_it_pending_in_order() -> None:
+    svc, engine, store = service()
+    svc.submit_bans(bans("203.0.113.1"))
+    engine.hold = asyncio.Event()
+    engine.refuse = LinkError("NOREPLICAS")
+    task = asyncio.create_task(svc._publish_pending())
+    await engine.entered.wait()
+    svc.submit_bans(bans("203.0.113.2"))
+    await until(lambda: store.calls == ["round", "round"])  # the second round read both rows
+    engine.hold.set()
+    with pytest.raises(LinkError):
+        await task
+    assert engine.published == [] and store.store.fleet_outbox_size() == 2
+    await svc._publish_pending()
+    assert [[str(e.net) for e in p] for p in engine.published] == [["203.0.113.1/32", "203.0.113.2/32"]]
+    assert store.store.fleet_outbox_size() == 0 and svc.stats.published == 2
+
+
+async def test_a_backlog_larger_than_a_round_is_published_whole_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounds of PUBLISH_BATCH rows, each published and marked before the next is read (a read cut at the
+    limit, taken while its rows' MULTI was out, would read only those rows again and stop)."""
+    monkeypatch.setattr(service_module, "PUBLISH_BATCH", 3)
+    svc, engine, store = service()
+    svc.submit_bans(bans(*(f"203.0.113.{i}" for i in range(1, 8))))
+    await svc._publish_pending()
+    assert [[str(e.net) for e in p] for p in engine.published] == [
+        [f"203.0.113.{i}/32" for i in grp] for grp in ((1, 2, 3), (4, 5, 6), (7,))]
+    assert engine.most_out == 1 and store.store.fleet_outbox_size() == 0 and svc.stats.published == 7
+
+
+async def until(cond: Callable[[], bool]) -> None:
+    for _ in range(1000):  # a bound on a hang, not a timing
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
 
 
 async def test_events_taken_for_a_failing_store_call_are_kept_for_the_next() -> None:

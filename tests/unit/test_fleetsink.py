@@ -51,8 +51,12 @@ async def rig() -> AsyncIterator[Rig]:
     fake = FakeSetWriter(plan_ruleset(cfg), clock=lambda: T0)
     saved: list[StateChange] = []
 
-    async def persist(change: StateChange) -> None:
+    def persist(change: StateChange) -> asyncio.Future[None]:
+        # as the daemon's `Persister.submit`: queued (here: saved) when called, the future for the write
         saved.append(change)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
     async with running_enforcer(cfg, fake, persist=persist) as enforcer:
         yield Rig(enforcer, EnforcerFleetSink(enforcer, "default", started=T0 - 100, clock=lambda: T0), fake, saved)
@@ -81,6 +85,37 @@ async def test_a_change_is_one_transaction_with_the_origin_host(rig: Rig) -> Non
     await rig.sink.apply_fleet(FleetChange((FleetBan(net("198.51.100.0/24"), T0 + 60, "web-03"),)))
     assert [(b.target, b.origin, b.reason) for b in rig.saved[1].saves] == [
         (net("198.51.100.0/24"), "remote", "fleet:web-03")]
+
+
+async def test_apply_returns_once_the_kernel_has_it_and_settled_waits_for_the_save() -> None:
+    """The receive loop's next batch does not wait for this one's database commit; the service's cursor does
+    (`settled`), so the cursor never runs ahead of the saved bans."""
+    cfg = parse_config(CONFIG)
+    fake = FakeSetWriter(plan_ruleset(cfg), clock=lambda: T0)
+    writes: list[tuple[StateChange, asyncio.Future[None]]] = []
+
+    def persist(change: StateChange) -> asyncio.Future[None]:
+        fut = asyncio.get_running_loop().create_future()
+        writes.append((change, fut))
+        return fut
+
+    async with running_enforcer(cfg, fake, persist=persist) as enforcer:
+        sink = EnforcerFleetSink(enforcer, "default", started=T0 - 100, clock=lambda: T0)
+        await sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.1"), T0 + 60, "b"),)))
+        await sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.2"), T0 + 60, "b"),)))
+        assert len(rig_kernel(fake)) == 2 and len(writes) == 2  # both in the kernel, both writes queued in order
+        waiter = asyncio.ensure_future(sink.settled())
+        await asyncio.sleep(0)
+        writes[0][1].set_result(None)
+        await asyncio.sleep(0)
+        assert not waiter.done()  # the second write is still out
+        writes[1][1].set_result(None)
+        await asyncio.wait_for(waiter, 5)
+        await sink.settled()  # nothing left: returns at once
+
+
+def rig_kernel(fake: FakeSetWriter) -> dict[int, int | None]:
+    return {k: e.until_ms for k, e in fake.sets["default_ip4"].items()}
 
 
 async def test_later_end_wins_and_a_longer_local_ban_stays(rig: Rig) -> None:
