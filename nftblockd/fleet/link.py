@@ -143,16 +143,19 @@ _DROPPED = ("reset by peer", "Connection closed by server", "EOF occurred", "Bro
 
 
 def _connect_error(exc: BaseException, cfg: FleetConfig) -> LinkError:
-    """`_error` for a failed connect. With TLS 1.3 a server that requires client certificates sends its alert
-    after the client's side of the handshake is done: whether the client reads CERTIFICATE_REQUIRED or only sees
-    the connection dropped at its first command is a race (both seen on loopback). A host configured without a
-    certificate that is dropped at once is told what to check, whichever way the race went."""
+    """`_error` for a failed connect. With TLS 1.3 a server that refuses a client certificate (none, expired,
+    another CA) sends its alert after the client's side of the handshake is done: whether the client reads the
+    alert or only sees the connection dropped at its first command is a race (both seen on loopback, the drop
+    more often on a loaded machine). A TLS host dropped at once is told what to check, whichever way it went."""
     err = _error(exc)
-    if (not err.refused and cfg.tls is not None and not cfg.tls.cert
-            and any(marker in str(exc) for marker in _DROPPED)):
+    if err.refused or cfg.tls is None or not any(marker in str(exc) for marker in _DROPPED):
+        return err
+    if not cfg.tls.cert:
         return LinkError("TLS: the server dropped the connection at once, as one that requires a client "
                          f"certificate does: set fleet.tls.cert and fleet.tls.key ({exc})", refused=True)
-    return err
+    return LinkError("TLS: the server dropped the connection right after the handshake, as one that refuses this "
+                     "host's certificate does: check fleet.tls.cert (expired, or signed by another CA than the "
+                     f"server trusts) ({exc})", refused=True)
 
 
 def _error(exc: BaseException) -> LinkError:
