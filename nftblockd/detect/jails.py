@@ -171,7 +171,8 @@ class JailRunner:
         bans: list[Ban] = []
         records: list[BanRecord] = []
         st.lines += len(batch)
-        texts = [line.text for line in batch]
+        texts = batch.texts
+        times = batch.times
         observe = self.tracker.observe
         jail = self.jail.name
         on_failure = self.on_failure
@@ -188,9 +189,7 @@ class JailRunner:
                 continue
             t = r.time
             if t is None:
-                t = batch[i].time
-                if t is None:
-                    t = now
+                t = now if times is None else times[i]
             out = observe(Hit(jail, r.host, t, texts[i]), now, live=live)
             kind = out.kind
             if memory is not None:
