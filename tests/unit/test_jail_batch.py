@@ -4,13 +4,14 @@ its source's time, or at arrival for files)."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 
 from nftblockd.config import parse_config
 from nftblockd.detect.filterload import load_filter
-from nftblockd.detect.jails import JailRunner
-from nftblockd.detect.tracker import BanRecord, Tracker
-from nftblockd.events import Ban, LogLine
+from nftblockd.detect.jails import JailRunner, _new_hit
+from nftblockd.detect.tracker import BanRecord, JailPolicy, Tracker
+from nftblockd.events import Ban, Hit, LogLine
 from nftblockd.sources.base import LineBatch, MemoryPositionStore
 
 NOW = 1_800_000_000.0
@@ -55,3 +56,21 @@ def test_a_batch_iterates_as_log_lines() -> None:
     assert list(LineBatch("a", ["x", "y"])) == [LogLine("a", "x"), LogLine("a", "y")]
     assert list(LineBatch("j", ["x"], [5.0])) == [LogLine("j", "x", 5.0)]
     assert len(LineBatch("a", ["x", "y"])) == 2
+
+
+def test_the_fast_hit_is_the_plain_hit() -> None:
+    host = ipaddress.ip_address("192.0.2.7")
+    fast = _new_hit(Hit, ("sshd", host, 5.0, "line"))
+    assert fast == Hit("sshd", host, 5.0, "line") and type(fast) is Hit
+    assert (fast.jail, fast.host, fast.time, fast.line) == ("sshd", host, 5.0, "line")
+
+
+def test_no_recidive_jail_no_escalation_and_with_one_the_second_ban_escalates() -> None:
+    cfg = parse_config("allowlist_self: false\njails:\n  sshd: {journal: {matches: {_SYSTEMD_UNIT: ssh.service}}, "
+                       "filter: sshd, maxretry: 1}\n")
+    ban = Ban(ipaddress.ip_network("192.0.2.7/32"), "default", NOW + 60, "jail", "r", "sshd")
+    assert Tracker.from_config(cfg).escalations(ban, NOW) == []
+    rec = JailPolicy("recidive", recidive=True, maxretry=2, findtime=86400.0, bantime=86400.0)
+    tracker = Tracker.from_config(cfg, extra=[rec])
+    assert tracker.escalations(ban, NOW) == []
+    assert [b.jail for b, _r in tracker.escalations(ban, NOW + 1)] == ["recidive"]
