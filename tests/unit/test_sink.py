@@ -4,6 +4,7 @@ size, refusals forgotten by the tracker, recidive fed in a loop, failures never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno as E
 import ipaddress
@@ -159,24 +160,29 @@ def saved_hosts(changes: list[StateChange]) -> int:
     return sum(len(p[1]) for c in changes for p in c.packed_saves)
 
 
-async def test_the_next_batch_reaches_the_kernel_while_the_last_one_is_saved() -> None:
-    # the commit of batch N overlaps the kernel work of batch N+1; every save is still made, and run()
-    # returns only once they are (the daemon flushes the persister after the sink has drained)
+@contextlib.asynccontextmanager
+async def gated_rig() -> AsyncIterator[tuple[Rig, GatedStore]]:
+    """A sink (sshd, maxretry 1) on the fake kernel whose saves wait for the store's gate."""
     cfg = parse_config(CONFIG)
     fake = FakeSetWriter(plan_ruleset(cfg), clock=lambda: T0)
     store = GatedStore()
     tracker = Tracker([JailPolicy("sshd", maxretry=1, bantime=3600.0, blocklist="default")],
                       build_allowlist(cfg.allowlist, include_self=False))
     async with running_enforcer(cfg, fake, persist=store) as enforcer:
-        sink = JailBanSink(enforcer, tracker, clock=lambda: T0)
-        run = asyncio.create_task(sink.run())
-        rig = Rig(sink, tracker, fake)
-        await sink.submit(rig.fail("192.0.2.50"), [], 0.0)
+        yield Rig(JailBanSink(enforcer, tracker, clock=lambda: T0), tracker, fake), store
+
+
+async def test_the_next_batch_reaches_the_kernel_while_the_last_one_is_saved() -> None:
+    # the commit of batch N overlaps the kernel work of batch N+1; every save is still made, and run()
+    # returns only once they are (the daemon flushes the persister after the sink has drained)
+    async with gated_rig() as (rig, store):
+        run = asyncio.create_task(rig.sink.run())
+        await rig.sink.submit(rig.fail("192.0.2.50"), [], 0.0)
         await wait_until(lambda: len(store.queued) == 1)
-        await sink.submit(rig.fail("192.0.2.51"), [], 0.0)
-        await wait_until(lambda: k("192.0.2.51") in fake.elements("default_ip4"))
+        await rig.sink.submit(rig.fail("192.0.2.51"), [], 0.0)
+        await wait_until(lambda: k("192.0.2.51") in rig.fake.elements("default_ip4"))
         assert store.saved == []  # batch 2 is in the kernel though batch 1's save has not been written
-        await sink.close()
+        await rig.sink.close()
         await asyncio.sleep(0)
         assert not run.done()  # run() waits for the saves it started
         store.gate.set()
@@ -185,14 +191,8 @@ async def test_the_next_batch_reaches_the_kernel_while_the_last_one_is_saved() -
 
 
 async def test_apply_on_its_own_returns_once_saved() -> None:
-    cfg = parse_config(CONFIG)
-    fake = FakeSetWriter(plan_ruleset(cfg), clock=lambda: T0)
-    store = GatedStore()
-    tracker = Tracker([JailPolicy("sshd", maxretry=1, bantime=3600.0, blocklist="default")],
-                      build_allowlist(cfg.allowlist, include_self=False))
-    async with running_enforcer(cfg, fake, persist=store) as enforcer:
-        sink = JailBanSink(enforcer, tracker, clock=lambda: T0)
-        applying = asyncio.create_task(sink.apply(Rig(sink, tracker, fake).fail("192.0.2.60"), [], 0.0))
+    async with gated_rig() as (rig, store):
+        applying = asyncio.create_task(rig.sink.apply(rig.fail("192.0.2.60"), [], 0.0))
         await wait_until(lambda: len(store.queued) == 1)
         assert not applying.done()
         store.gate.set()
