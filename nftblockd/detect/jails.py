@@ -38,6 +38,10 @@ log = logging.getLogger("nftblockd.jails")
 _COUNTED, _BANNED, _ALREADY = Kind.COUNTED, Kind.BANNED, Kind.ALREADY_BANNED
 _ALLOWLISTED, _STALE, _NEVER = Kind.ALLOWLISTED, Kind.STALE, Kind.NEVER_BAN
 
+# Hit(...) goes through the NamedTuple's Python-level __new__; tuple.__new__ builds the same value at about
+# half the cost (one per failure: ~13 ms of a 32k-failure burst). The matcher builds its Match the same way.
+_new_hit: Callable[[type[Hit], tuple[str, IPAddr, float, str]], Hit] = tuple.__new__
+
 QUEUE_BATCHES = 64  # per source: 64 chunks of at most 256 KiB; the sources stop reading when it is full
 
 
@@ -175,7 +179,8 @@ class JailRunner:
         bans: list[Ban] = []
         records: list[BanRecord] = []
         st.lines += len(batch)
-        texts = [line.text for line in batch]
+        texts = batch.texts
+        times = batch.times
         observe = self.tracker.observe
         jail = self.jail.name
         on_failure = self.on_failure
@@ -193,10 +198,8 @@ class JailRunner:
                 continue
             t = r.time
             if t is None:
-                t = batch[i].time
-                if t is None:
-                    t = now
-            out = observe(Hit(jail, r.host, t, texts[i]), now, live=live)
+                t = now if times is None else times[i]
+            out = observe(_new_hit(Hit, (jail, r.host, t, texts[i])), now, live=live)
             kind = out.kind
             if memory is not None:
                 _remember(memory, r, texts[i], out)

@@ -623,6 +623,8 @@ class Tracker:
     def escalations(self, ban: Ban, now: float) -> list[tuple[Ban, BanRecord | None]]:
         """The new bans (with their history records) that recidive jails decide because `ban` was applied:
         the BANNED outcomes of `observe_ban`."""
+        if not self._recidive:  # the common case: the sink asks once per applied ban
+            return []
         return [(o.ban, o.record) for o in self.observe_ban(ban, now) if o.kind is Kind.BANNED and o.ban is not None]
 
     def note_ban(self, ban: Ban, now: float) -> bool:

@@ -304,11 +304,12 @@ class Enforcer:
 
     async def apply(self, decisions: Sequence[Decision], *, comment: str = "", now: float | None = None,
                     wait: bool = True, started: float | None = None, persist: bool = True,
-                    history: Sequence[tuple[str, str, float, float | None]] = ()) -> list[DecisionResult]:
+                    history: Sequence[tuple[str, str, float, float | None]] = (),
+                    saves: list[asyncio.Future[None]] | None = None) -> list[DecisionResult]:
         """Apply decisions; with `wait`, return once the kernel acknowledged them (or refused some).
 
         `started` (monotonic) is when the decision's cause was seen (a log line's arrival), for the
-        detection-to-kernel latency metric; by default, now.
+        detection-to-kernel latency metric; by default, now. `saves`: see `ban_hosts`.
         """
         now = time.time() if now is None else now
         started = time.monotonic() if started is None else started
@@ -347,12 +348,18 @@ class Enforcer:
         failures = await fut
         final = self._settle(decisions, results, failures, owner, started)
         if persist and self.persist is not None:
-            await self._persist(decisions, final, list(history))
+            saving = self._persist(decisions, final, list(history))
+            if saving is not None:
+                if saves is None:
+                    await saving
+                else:
+                    saves.append(saving)
         return final
 
-    async def _persist(self, decisions: Sequence[Decision], results: Sequence[DecisionResult],
-                       history: list[tuple[str, str, float, float | None]]) -> None:
-        """Write what changed; the saved end of a ban is the state's (a re-ban may have kept a later one)."""
+    def _persist(self, decisions: Sequence[Decision], results: Sequence[DecisionResult],
+                 history: list[tuple[str, str, float, float | None]]) -> asyncio.Future[None] | None:
+        """Queue the write of what changed (None: nothing to write); the saved end of a ban is the state's (a
+        re-ban may have kept a later one). Queued when called: saves keep the order of the calls."""
         saves: list[Ban] = []
         deletes: list[tuple[str, IPNet]] = []
         for d, r in zip(decisions, results, strict=False):
@@ -365,16 +372,23 @@ class Enforcer:
                 deletes.append((d.blocklist, d.target))
         if saves or deletes or history:
             assert self.persist is not None
-            await self.persist(StateChange(saves, deletes, history))
+            return asyncio.ensure_future(self.persist(StateChange(saves, deletes, history)))
+        return None
 
     # C901: over the limit (17); left for the enforcer's owner to split while reshaping the kernel seam.
     async def ban_hosts(self, blocklist: str, keys_by_version: dict[int, list[int]], until: float | None, *,  # noqa: C901
                         origin: str = "cli", reason: str = "", jail: str = "", comment: str = "",
                         now: float | None = None, persist: bool = True, started: float | None = None,
-                        history: Sequence[tuple[str, str, float, float | None]] = ()) -> BulkResult:
+                        history: Sequence[tuple[str, str, float, float | None]] = (),
+                        saves: list[asyncio.Future[None]] | None = None) -> BulkResult:
         """Ban many single addresses at once (CLI stdin, fail2ban restores, saved bans, a jail's burst): see
         BanState.ban_hosts. `history` rows are saved in the same commit; `started` (monotonic) is when the
-        cause was seen, for the latency metric."""
+        cause was seen, for the latency metric.
+
+        The save is queued with the kernel ops and, by default, awaited too. With `saves`, its future is
+        appended there instead of awaited (the jail sink: the next batch goes to the kernel while this one's
+        save is written; the sink awaits the futures itself). Queued either way: the persister writes changes
+        in the order they were queued, retries a failed write and flushes at shutdown."""
         now = time.time() if now is None else now
         out = BulkResult()
         changes: list[BulkChange] = []
@@ -415,8 +429,15 @@ class Enforcer:
                 "unavailable", self._describe(f.errno, f.text, f.set_name))
         if saving is not None:
             if out.failed:  # saved before the kernel refused them: deleted again, as the state forgot them
-                await self._queue_delete(blocklist, out.failed)
-            await saving
+                deleting = self._queue_delete(blocklist, out.failed)
+                if saves is None:
+                    await deleting
+                else:
+                    saves.append(deleting)
+            if saves is None:
+                await saving
+            else:
+                saves.append(saving)
         for c in changes:
             out.changes.append(c)
         applied = sum(len(c.new) + len(c.extended) for c in changes) - len(out.failed)
@@ -466,13 +487,14 @@ class Enforcer:
         assert self.persist is not None
         return asyncio.ensure_future(self.persist(StateChange(history=list(history), packed_saves=packed)))
 
-    async def _queue_delete(self, blocklist: str, failed: Mapping[tuple[str, int], object]) -> None:
+    def _queue_delete(self, blocklist: str, failed: Mapping[tuple[str, int], object]) -> asyncio.Future[None]:
+        """Queue the deletion of bans the kernel refused after their save was queued (in order after it)."""
         by_set: dict[str, list[int]] = {}
         for set_name, k in failed:
             by_set.setdefault(set_name, []).append(k)
         assert self.persist is not None
-        await self.persist(StateChange(packed_deletes=[
-            (blocklist, pack_hosts(keys, self.plan.set(name).version)) for name, keys in by_set.items()]))
+        return asyncio.ensure_future(self.persist(StateChange(packed_deletes=[
+            (blocklist, pack_hosts(keys, self.plan.set(name).version)) for name, keys in by_set.items()])))
 
     async def sync_sets(self, desired: dict[str, list[int]], until: float | None, *, reason: str = "",
                         origin: str = "feed") -> SyncResult:

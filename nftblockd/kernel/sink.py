@@ -8,13 +8,24 @@ batch's bans from a bounded queue and applies them in order. One path for any ba
   kernel transaction, one packed row in the database, the audit lines within their budget;
 - ranges (IPv6 offenders counted per /64, say) go through `Enforcer.apply`, which handles absorption and
   covering ranges;
-- the batch's history rows (escalation memory) are saved in the same commit as its first group.
+- the batch's history rows (escalation memory) are saved in the same commit as its first group;
+- its ranges go to the enforcer together with its groups, so they share the kernel transaction and the commit.
 
 Batches that queued up while the previous one was applied are merged into one (bans and records in
 submission order, the earliest arrival), and a batch's groups go to the enforcer concurrently, where the
 batcher and the persister make one kernel transaction and one commit of them. Under a steady stream of small
 batches (one offender per log write, 1,000 bans/s) applying them one by one fell 1.3 s behind; merged, the
 last ban is in the kernel 4 ms after its write.
+
+Durable, not waited for: each group's save is queued with its kernel ops (ranges: right after their kernel
+answer), in order, in the persister, which writes it, retries a failed write and flushes at shutdown (after
+the sink has drained). `run()` does not wait for a batch's saves before applying the next batch, so the
+commits of earlier batches overlap the kernel work of later ones (the persister merges what queued up
+meanwhile into one commit). At most MAX_UNSAVED applied batches may have saves in flight; then the sink
+waits for the oldest, so a store that falls behind still slows the sink down, and `run()` returns only
+once every save it started was attempted. In a 10k-attacker burst the sink waited up to 90-200 ms per batch
+for commits, with the next batches' bans queued behind it. `apply()` called on its own still returns once
+its saves were written.
 
 Order of what happens to one batch:
 1. apply every group; collect what the kernel refused (a full set, an overlap) or the allowlist stopped;
@@ -38,13 +49,14 @@ from __future__ import annotations
 import asyncio  # noqa: TID251 (an IO edge: a task drains the jails' bounded queue of bans)
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from nftblockd.addr import IPNet
 from nftblockd.events import Ban
-from nftblockd.kernel.enforcer import Enforcer
+from nftblockd.kernel.enforcer import DecisionResult, Enforcer
 
 log = logging.getLogger("nftblockd.sink")
 
@@ -87,6 +99,11 @@ class SinkStats:
 
 
 _END = None
+MAX_UNSAVED = 4  # applied batches whose saves may still be in flight before the sink waits for the oldest
+
+
+async def _no_results() -> list[DecisionResult]:
+    return []
 
 
 class JailBanSink:
@@ -120,40 +137,65 @@ class JailBanSink:
         await self._queue.put(_END)
 
     async def run(self) -> None:
-        while True:
-            batch = await self._queue.get()
-            if batch is _END:
-                return
-            end = False
-            # Whatever queued up while the last batch was applied goes in one merged batch: under a steady
-            # stream of small batches (one offender per log write) applying them one at a time fell behind
-            # (1,000 bans/s: all in the kernel 1.3 s after the last write; merged, see the module rules).
-            while not self._queue.empty():
-                more = self._queue.get_nowait()
-                if more is _END:
-                    end = True
-                    break
-                self.stats.batches += 1
-                batch = BanBatch(batch.bans + more.bans, [*batch.records, *more.records],
-                                 min(batch.arrival, more.arrival))
-            self.stats.batches += 1
-            try:
-                await self.apply(batch.bans, batch.records, batch.arrival)
-            except Exception:
-                self.stats.errors += 1
-                log.exception("applying %d jail bans failed; they are forgotten and will be decided again",
-                              len(batch.bans))
-                for b in batch.bans:
-                    self.ledger.forget_ban(b.target, jail=b.jail or None)
-            if end:
-                return
+        unsaved: deque[list[asyncio.Future[None]]] = deque()  # per applied batch, its saves in flight
+        try:
+            while True:
+                batch = await self._queue.get()
+                if batch is _END:
+                    return
+                saves: list[asyncio.Future[None]] = []
+                end = await self._run_one(batch, saves)
+                unsaved.append(saves)
+                while unsaved and (len(unsaved) > MAX_UNSAVED or all(f.done() for f in unsaved[0])):
+                    await self._saved(unsaved.popleft())
+                if end:
+                    return
+        finally:
+            while unsaved:
+                await self._saved(unsaved.popleft())
 
-    async def apply(self, bans: list[Ban], records: Sequence[Decided], arrival: float) -> None:
-        """Apply bans (and the recidive bans they lead to); see the module docstring for the order."""
+    async def _saved(self, saves: list[asyncio.Future[None]]) -> None:
+        """Wait for the saves of a batch (the persister's futures never fail; a failing save is reported)."""
+        for r in await asyncio.gather(*saves, return_exceptions=True):
+            if isinstance(r, BaseException):
+                self.stats.errors += 1
+                log.error("saving jail bans failed: %s", r)
+
+    async def _run_one(self, batch: BanBatch, saves: list[asyncio.Future[None]]) -> bool:
+        """Apply `batch` merged with whatever queued up behind it; True if the end marker was met."""
+        end = False
+        # Whatever queued up while the last batch was applied goes in one merged batch: under a steady
+        # stream of small batches (one offender per log write) applying them one at a time fell behind
+        # (1,000 bans/s: all in the kernel 1.3 s after the last write; merged, see the module rules).
+        while not self._queue.empty():
+            more = self._queue.get_nowait()
+            if more is _END:
+                end = True
+                break
+            self.stats.batches += 1
+            batch = BanBatch(batch.bans + more.bans, [*batch.records, *more.records],
+                             min(batch.arrival, more.arrival))
+        self.stats.batches += 1
+        try:
+            await self.apply(batch.bans, batch.records, batch.arrival, saves=saves)
+        except Exception:
+            self.stats.errors += 1
+            log.exception("applying %d jail bans failed; they are forgotten and will be decided again",
+                          len(batch.bans))
+            for b in batch.bans:
+                self.ledger.forget_ban(b.target, jail=b.jail or None)
+        return end
+
+    async def apply(self, bans: list[Ban], records: Sequence[Decided], arrival: float,
+                    saves: list[asyncio.Future[None]] | None = None) -> None:
+        """Apply bans (and the recidive bans they lead to); see the module docstring for the order. With
+        `saves`, the futures of their saves are appended there (the caller awaits them); without, they are
+        awaited before this returns."""
+        mine: list[asyncio.Future[None]] = [] if saves is None else saves
         history = [r.as_row() for r in records]
         while bans:
             now = self.clock()
-            applied = await self._apply_once(bans, history, now, arrival)
+            applied = await self._apply_once(bans, history, now, arrival, mine)
             if applied and self.on_applied is not None:
                 self.on_applied(applied, now)
             history = []
@@ -163,9 +205,11 @@ class JailBanSink:
                     bans.append(more)
                     if record is not None:
                         history.append(record.as_row())
+        if saves is None:
+            await asyncio.gather(*mine)
 
-    async def _apply_once(self, bans: list[Ban], history: list[HistoryRow], now: float,
-                          arrival: float) -> list[Ban]:
+    async def _apply_once(self, bans: list[Ban], history: list[HistoryRow], now: float, arrival: float,
+                          saves: list[asyncio.Future[None]]) -> list[Ban]:
         groups: dict[tuple[str, float | None, str, str, str], dict[int, list[Ban]]] = {}
         ranges: list[Ban] = []
         for b in bans:
@@ -176,14 +220,16 @@ class JailBanSink:
             else:
                 ranges.append(b)
         applied: list[Ban] = []
-        # The groups go to the enforcer together, not one after another: bans decided moments apart have
-        # different ends, so a merged batch holds many groups, and the batcher and the persister turn
-        # concurrent calls into one kernel transaction and one commit. History is saved with the first group.
-        refusals = await asyncio.gather(*(
-            self._ban_group(key, by_version, history if i == 0 else [], now, arrival)
-            for i, (key, by_version) in enumerate(groups.items())))
-        if groups:
-            history = []
+        # The groups and the ranges go to the enforcer together, not one after another: bans decided moments
+        # apart have different ends, so a merged batch holds many groups, and the batcher and the persister
+        # turn concurrent calls into one kernel transaction and one commit. History is saved with the first
+        # group (with the ranges when there is no group).
+        with_ranges = bool(ranges) or (bool(history) and not groups)
+        refusals, results = await asyncio.gather(  # groups first: they take the enforcer's lock first
+            asyncio.gather(*(self._ban_group(key, by_version, history if i == 0 else [], now, arrival, saves)
+                             for i, (key, by_version) in enumerate(groups.items()))),
+            self.enforcer.apply(ranges, now=now, started=arrival, history=[] if groups else history, saves=saves)
+            if with_ranges else _no_results())
         for by_version, refused in zip(groups.values(), refusals, strict=True):
             for v, bs in by_version.items():
                 for b in bs:
@@ -191,8 +237,7 @@ class JailBanSink:
                         self._refused(b)
                     else:
                         applied.append(b)
-        if ranges or history:
-            results = await self.enforcer.apply(ranges, now=now, started=arrival, history=history)
+        if with_ranges:
             for b, r in zip(ranges, results, strict=True):
                 if r.code is None:
                     applied.append(b)
@@ -206,14 +251,15 @@ class JailBanSink:
         return applied
 
     async def _ban_group(self, key: tuple[str, float | None, str, str, str], by_version: dict[int, list[Ban]],
-                         history: list[HistoryRow], now: float, arrival: float) -> set[tuple[int, int]]:
+                         history: list[HistoryRow], now: float, arrival: float,
+                         saves: list[asyncio.Future[None]]) -> set[tuple[int, int]]:
         """One group's single addresses through `Enforcer.ban_hosts`: the (version, key)s refused."""
         blocklist, until, origin, reason, jail = key
         keys = {v: [int(b.target.network_address) for b in bs] for v, bs in by_version.items()}
         refused: set[tuple[int, int]] = set()
         try:
             res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=reason, jail=jail,
-                                                now=now, started=arrival, history=history)
+                                                now=now, started=arrival, history=history, saves=saves)
         except KeyError:  # the blocklist went away in a reload while the batch was on its way
             log.error("jail %s: blocklist %r no longer exists; %d bans not applied", jail, blocklist,
                       sum(len(bs) for bs in by_version.values()))

@@ -1,18 +1,21 @@
 """What every log source looks like to the daemon: the `Source` and `PositionStore` seams, and their counters.
 
 A source reads one kind of log (files, the systemd journal) and hands lines to the daemon in batches: each
-item of the bounded `asyncio.Queue` the daemon passes to `Source.run` is a `LineBatch`, a list of the
-`LogLine`s of one chunk read (at most one 256 KiB file chunk, or `batch_size` journal entries). Batches, not
-single lines, because a queue put and get cost more per line than splitting and decoding do (bench_tail.py);
-the queue bound is then in batches, and so still bounds memory (maxsize x chunk size). The daemon runs each
-source as one task under its TaskGroup, feeds every line of every batch to the matcher, and reads
-`Source.stats` for its metrics:
+item of the bounded `asyncio.Queue` the daemon passes to `Source.run` is a `LineBatch`: the texts of the
+lines of one chunk read (at most one 256 KiB file chunk, or `batch_size` journal entries), and for the journal
+their timestamps, as parallel lists. Batches, not single lines, because a queue put and get cost more per line
+than splitting and decoding do (bench_tail.py); the queue bound is then in batches, and so still bounds memory
+(maxsize x chunk size). Lists of texts, not of `LogLine`s: the matcher takes a list of texts, and a tuple
+built per line and taken apart again cost ~8 % of the daemon's CPU in a 100k-line burst (bench_e2e).
+The daemon runs each source as one task under its TaskGroup, feeds every line of every batch to the matcher,
+and reads `Source.stats` for its metrics:
 
     queue: asyncio.Queue[LineBatch] = asyncio.Queue(maxsize=64)
     tg.create_task(source.run(queue))
     await source.ready.wait()          # watches set, start positions chosen: later writes will be seen
     ...
-    for line in await queue.get(): matcher...
+    batch = await queue.get()
+    matcher.scan(batch.texts)          # batch.times: the journal's timestamps (None for files)
     source.stats.lines                 # plain ints, read at any time (same thread, no locking)
 
 Progress (a file's device, inode and offset; a journal cursor) is kept through a `PositionStore`. A source
@@ -28,14 +31,34 @@ This module does no IO; `MemoryPositionStore` is the fake for tests (the sqlite 
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: sources run on the event loop and fill a bounded asyncio.Queue)
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias
+from typing import Protocol
 
 from nftblockd.events import LogLine
 
 __all__ = ["LineBatch", "MemoryPositionStore", "PositionStore", "Source", "SourceError", "SourceStats"]
 
-LineBatch: TypeAlias = list[LogLine]  # one queue item; the consumer owns it once taken
+@dataclass(frozen=True, slots=True)
+class LineBatch:
+    """One queue item: the lines of one chunk read by source `source`; the consumer owns it once taken.
+
+    `times[i]` is line i's own timestamp (the journal's), or `times` is None (files: a line's time is in
+    its text, or it is the time of arrival). Iterating gives the lines as `LogLine`s (tests, tools).
+    """
+
+    source: str
+    texts: list[str]
+    times: list[float] | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __iter__(self) -> Iterator[LogLine]:
+        source = self.source
+        if self.times is None:
+            return iter([LogLine(source, t) for t in self.texts])
+        return iter([LogLine(source, t, w) for t, w in zip(self.texts, self.times, strict=True)])
 
 
 class SourceError(Exception):

@@ -35,7 +35,6 @@ from typing import Any
 
 from systemd import journal
 
-from nftblockd.events import LogLine
 from nftblockd.sources.base import LineBatch, PositionStore, SourceError, SourceStats
 from nftblockd.sources.linesplit import DEFAULT_MAX_LINE
 
@@ -53,7 +52,7 @@ class JournalSource:
     Where to read (at most one): `path`, a directory of journal files (tests; `journalctl -D`); `files`,
     journal files (`journalctl --file`); `namespace`, a journald namespace (`journalctl --namespace`); none:
     the local journal, system services only unless `system_only=False`.
-    `name` is `LogLine.source` of every line; the cursor is saved under `journal:<name>`.
+    `name` is `LineBatch.source` of every batch; the cursor is saved under `journal:<name>`.
     """
 
     def __init__(self, name: str, matches: Sequence[tuple[str, str]], store: PositionStore, *,
@@ -76,7 +75,7 @@ class JournalSource:
                              "save_interval not negative")
         self.name = name
         # "HOST IDENT[PID]: MESSAGE", the line fail2ban's systemd backend builds, so that file filters
-        # (built-in and fail2ban's) match journal entries unchanged; the time travels in LogLine.time
+        # (built-in and fail2ban's) match journal entries unchanged; the time travels in LineBatch.times
         self._syslog_format = syslog_format
         self.stats = SourceStats()
         self.ready = asyncio.Event()
@@ -247,11 +246,12 @@ class JournalSource:
 
     def _read(self, reader: Any, n: int) -> tuple[LineBatch, bool, str | None]:
         """Up to n lines, whether the journal may have more, and the cursor of the last entry read."""
-        name, max_line, stats = self.name, self._max_line, self.stats
-        batch: LineBatch = []
+        max_line, stats = self._max_line, self.stats
+        texts: list[str] = []
+        times: list[float] = []
         read = 0
         more = True
-        while len(batch) < n:
+        while len(texts) < n:
             if not reader._next():
                 more = False
                 break
@@ -275,8 +275,9 @@ class JournalSource:
                 stats.invalid_utf8 += 1
             if self._syslog_format:
                 text = _syslog_prefix(reader) + text
-            batch.append(LogLine(name, text, reader._get_realtime() / 1e6))
-        return batch, more, (reader._get_cursor() if read else None)
+            texts.append(text)
+            times.append(reader._get_realtime() / 1e6)
+        return LineBatch(self.name, texts, times), more, (reader._get_cursor() if read else None)
 
     # ------------------------------------------------------------ positions
 

@@ -56,7 +56,6 @@ from typing import Literal
 
 from asyncinotify import Event, Inotify, Mask, Watch
 
-from nftblockd.events import LogLine
 from nftblockd.sources.base import LineBatch, PositionStore, SourceError, SourceStats
 from nftblockd.sources.linesplit import DEFAULT_MAX_LINE, Lines, LineSplitter
 
@@ -191,7 +190,7 @@ class _File:
 class FileTail:
     """Tail the files named by `paths` (absolute or relative names; globs in the file name only).
 
-    `name` labels the source: it is `LogLine.source` of every line and part of the position keys
+    `name` labels the source: it is `LineBatch.source` of every batch and part of the position keys
     (`tail:<name>:<path>`), so two sources may follow the same file independently.
     `save_interval` bounds how often positions are written (0: after every chunk handed over).
     """
@@ -650,10 +649,9 @@ class FileTail:
         self.stats.overlong += lines.overlong
         self.stats.invalid_utf8 += lines.invalid
         if lines.text:
-            name = self.name
             # If cancelled while the queue is full, the batch is not handed over and the position stays
             # before it: it is read again after a restart.
-            await out.put([LogLine(name, t) for t in lines.text])
+            await out.put(LineBatch(self.name, lines.text))
             self.stats.lines += len(lines.text)
         f.position = f.offset - f.splitter.pending
         self._mark(f)

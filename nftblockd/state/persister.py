@@ -6,7 +6,8 @@ Rules:
   arrive while a write is in progress share the next transaction (one fsync for many requests under load).
   `submit(change)` is the same without the wait: the change is queued when it is called (so calls keep their
   order) and the returned future resolves when `save` would return. A bulk ban queues its save as it hands
-  its ops to the kernel and awaits both, so the fsync runs while the kernel commits (enforcer.ban_hosts).
+  its ops to the kernel and awaits both, so the fsync runs while the kernel commits (enforcer.ban_hosts);
+  the jail sink awaits a batch's saves only later, while later batches go to the kernel (kernel/sink.py).
   A change that deletes starts a new transaction (the store deletes before it saves within one call).
 - Order is kept: a change is never written before one queued earlier. When a write fails (disk full, I/O
   error, a read-only file system), the change stays at the head of the queue, the persister is *degraded*

@@ -4,10 +4,11 @@ size, refusals forgotten by the tracker, recidive fed in a loop, failures never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno as E
 import ipaddress
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from nftblockd.detect.tracker import JailPolicy, Kind, Tracker
 from nftblockd.events import Ban, Hit
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.kernel.sink import JailBanSink
+from nftblockd.state.change import StateChange
 from tests.helpers.fakekernel import FakeSetWriter, running_enforcer
 
 T0 = 1_900_000_000.0
@@ -138,3 +140,69 @@ async def test_submit_nowait_refuses_when_the_queue_is_full(rig: Rig) -> None:
         assert rig.sink.submit_nowait(rig.fail(f"192.0.2.{30 + i}"), [], 0.0)
     assert not rig.sink.submit_nowait(rig.fail("192.0.2.40"), [], 0.0)
     assert rig.sink.pending() == 4
+
+
+class GatedStore:
+    """A persist callable whose writes wait for `gate`: what it was asked to save, and what it has saved."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.queued: list[StateChange] = []
+        self.saved: list[StateChange] = []
+
+    async def __call__(self, change: StateChange) -> None:
+        self.queued.append(change)
+        await self.gate.wait()
+        self.saved.append(change)
+
+
+def saved_hosts(changes: list[StateChange]) -> int:
+    return sum(len(p[1]) for c in changes for p in c.packed_saves)
+
+
+@contextlib.asynccontextmanager
+async def gated_rig() -> AsyncIterator[tuple[Rig, GatedStore]]:
+    """A sink (sshd, maxretry 1) on the fake kernel whose saves wait for the store's gate."""
+    cfg = parse_config(CONFIG)
+    fake = FakeSetWriter(plan_ruleset(cfg), clock=lambda: T0)
+    store = GatedStore()
+    tracker = Tracker([JailPolicy("sshd", maxretry=1, bantime=3600.0, blocklist="default")],
+                      build_allowlist(cfg.allowlist, include_self=False))
+    async with running_enforcer(cfg, fake, persist=store) as enforcer:
+        yield Rig(JailBanSink(enforcer, tracker, clock=lambda: T0), tracker, fake), store
+
+
+async def test_the_next_batch_reaches_the_kernel_while_the_last_one_is_saved() -> None:
+    # the commit of batch N overlaps the kernel work of batch N+1; every save is still made, and run()
+    # returns only once they are (the daemon flushes the persister after the sink has drained)
+    async with gated_rig() as (rig, store):
+        run = asyncio.create_task(rig.sink.run())
+        await rig.sink.submit(rig.fail("192.0.2.50"), [], 0.0)
+        await wait_until(lambda: len(store.queued) == 1)
+        await rig.sink.submit(rig.fail("192.0.2.51"), [], 0.0)
+        await wait_until(lambda: k("192.0.2.51") in rig.fake.elements("default_ip4"))
+        assert store.saved == []  # batch 2 is in the kernel though batch 1's save has not been written
+        await rig.sink.close()
+        await asyncio.sleep(0)
+        assert not run.done()  # run() waits for the saves it started
+        store.gate.set()
+        await asyncio.wait_for(run, 10)
+        assert saved_hosts(store.saved) == 2
+
+
+async def test_apply_on_its_own_returns_once_saved() -> None:
+    async with gated_rig() as (rig, store):
+        applying = asyncio.create_task(rig.sink.apply(rig.fail("192.0.2.60"), [], 0.0))
+        await wait_until(lambda: len(store.queued) == 1)
+        assert not applying.done()
+        store.gate.set()
+        await asyncio.wait_for(applying, 10)
+        assert saved_hosts(store.saved) == 1
+
+
+async def wait_until(cond: Callable[[], bool], limit: float = 5.0) -> None:
+    """Poll `cond` with a bound (no fixed sleeps)."""
+    deadline = asyncio.get_running_loop().time() + limit
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.001)
