@@ -31,7 +31,7 @@ This module does no IO; `MemoryPositionStore` is the fake for tests (the sqlite 
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: sources run on the event loop and fill a bounded asyncio.Queue)
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,6 +50,13 @@ class LineBatch:
     source: str
     texts: list[str]
     times: list[float] | None = None
+
+    @classmethod
+    def of(cls, lines: Sequence[LogLine]) -> LineBatch:
+        """The batch of these lines (tests, tools): one source, and times only when every line has one."""
+        times = [ln.time for ln in lines]
+        return cls(lines[0].source if lines else "", [ln.text for ln in lines],
+                   None if any(t is None for t in times) else [t for t in times if t is not None])
 
     def __len__(self) -> int:
         return len(self.texts)

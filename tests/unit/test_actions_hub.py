@@ -15,7 +15,7 @@ from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.matchmemory import MatchMemory
 from nftblockd.detect.tracker import BanRecord, JailPolicy, Tracker
 from nftblockd.events import Ban, LogLine
-from nftblockd.sources.base import MemoryPositionStore
+from nftblockd.sources.base import LineBatch, MemoryPositionStore
 
 CFG = """
 actions:
@@ -208,7 +208,7 @@ def test_a_jail_whose_action_shows_matches_still_gets_them(tmp_path: Path) -> No
     cfg, _, h = f2b_hub(tmp_path, {"sshd": ["quiet", "lines"]})
     runner, _ = jail_runner(cfg, h, "sshd")
     lines = brute_lines(5)  # the jail's default maxretry: the fifth failure bans
-    found, _records = runner.process(lines, 1796205190.0, True, 0.0)
+    found, _records = runner.process(LineBatch.of(lines), 1796205190.0, True, 0.0)
     assert [format_target(b.target) for b in found] == ["192.0.2.7"]
     h.jail_bans(found, 1796205190.0)
     ev = h.runners["lines"]._queue._queue[0]  # type: ignore[attr-defined]
@@ -220,9 +220,9 @@ def test_a_jail_whose_actions_show_no_lines_keeps_none(tmp_path: Path) -> None:
     cfg, _, h = f2b_hub(tmp_path, {"sshd": ["quiet"]})
     runner, _ = jail_runner(cfg, h, "sshd")
     lines = brute_lines(5)
-    found, _records = runner.process(lines[:4], 1796205190.0, True, 0.0)
+    found, _records = runner.process(LineBatch.of(lines[:4]), 1796205190.0, True, 0.0)
     assert found == [] and len(h.memories["sshd"]) == 0  # four failures counted, no line kept
-    found, _records = runner.process(lines[4:], 1796205190.0, True, 0.0)
+    found, _records = runner.process(LineBatch.of(lines[4:]), 1796205190.0, True, 0.0)
     h.jail_bans(found, 1796205190.0)
     ev = h.runners["quiet"]._queue._queue[0]  # type: ignore[attr-defined]
     assert ev.address == "192.0.2.7" and ev.matches == () and runner.stats.bans == 1

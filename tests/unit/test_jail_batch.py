@@ -74,3 +74,9 @@ def test_no_recidive_jail_no_escalation_and_with_one_the_second_ban_escalates() 
     tracker = Tracker.from_config(cfg, extra=[rec])
     assert tracker.escalations(ban, NOW) == []
     assert [b.jail for b, _r in tracker.escalations(ban, NOW + 1)] == ["recidive"]
+
+
+def test_a_batch_of_log_lines_keeps_their_times_only_when_every_line_has_one() -> None:
+    assert LineBatch.of([LogLine("j", "x", 5.0), LogLine("j", "y", 6.0)]) == LineBatch("j", ["x", "y"], [5.0, 6.0])
+    assert LineBatch.of([LogLine("f", "x"), LogLine("f", "y", 6.0)]) == LineBatch("f", ["x", "y"], None)
+    assert list(LineBatch.of([])) == []
