@@ -230,24 +230,29 @@ class JailBanSink:
                              for i, (key, by_version) in enumerate(groups.items()))),
             self.enforcer.apply(ranges, now=now, started=arrival, history=[] if groups else history, saves=saves)
             if with_ranges else _no_results())
-        for by_version, refused in zip(groups.values(), refusals, strict=True):
+        st = self.stats
+        by_jail = st.applied_by_jail
+        for key, by_version, refused in zip(groups, groups.values(), refusals, strict=True):
+            was = len(applied)
             for v, bs in by_version.items():
+                if not refused:  # the common case: no per-ban lookup
+                    applied += bs
+                    continue
                 for b in bs:
                     if (v, int(b.target.network_address)) in refused:
                         self._refused(b)
                     else:
                         applied.append(b)
+            if len(applied) > was:  # a group is one jail's: counted at once, not ban by ban
+                by_jail[key[4]] = by_jail.get(key[4], 0) + len(applied) - was
         if with_ranges:
             for b, r in zip(ranges, results, strict=True):
                 if r.code is None:
                     applied.append(b)
+                    by_jail[b.jail] = by_jail.get(b.jail, 0) + 1
                 else:
                     self._refused(b)
-        st = self.stats
         st.applied += len(applied)
-        by_jail = st.applied_by_jail
-        for b in applied:
-            by_jail[b.jail] = by_jail.get(b.jail, 0) + 1
         return applied
 
     async def _ban_group(self, key: tuple[str, float | None, str, str, str], by_version: dict[int, list[Ban]],

@@ -206,3 +206,21 @@ async def wait_until(cond: Callable[[], bool], limit: float = 5.0) -> None:
     while not cond():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.001)
+
+
+async def test_applied_and_refused_are_counted_per_jail(rig: Rig) -> None:
+    """Counted per group at once (not ban by ban): refused bans are left out, ranges counted one by one."""
+    bans = [b for i in range(1, 4) for b in rig.fail(f"192.0.2.{i}")]
+    bans += [b for b in [rig.tracker.observe(Hit("sshd6", ipaddress.ip_address("2001:db8:1:2::5"), T0, ""),
+                                             T0).ban] if b is not None]
+    bans.append(Ban(ipaddress.ip_network("10.1.2.3/32"), "default", T0 + 3600, "jail", bans[0].reason, "sshd"))
+    await run_sink(rig, bans)  # the enforcer's allowlist refuses 10.1.2.3
+    assert rig.sink.stats.applied_by_jail == {"sshd": 3, "sshd6": 1}
+    assert rig.sink.stats.refused_by_jail == {"sshd": 1}
+    assert rig.sink.stats.applied == 4 and rig.sink.stats.refused == 1
+
+
+async def test_a_group_with_nothing_applied_is_not_counted(rig: Rig) -> None:
+    bans = [Ban(ipaddress.ip_network("10.1.2.3/32"), "default", T0 + 3600, "jail", "x", "sshd")]
+    await run_sink(rig, bans)
+    assert rig.sink.stats.applied_by_jail == {} and rig.sink.stats.refused_by_jail == {"sshd": 1}
