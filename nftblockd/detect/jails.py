@@ -141,14 +141,13 @@ class JailRunner:
 
         marker = asyncio.create_task(mark_ready())
         consumed = 0
-        stamped = isinstance(src, JournalSource)  # its lines carry their time: no date search (Filter.scan)
         try:
             while True:
                 batch = await queue.get()
                 arrival = time.monotonic()
                 consumed += len(batch)
                 live = bool(ready_mark) and consumed > ready_mark[0]
-                bans, records = self.process(batch, time.time(), live, arrival, stamped)
+                bans, records = self.process(batch, time.time(), live, arrival)
                 if bans:
                     await self.sink.submit(bans, records, arrival)  # waits while the sink's queue is full
                 # Queue.get() does not suspend while batches are waiting: yield, so the bans of this batch
@@ -159,8 +158,7 @@ class JailRunner:
             # lines already handed over by the source are matched before we stop (their position is saved)
             while not queue.empty():
                 with contextlib.suppress(Exception):
-                    bans, records = self.process(queue.get_nowait(), time.time(), False, time.monotonic(),
-                                                 stamped)
+                    bans, records = self.process(queue.get_nowait(), time.time(), False, time.monotonic())
                     if bans and not self.sink.submit_nowait(bans, records, time.monotonic()):
                         # no room left at shutdown: the tracker must not believe these are banned
                         log.warning("jail %s: %d bans decided while stopping could not be queued",
@@ -168,11 +166,12 @@ class JailRunner:
                         for b in bans:
                             self.tracker.forget_ban(b.target, jail=b.jail)
 
-    def process(self, batch: LineBatch, now: float, live: bool, arrival: float, stamped: bool = False
+    def process(self, batch: LineBatch, now: float, live: bool, arrival: float
                 ) -> tuple[list[Ban], list[BanRecord]]:
         """Match a batch of lines and feed the failures to the tracker: returns the bans it decided (for the
-        sink, as one submission) and their history records. `stamped`: the lines are the journal's, their
-        time is LogLine.time and their text holds no date to look for (fail2ban's systemd backend)."""
+        sink, as one submission) and their history records. A batch whose lines carry their own time (the
+        journal's: `batch.times`) is matched stamped: no date is looked for in the text (fail2ban's systemd
+        backend)."""
         flt = self.filter
         st = self.stats
         ctx = self._ctx
@@ -181,6 +180,7 @@ class JailRunner:
         st.lines += len(batch)
         texts = batch.texts
         times = batch.times
+        stamped = times is not None
         observe = self.tracker.observe
         jail = self.jail.name
         on_failure = self.on_failure

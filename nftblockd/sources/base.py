@@ -44,7 +44,9 @@ class LineBatch:
     """One queue item: the lines of one chunk read by source `source`; the consumer owns it once taken.
 
     `times[i]` is line i's own timestamp (the journal's), or `times` is None (files: a line's time is in
-    its text, or it is the time of arrival). Iterating gives the lines as `LogLine`s (tests, tools).
+    its text, or it is the time of arrival). Lines with their own time are matched without looking for a
+    date in their text (`Filter.scan(stamped=True)`, as fail2ban's systemd backend). Iterating gives the
+    lines as `LogLine`s (tests, tools).
     """
 
     source: str

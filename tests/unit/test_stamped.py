@@ -153,12 +153,12 @@ def test_the_jail_takes_a_journal_lines_time_not_a_date_in_its_message(tmp_path:
     batch = [LogLine("sshd", f"web1 sshd[{20 + i}]: Invalid user Dec  1 10:00:0{i} from 192.0.2.8 port 22",
                      NOW - 5 + i) for i in range(3)]
     runner = _runner(tmp_path)
-    bans, _records = runner.process(LineBatch.of(batch), NOW, False, 0.0, True)
+    bans, _records = runner.process(LineBatch.of(batch), NOW, False, 0.0)  # with their times: stamped
     assert [str(b.target) for b in bans] == ["192.0.2.8/32"]
     assert runner.stats.stale == 0
     # read as file lines, the message's date would be the time: too old to count while catching up
     runner = _runner(tmp_path)
-    bans, _records = runner.process(LineBatch.of(batch), NOW, False, 0.0)
+    bans, _records = runner.process(LineBatch("sshd", [ln.text for ln in batch]), NOW, False, 0.0)
     assert bans == [] and runner.stats.stale == 3
 
 
