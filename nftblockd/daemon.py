@@ -1066,8 +1066,8 @@ class Daemon:
         mx.action_queue.read = lambda: [((r.cfg.name,), r.queued()) for r in runners()]
 
     def _reload_actions(self, new: Config, f2b: dict[str, F2bAction]) -> str:
-        """A changed action gets a new runner (what its old one had queued is counted as skipped); jails whose
-        action list changed are restarted by _reload_jails, and take their line memory from the hub."""
+        """A changed action gets a new runner (its old one runs what it had queued first, hub.RELOAD_DRAIN);
+        jails whose action list changed are restarted by _reload_jails, and take their line memory from the hub."""
         if self.actions is None:
             if not new.actions:
                 return ""

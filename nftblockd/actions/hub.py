@@ -8,9 +8,10 @@ builds events and offers them to the runners' bounded queues. An event a runner 
 The runners' lives follow fail2ban's, where each jail holds its own instance of an action: a fail2ban action
 runs `actionstart` once for each `<name>` its bans carry (each jail using it; `fleet`; `feed`) when its runner
 starts or a reload adds that name, and `actionstop` when it stops: at a reload that replaces or removes it
-(the replacement starts only after the old one stopped), and at the daemon's stop (`shutdown`) once the
-queues drained what they could, every action in parallel within one budget. Nothing here waits for a
-runner's life but `shutdown`.
+(the old runner first runs what it had queued, for up to RELOAD_DRAIN seconds, with the config those events
+were decided under; the replacement starts only after the old one stopped), and at the daemon's stop
+(`shutdown`) once the queues drained what they could, every action in parallel within one budget. Nothing
+here waits for a runner's life but `shutdown`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ from nftblockd.durations import ban_end
 from nftblockd.events import Ban
 
 log = logging.getLogger("nftblockd.actions")
+
+# A reload that replaces or removes an action lets its old runner run what it had queued for this long (as the
+# daemon's stop does, ACTIONS_STOP_GRACE in daemon.py) before its actionstop: a reload to fix a typo in a mail
+# action's recipient must not throw away the bans of the minute before. What is left then is counted skipped.
+RELOAD_DRAIN = 5.0
 
 
 # fail2ban tags whose values come from the offender's kept lines (MatchMemory): `<F-*>` too
@@ -93,8 +99,8 @@ class ActionHub:
         self.configure(cfg, f2b)
 
     def configure(self, cfg: Config, f2b: Mapping[str, F2bAction]) -> list[str]:
-        """Take `cfg`'s actions: an action whose config changed gets a new runner (its queue is dropped,
-        counted); returns the names that changed."""
+        """Take `cfg`'s actions: an action whose config changed gets a new runner (the old one runs what it had
+        queued first, `_stop`); returns the names that changed."""
         old = self.runners
         self.runners = {}
         changed = []
@@ -106,7 +112,7 @@ class ActionHub:
                 stopping = None
                 if r is not None:
                     stopping = self._stop(a.name, r)
-                    new.stats = r.stats  # the counters go on (what the old one had queued is counted there)
+                    new.stats = r.stats  # the counters go on (the old one's last runs and skips count there too)
                 r = new
                 changed.append(a.name)
                 if self._tg is not None:
@@ -146,15 +152,16 @@ class ActionHub:
         await r.run()
 
     def _stop(self, name: str, r: ActionRunner) -> asyncio.Task[None] | None:
-        """Cancel a runner's workers (what it had queued is counted as skipped), then its actionstop runs in a
-        task of its own; returns that task (None when the hub is not running)."""
+        """Retire a runner in a task of its own: its workers run what it had queued (up to RELOAD_DRAIN
+        seconds; the rest is counted as skipped), then they are cancelled and its actionstop runs; returns that
+        task (None when the hub is not running: the workers are cancelled at once)."""
         t = self._tasks.pop(name, None)
         if t is None:
             return None
-        t.cancel()
         if self._tg is None:
+            t.cancel()
             return None
-        return self._retire(self._stop_after(t, r), name)
+        return self._retire(self._stop_after(t, r, RELOAD_DRAIN), name)
 
     def _retire(self, coro: Coroutine[None, None, None], name: str) -> asyncio.Task[None]:
         assert self._tg is not None
@@ -164,7 +171,11 @@ class ActionHub:
         return task
 
     @staticmethod
-    async def _stop_after(t: asyncio.Task[None], r: ActionRunner) -> None:
+    async def _stop_after(t: asyncio.Task[None], r: ActionRunner, drain: float) -> None:
+        if not t.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(r.idle(), drain)
+            t.cancel()
         await asyncio.wait({t})
         await r.stop()
 

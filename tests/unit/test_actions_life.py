@@ -224,3 +224,55 @@ async def test_the_hub_starts_stops_and_replaces_in_fail2bans_order(tmp_path: Pa
     assert sorted(fake.runs[4:]) == ["stop SSH named", "stop sshd m"]
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_reload_runs_what_the_old_runner_had_queued_before_its_stop(tmp_path: Path) -> None:
+    fake = Fake()
+    acts = f2b(tmp_path)
+    cfg = CFG.replace(", named]", "]")
+    h = ActionHub(parse_config(cfg), acts, fake)
+    task = asyncio.create_task(h.run())
+    await until(lambda: len(fake.runs) == 2)
+    fake.runs.clear()
+    fake.gate.clear()
+    old = h.runners["m"]
+    h.jail_bans([Ban(ipaddress.ip_network(f"198.51.100.{i}/32"), "default", None, "jail", "r", "sshd")
+                 for i in (1, 2, 3)], 1000.0)
+    await until(lambda: old.queued() == 3)
+    h.configure(parse_config(cfg.replace("retries: 0", "retries: 1")), acts)  # m changed: a new runner
+    for _ in range(50):  # the old runner's task would be cancelled by now, were it not draining
+        await asyncio.sleep(0)
+    fake.gate.set()
+    await until(lambda: len(fake.runs) == 7)
+    # the bans decided before the reload ran (with the old config), then the old stop, then the new start
+    assert fake.runs == [f"ban 198.51.100.{i} sshd" for i in (1, 2, 3)] + [
+        "stop sshd m", "stop web m", f"start sshd {h.host}", f"start web {h.host}"]
+    assert h.runners["m"] is not old and "stopping" not in old.stats.skipped
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_reloads_drain_is_bounded_and_what_is_left_is_counted(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import nftblockd.actions.hub as hub_module
+
+    monkeypatch.setattr(hub_module, "RELOAD_DRAIN", 0.0)  # no time to drain at all
+    fake = Fake()
+    acts = f2b(tmp_path)
+    cfg = CFG.replace(", named]", "]")
+    h = ActionHub(parse_config(cfg), acts, fake)
+    task = asyncio.create_task(h.run())
+    await until(lambda: len(fake.runs) == 2)
+    fake.runs.clear()
+    fake.gate.clear()  # the action hangs: nothing queued can run within the drain
+    old = h.runners["m"]
+    h.jail_bans([Ban(ipaddress.ip_network(f"198.51.100.{i}/32"), "default", None, "jail", "r", "sshd")
+                 for i in (1, 2, 3)], 1000.0)
+    await until(lambda: old.queued() == 3)
+    h.configure(parse_config(cfg.replace("retries: 0", "retries: 1")), acts)
+    await until(lambda: old.stats.skipped.get("stopping", 0) == 2)  # one was running: cancelled, not queued
+    fake.gate.set()
+    await until(lambda: len(fake.runs) == 4)
+    assert fake.runs == ["stop sshd m", "stop web m", f"start sshd {h.host}", f"start web {h.host}"]
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
