@@ -14,7 +14,10 @@ The rules:
 - Start: at the saved cursor (the entry it names was handed over and is skipped; if it was vacuumed, reading
   goes on with the next entry still there), else at the tail: only entries written from now on are read.
 - A line is one entry: `text` is MESSAGE decoded as UTF-8 with replacement (counted in `invalid_utf8`; a
-  message with newlines stays one line), `time` is __REALTIME_TIMESTAMP in seconds. Entries without MESSAGE
+  message with newlines stays one line), `time` is _SOURCE_REALTIME_TIMESTAMP in seconds where journald
+  recorded it (the kernel's receive time of a syslog datagram, kept through journal-remote), else
+  __REALTIME_TIMESTAMP (when journald wrote the entry), as fail2ban's systemd backend takes it: a journald
+  that fell behind must not move a burst of failures later than it happened. Entries without MESSAGE
   are passed over; messages longer than `max_line` bytes are skipped and counted in `overlong`.
 - Rotation and vacuum: `process()` says INVALIDATE; sd-journal has already re-read its list of files, and it
   keeps its location by sequence number and time, not by file, so reading continues after the last entry
@@ -276,7 +279,10 @@ class JournalSource:
             if self._syslog_format:
                 text = _syslog_prefix(reader) + text
             texts.append(text)
-            times.append(reader._get_realtime() / 1e6)
+            try:  # a trusted field (leading _): no client can set it
+                times.append(int(reader._get("_SOURCE_REALTIME_TIMESTAMP")) / 1e6)
+            except (KeyError, ValueError):
+                times.append(reader._get_realtime() / 1e6)
         return LineBatch(self.name, texts, times), more, (reader._get_cursor() if read else None)
 
     # ------------------------------------------------------------ positions

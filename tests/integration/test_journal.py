@@ -244,3 +244,25 @@ async def test_no_journald_at_all_is_an_error(tmp_path: Path, caplog: pytest.Log
         async with running(src):
             assert src.stats.errors == 1 and "systemd-journald is not running" in src.missing()[0]
     assert "systemd-journald is not running" in caplog.text
+
+
+async def test_the_time_is_when_the_message_was_sent_not_when_journald_wrote_it(jd: Journald) -> None:
+    # A syslog datagram carries the kernel's receive time (journald's _SOURCE_REALTIME_TIMESTAMP); a journald
+    # that falls behind writes the entry later (__REALTIME_TIMESTAMP). fail2ban takes the first; so do we.
+    import os
+    import signal
+    import socket
+
+    async with running(source(jd)) as c:
+        os.kill(jd.pid, signal.SIGSTOP)
+        try:
+            sent = time.time()
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                s.sendto(b"<38>sshd[42]: Invalid user admin from 192.0.2.7 port 22", str(jd.sockets / "dev-log"))
+            await asyncio.sleep(0.5)  # not a wait for something: the gap journald falls behind by
+        finally:
+            os.kill(jd.pid, signal.SIGCONT)
+        resumed = time.time()
+        assert await c.wait_lines(1) == ["Invalid user admin from 192.0.2.7 port 22"]
+    line_time = c.lines[0].time
+    assert line_time is not None and sent - 0.1 <= line_time < resumed - 0.3
