@@ -263,9 +263,14 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
     add("fleet", _cmd_fleet, "show fleet mode: server and role, connected or not, cursor and lag, outbox, "
         "events received, applied and refused (per reason), last error")
 
-    sp = add("test-filter", _cmd_test_filter, "run a filter over a log file (no daemon needed)")
+    sp = add("test-filter", _cmd_test_filter, "run a filter over a log file or the journal (no daemon needed)")
     sp.add_argument("filter", metavar="FILTER")
-    sp.add_argument("logfile", metavar="LOGFILE")
+    sp.add_argument("logfile", metavar="LOGFILE", nargs="?", help="the log file (not with --journal)")
+    sp.add_argument("--journal", action="append", default=[], metavar="FIELD=VALUE",
+                    help="read the journal's entries that match instead, from its head, as a journal jail reads "
+                         "them (repeat it: the same field ORs, different fields AND, as a jail's journal matches)")
+    sp.add_argument("--journal-dir", metavar="DIR", help="the journal files in DIR (journalctl -D) instead of "
+                    "the local journal")
 
     sp = add("import-fail2ban", _cmd_import_fail2ban,
              "ban what fail2ban currently bans, for the time it has left")
@@ -1031,8 +1036,19 @@ def _cmd_test_filter(ctx: _Context, ns: Any) -> int:
         if exc.name != "nftblockd.detect.testfilter":
             raise
         raise Failed("test-filter is not available in this build") from None
+    if (ns.logfile is None) == (not ns.journal):
+        raise Failed("test-filter: give a LOGFILE or --journal FIELD=VALUE, not both")
+    if ns.journal_dir is not None and not ns.journal:
+        raise Failed("test-filter: --journal-dir needs --journal FIELD=VALUE")
+    journal = []
+    for m in ns.journal:
+        field, eq, value = m.partition("=")
+        if not eq or not field:
+            raise Failed(f"test-filter: --journal {m!r}: expected FIELD=VALUE, as _SYSTEMD_UNIT=ssh.service")
+        journal.append((field, value))
+    extra = {"journal": journal, "journal_dir": ns.journal_dir} if journal else {}
     try:
-        code: int = run(ns.filter, ns.logfile, json_output=ctx.json, out=ctx.out, err=ctx.err)
+        code: int = run(ns.filter, ns.logfile, json_output=ctx.json, out=ctx.out, err=ctx.err, **extra)
     except OSError as exc:
         raise Failed(f"{exc.filename or ns.logfile}: {exc.strerror or exc}") from None
     return code

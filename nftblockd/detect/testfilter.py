@@ -1,8 +1,10 @@
 """`nftblock test-filter FILTER LOGFILE [--json]`: what fail2ban-regex does, without a daemon.
 
-This is an IO edge: it reads log files, prints, and reads the clock (for lines/s and, when no `now` is
-given, for year inference). The matching itself is matcher.Filter, exactly as the daemon runs it,
-including the multi-line context.
+This is an IO edge: it reads log files or the journal, prints, and reads the clock (for lines/s and, when
+no `now` is given, for year inference). The matching itself is matcher.Filter, exactly as the daemon runs
+it, including the multi-line context. With `journal` matches it reads the journal's matching entries from
+its head as a journal jail reads them (sources/journal.py: "HOST IDENT[PID]: MESSAGE", the entry's own
+time) and matches them stamped, as the jail does (fail2ban-regex's `systemd-journal`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -35,9 +38,45 @@ def _iso(t: float | None) -> str | None:
     return None if t is None else datetime.fromtimestamp(t, UTC).isoformat()
 
 
-def run(filter_spec: str, logfile: str, *, json_output: bool, out: TextIO, now: float | None = None,
-        err: TextIO | None = None) -> int:
-    """Match every line of `logfile` with `filter_spec` and report. 0: done; 1: filter or file error
+def _journal_lines(matches: Sequence[tuple[str, str]], path: str | None, err: TextIO
+                   ) -> tuple[list[str], list[float] | None] | None:
+    """The matching entries' lines and times, as a journal jail reads them; None after saying why not."""
+    try:
+        from nftblockd.sources.journal import JournalSource  # systemd-python: only this mode needs it
+    except ImportError:
+        print("test-filter: reading the journal needs systemd-python (Debian: python3-systemd)", file=err)
+        return None
+    from nftblockd.sources.base import MemoryPositionStore, SourceError
+
+    try:
+        src = JournalSource("test-filter", matches, MemoryPositionStore(), path=path, syslog_format=True)
+        lines: list[str] = []
+        times: list[float] = []
+        for batch in src.read_all():
+            lines += batch.texts
+            times += batch.times or ()
+    except (ValueError, SourceError) as exc:
+        print(f"test-filter: {exc}", file=err)
+        return None
+    for why in src.missing():
+        print(f"test-filter: {why}", file=err)
+    return lines, times
+
+
+def _file_lines(logfile: str, err: TextIO) -> tuple[list[str], None] | None:
+    try:
+        data = Path(logfile).read_bytes()
+    except OSError as exc:
+        print(f"test-filter: cannot read {logfile}: {exc.strerror or exc}", file=err)
+        return None
+    return data.decode("utf-8", "surrogateescape").splitlines(), None
+
+
+def run(filter_spec: str, logfile: str | None, *, json_output: bool, out: TextIO, now: float | None = None,
+        err: TextIO | None = None, journal: Sequence[tuple[str, str]] = (), journal_dir: str | None = None
+        ) -> int:
+    """Match every line of `logfile` (or with `journal` matches, every matching journal entry of the local
+    journal or of `journal_dir`) with `filter_spec` and report. 0: done; 1: filter, file or journal error
     (one line on stderr). `now` is the reference time for logs without a year (default: the clock).
     """
     err = err if err is not None else sys.stderr
@@ -46,24 +85,23 @@ def run(filter_spec: str, logfile: str, *, json_output: bool, out: TextIO, now: 
     except FilterError as exc:
         print(f"test-filter: bad filter {filter_spec!r}: {exc}", file=err)
         return 1
-    try:
-        data = Path(logfile).read_bytes()
-    except OSError as exc:
-        print(f"test-filter: cannot read {logfile}: {exc.strerror or exc}", file=err)
+    got = _journal_lines(journal, journal_dir, err) if journal else _file_lines(logfile or "", err)
+    if got is None:
         return 1
+    lines, times = got
     ref = time.time() if now is None else now
     ctx = MatchContext()
-    lines = data.decode("utf-8", "surrogateescape").splitlines()
     matches: list[tuple[int, Match]] = []
     ignored: list[tuple[int, Match | Rejected]] = []
     rejected: list[tuple[int, Rejected]] = []
     t0 = time.perf_counter()
-    for i, r in flt.scan(lines, ref, ctx):  # the jails' path, so lines/s is the daemon's
+    # the jails' path, so lines/s is the daemon's; journal lines carry their time (stamped), as in a jail
+    for i, r in flt.scan(lines, ref, ctx, stamped=times is not None):
         n = i + 1
         if r.ignored:
             ignored.append((n, r))
         elif isinstance(r, Match):
-            matches.append((n, r))
+            matches.append((n, r if times is None else r._replace(time=times[i])))
         else:
             rejected.append((n, r))
     elapsed = time.perf_counter() - t0

@@ -33,7 +33,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from systemd import journal
@@ -246,6 +246,22 @@ class JournalSource:
             if not more:
                 return
             await asyncio.sleep(0)  # a long backlog must not starve the rest of the daemon
+
+    def read_all(self) -> Iterator[LineBatch]:
+        """Every matching entry from the journal's head to its end, once, in batches, by the same rules as
+        `run` (`nftblock test-filter --journal`): no cursor is read or saved, nothing is followed. Raises
+        SourceError when the journal cannot be opened."""
+        reader = self._open()
+        try:
+            reader.seek_head()
+            while True:
+                batch, more, _ = self._read(reader, self._batch)
+                if batch:
+                    yield batch
+                if not more:
+                    return
+        finally:
+            reader.close()
 
     def _read(self, reader: Any, n: int) -> tuple[LineBatch, bool, str | None]:
         """Up to n lines, whether the journal may have more, and the cursor of the last entry read."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +267,31 @@ async def test_the_time_is_when_the_message_was_sent_not_when_journald_wrote_it(
         assert await c.wait_lines(1) == ["Invalid user admin from 192.0.2.7 port 22"]
     line_time = c.lines[0].time
     assert line_time is not None and sent - 0.1 <= line_time < resumed - 0.3
+
+
+def test_test_filter_reads_the_journal_as_a_jail_does(jd: Journald, tmp_path: Path) -> None:
+    # `nftblock test-filter sshd --journal SYSLOG_IDENTIFIER=sshd --journal-dir DIR`: the matching entries
+    # from the head, as "HOST IDENT[PID]: MESSAGE", matched stamped (a date-like user name stays text), each
+    # match at its entry's time
+    import io
+    import json
+
+    from nftblockd.detect.testfilter import run
+
+    t0 = time.time()
+    jd.send("Invalid user Dec  1 10:00:00 from 192.0.2.8 port 22", SYSLOG_IDENTIFIER="sshd", SYSLOG_PID="7")
+    jd.send("Failed password for root from 2001:db8::9 port 22 ssh2", SYSLOG_IDENTIFIER="sshd", SYSLOG_PID="7")
+    jd.send("Failed password for root from 192.0.2.99 port 22 ssh2", SYSLOG_IDENTIFIER="cron")
+    asyncio.run(jd.sync())
+    t1 = time.time()
+    out, err = io.StringIO(), io.StringIO()
+    assert run("sshd", None, json_output=True, out=out, err=err, journal=[("SYSLOG_IDENTIFIER", "sshd")],
+               journal_dir=str(jd.journal_dir)) == 0, err.getvalue()
+    doc = json.loads(out.getvalue())
+    assert doc["lines"] == 2 and [m["host"] for m in doc["matches"]] == ["192.0.2.8", "2001:db8::9"]
+    for m in doc["matches"]:
+        assert t0 - 1 <= datetime.fromisoformat(m["time"]).timestamp() <= t1 + 1
+    err = io.StringIO()
+    assert run("sshd", None, json_output=True, out=out, err=err, journal=[("SYSLOG_IDENTIFIER", "sshd")],
+               journal_dir=str(tmp_path / "nothing")) == 1
+    assert err.getvalue().startswith("test-filter: ") and err.getvalue().count("\n") == 1

@@ -393,6 +393,28 @@ async def test_test_filter_runs_without_a_daemon(monkeypatch: pytest.MonkeyPatch
     assert seen == [("sshd", "/var/log/auth.log", False), ("sshd", "/var/log/auth.log", True)]
 
 
+async def test_test_filter_reads_the_journal_with_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[Any, ...]] = []
+
+    def run(filter_spec: str, logfile: str | None, *, json_output: bool, out: Any, err: Any,
+            journal: list[tuple[str, str]], journal_dir: str | None) -> int:
+        seen.append((filter_spec, logfile, journal, journal_dir))
+        return 0
+
+    monkeypatch.setitem(sys.modules, "nftblockd.detect.testfilter", types.SimpleNamespace(run=run))
+    r = await nftblock("test-filter", "sshd", "--journal", "_SYSTEMD_UNIT=ssh.service", "--journal",
+                       "_SYSTEMD_UNIT=sshd.service", "--journal-dir", "/x")
+    assert r.code == 0
+    assert seen == [("sshd", None, [("_SYSTEMD_UNIT", "ssh.service"), ("_SYSTEMD_UNIT", "sshd.service")], "/x")]
+    for args, why in ((("sshd",), "give a LOGFILE or --journal"),
+                      (("sshd", "/var/log/auth.log", "--journal", "A=b"), "not both"),
+                      (("sshd", "/var/log/auth.log", "--journal-dir", "/x"), "--journal-dir needs --journal"),
+                      (("sshd", "--journal", "_SYSTEMD_UNIT"), "expected FIELD=VALUE")):
+        r = await nftblock("test-filter", *args)
+        assert r.code == 1 and why in one_line(r.err), args
+    assert len(seen) == 1
+
+
 async def test_test_filter_reports_a_missing_module(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "nftblockd.detect.testfilter", None)  # import fails as if it did not exist
     r = await nftblock("test-filter", "sshd", "/var/log/auth.log")
