@@ -576,6 +576,8 @@ class Daemon:
             self.fleet_sink.note_local([b.target for b in applied if b.blocklist == self.fleet_sink.blocklist], now)
         if self.subnets is not None:
             self.subnets.jail_bans(applied, now)
+        if self.fleet is not None and applied:  # re-asserted like own bans if the server loses them
+            await self.fleet.note_counted([(b.target, b.until, f"count:{b.jail}") for b in applied])
 
     async def _run_counter(self) -> None:
         counter = self.fleet_counter

@@ -113,6 +113,7 @@ class FleetState(Protocol):
     """The state store's fleet tables (`store.Store` implements it); called from a worker thread."""
 
     def fleet_enqueue(self, items: Iterable[OutboxItem]) -> list[int]: ...
+    def fleet_note_published(self, items: Iterable[OutboxItem]) -> None: ...
     def fleet_pending(self, now: float, limit: int = ...) -> list[OutboxRow]: ...
     def fleet_mark_published(self, oseqs: Iterable[int]) -> None: ...
     def fleet_round(self, published: Iterable[int], items: Iterable[OutboxItem], now: float,
@@ -276,6 +277,20 @@ class FleetService:
             return 0
         now = self.clock()
         return sum(self._put(("unban", format_target(net), None, src, now)) for net in nets)
+
+    async def note_counted(self, bans: Iterable[tuple[IPNet, float | None, str]]) -> None:
+        """Own bans this host's count call decided (target, end, src "count:<jail>"): the count script already
+        appended them to the stream, so they are not published; they are kept as published own bans, and a
+        server that restarts without them gets them back from the re-assert like any own ban. A store
+        failure is logged, never raised: the bans stand, only that repair is lost."""
+        now = self.clock()
+        items: list[OutboxItem] = [("ban", format_target(net), _until_text(until), src, now)
+                                   for net, until, src in bans]
+        try:
+            await asyncio.to_thread(self.state.fleet_note_published, items)
+        except Exception as exc:
+            log.warning("fleet %s: cannot record %d fleet-counted bans for re-assert: %s", self.cfg.name,
+                        len(items), exc)
 
     def _put(self, item: OutboxItem) -> int:
         if len(self._queue) >= QUEUE_LIMIT:

@@ -770,6 +770,20 @@ class Store:
 
         return self._run("queue fleet events", run)
 
+    def fleet_note_published(self, items: Iterable[OutboxItem]) -> None:
+        """Own bans the server already holds without this outbox having published them (a fleet-counted ban:
+        the count script appended it): kept as published bans are, so that a re-assert gives them back to a
+        server that lost them."""
+        rows = [r for r in items if r[0] == "ban"]
+
+        def run(conn: sqlite3.Connection) -> None:
+            with transaction(conn):
+                conn.executemany("INSERT INTO fleet_outbox(op, target, until, src, created, state)"
+                                 " VALUES (?, ?, ?, ?, ?, 1)", rows)
+
+        if rows:
+            self._run("record fleet-counted bans", run)
+
     def fleet_pending(self, now: float, limit: int = 10000) -> list[OutboxRow]:
         """Pending events in oseq order; bans that ended meanwhile are marked dead and skipped."""
 

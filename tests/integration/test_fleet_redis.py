@@ -156,6 +156,25 @@ async def test_server_restart_with_empty_data_snapshot_and_reassert(server: Redi
         await b.stop()
 
 
+async def test_a_fleet_counted_ban_is_reasserted_by_the_host_that_decided_it(server: RedisServer) -> None:
+    # the count script appended it to the stream (not a's outbox); the server restarts empty: a gives it back
+    a = Host(fleet_config("prod", "a", server.url)).start()
+    b = Host(fleet_config("prod", "b", server.url)).start()
+    try:
+        await until(lambda: a.service.stats.connected and b.service.stats.connected)
+        z = N("192.0.2.77/32")
+        await a.service.note_counted([(z, time.time() + 3600, "count:sshd")])
+        assert a.service.stats.reasserted == 0 and not b.sink.has(z)  # not published by a: the script did
+        server.kill()
+        server.start(wipe=True)
+        await until(lambda: a.service.stats.snapshots >= 2 and a.service.stats.connected, what="a re-snapshotted")
+        await until(lambda: b.sink.has(z), what="the counted ban re-asserted by a")
+        assert a.service.stats.reasserted == 1
+    finally:
+        await a.stop()
+        await b.stop()
+
+
 async def test_server_down_outbox_then_published(server: RedisServer, tmp_path: Path) -> None:
     offset = [0.0]
     store_a = Store.open(tmp_path / "a.db")

@@ -41,6 +41,16 @@ def test_outbox_order_expiry_and_unbans(tmp_path: Path) -> None:
         assert st.fleet_prune(NOW + 7200, 3600) == 1
 
 
+def test_a_fleet_counted_ban_is_kept_as_published_never_pending(tmp_path: Path) -> None:
+    with Store.open(tmp_path / "s.db") as st:
+        st.fleet_note_published([("ban", "192.0.2.77", NOW + 100, "count:sshd", NOW)])
+        assert st.fleet_pending(NOW) == [] and st.fleet_outbox_size() == 0  # the count script published it
+        own = st.fleet_own_active(NOW + 1, NOW - 60)
+        assert [(r.target, r.until, r.src) for r in own] == [("192.0.2.77", NOW + 100, "count:sshd")]
+        st.fleet_forget([("192.0.2.77", NOW + 2)])  # unbanned fleet-wide afterwards: not re-asserted
+        assert st.fleet_own_active(NOW + 3, NOW - 60) == []
+
+
 def test_a_publish_round_is_mark_then_queue_then_read_in_one_transaction(tmp_path: Path) -> None:
     # fleet_round against the three calls it stands for, on two stores fed the same events
     batches: list[list[OutboxItem]] = [
