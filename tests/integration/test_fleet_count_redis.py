@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import ipaddress
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,27 +17,19 @@ from nftblockd.fleet.counting import CountPolicy, Decided, count_key
 from nftblockd.fleet.countlink import CountLink
 from nftblockd.fleet.gate import Gate, TrustLimits
 from tests.helpers.fleet import fleet_config, until
-from tests.helpers.redis import RedisServer, redis_available
+from tests.helpers.redis import (  # noqa: F401 (fixtures, by name)
+    RedisServer,
+    connections_left_open_fail_their_own_test,
+    plain_server,
+    redis_available,
+)
 
-pytestmark = pytest.mark.skipif(not redis_available(), reason="needs redis-server (make deps)")
+pytestmark = [pytest.mark.skipif(not redis_available(), reason="needs redis-server (make deps)"),
+              pytest.mark.usefixtures("connections_left_open_fail_their_own_test")]
 
 A = ipaddress.ip_address
 POL = {"sshd": CountPolicy(maxretry=3, findtime=600.0, bantime=3600.0)}
 
-
-@pytest.fixture(autouse=True)
-def collect() -> Iterator[None]:
-    yield
-    gc.collect()
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    srv = RedisServer(tmp_path / "redis").start()
-    try:
-        yield srv
-    finally:
-        srv.kill()
 
 
 class Fleet:

@@ -6,11 +6,9 @@ Each test starts its own server on a free loopback port with a temporary dir and
 from __future__ import annotations
 
 import asyncio
-import gc
 import ipaddress
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +21,15 @@ from nftblockd.fleet.link import Keys, LinkError, RedisLink
 from nftblockd.state.store import Store
 from tests.helpers.certs import make_certs
 from tests.helpers.fleet import Host, fleet_config, until
-from tests.helpers.redis import RedisServer, redis_available
+from tests.helpers.redis import (  # noqa: F401 (fixtures, by name)
+    RedisServer,
+    connections_left_open_fail_their_own_test,
+    plain_server,
+    redis_available,
+)
 
-pytestmark = pytest.mark.skipif(not redis_available(), reason="needs redis-server (make deps)")
+pytestmark = [pytest.mark.skipif(not redis_available(), reason="needs redis-server (make deps)"),
+              pytest.mark.usefixtures("connections_left_open_fail_their_own_test")]
 
 N = ipaddress.ip_network
 
@@ -34,23 +38,6 @@ def nets(n: int, base: str = "203.0.113.0") -> list[ipaddress.IPv4Network]:
     b = int(ipaddress.IPv4Address(base))
     return [ipaddress.IPv4Network((b + i, 32)) for i in range(n)]
 
-
-@pytest.fixture(autouse=True)
-def connections_left_open_fail_their_own_test() -> Iterator[None]:
-    """Finalise what the test dropped before the next one starts: a client connection it left open warns
-    (ResourceWarning, an error here) in this test's teardown, not in the session's last garbage collection,
-    where CI once reported one that nobody could attribute."""
-    yield
-    gc.collect()
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    srv = RedisServer(tmp_path / "redis").start()
-    try:
-        yield srv
-    finally:
-        srv.kill()
 
 
 async def test_fan_out_to_three_hosts(server: RedisServer) -> None:
