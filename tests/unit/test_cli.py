@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from nftblockd import __version__
 from nftblockd.addr import AddressError, format_target, parse_target
-from nftblockd.cli import canonical_target, main
+from nftblockd.cli import main
+from nftblockd.clitargets import canonical_target
 from nftblockd.control.protocol import encode_error
 from nftblockd.control.server import ControlServer, Peer
 from nftblockd.durations import PERMANENT, Permanent
@@ -606,7 +607,7 @@ _ZEROISH = st.lists(st.sampled_from([0, 0, 0, 1, 0xFFFF, 0xABC]), min_size=8, ma
        | st.ip_addresses(v=4).map(lambda a: f"::ffff:{a}") | st.ip_addresses(v=4).map(lambda a: f"::{a}")
        | st.text(alphabet="0123456789abcdefABCDEF:.%/ ", max_size=45))
 def test_quick_canonical_agrees_with_parse_target(text: str) -> None:
-    from nftblockd.cli import quick_canonical
+    from nftblockd.clitargets import quick_canonical
 
     quick = quick_canonical(text)
     if quick is None:
@@ -717,9 +718,9 @@ _LINE = st.one_of(st.ip_addresses(v=4).map(str), st.ip_addresses(v=6).map(str), 
 
 @given(st.lists(st.tuples(_LINE, st.sampled_from(["\n", "\r\n", "\r"])), max_size=40), st.integers(1, 64))
 def test_stdin_read_by_blocks_gives_what_the_line_reader_gives(lines: list[tuple[str, str]], block: int) -> None:
-    # _targets_from_stream (blocks of whole lines, a C-level check of plain IPv4 blocks) against the plain
+    # targets_from_stream (blocks of whole lines, a C-level check of plain IPv4 blocks) against the plain
     # per-line reader over the text layer, for the bytes under sys.stdin and for a text-only stream
-    from nftblockd.cli import UsageError, _targets_from_lines, _targets_from_stream
+    from nftblockd.clitargets import UsageError, targets_from_lines, targets_from_stream
 
     text = "".join(line + end for line, end in lines)
 
@@ -729,10 +730,10 @@ def test_stdin_read_by_blocks_gives_what_the_line_reader_gives(lines: list[tuple
         except UsageError as exc:
             return str(exc)
 
-    want = outcome(lambda: _targets_from_lines(io.TextIOWrapper(io.BytesIO(text.encode()))))
-    got = outcome(lambda: _targets_from_stream(io.TextIOWrapper(io.BytesIO(text.encode())), block))
+    want = outcome(lambda: targets_from_lines(io.TextIOWrapper(io.BytesIO(text.encode()))))
+    got = outcome(lambda: targets_from_stream(io.TextIOWrapper(io.BytesIO(text.encode())), block))
     assert got == want
-    assert outcome(lambda: _targets_from_stream(io.StringIO(text), block)) == want
+    assert outcome(lambda: targets_from_stream(io.StringIO(text), block)) == want
     if not isinstance(got, str):  # what is sent (packed addresses and text) is every target, nothing else
         import socket
 
@@ -746,12 +747,12 @@ def test_stdin_read_by_blocks_gives_what_the_line_reader_gives(lines: list[tuple
 
 
 def test_stdin_that_is_not_text_is_refused_with_its_line_number() -> None:
-    from nftblockd.cli import UsageError, _targets_from_stream
+    from nftblockd.clitargets import UsageError, targets_from_stream
 
     data = b"192.0.2.1\r\n192.0.2.2\n\n198.51.100.\xff\n192.0.2.3\n"
     for block in (3, 1 << 20):
         with pytest.raises(UsageError) as exc:
-            _targets_from_stream(io.TextIOWrapper(io.BytesIO(data)), block)
+            targets_from_stream(io.TextIOWrapper(io.BytesIO(data)), block)
         assert str(exc.value) == "stdin line 4: not text (invalid start byte); nothing was sent"
 
 
