@@ -226,7 +226,9 @@ async def test_the_hub_starts_stops_and_replaces_in_fail2bans_order(tmp_path: Pa
     await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_a_reload_runs_what_the_old_runner_had_queued_before_its_stop(tmp_path: Path) -> None:
+async def reload_with_three_queued(tmp_path: Path) -> tuple[Fake, ActionHub, asyncio.Task[None], ActionRunner]:
+    """A running hub whose action m holds three bans (one running, held by the fake's gate), then a reload
+    that changes m; returns the fake, the hub, its task and m's old runner."""
     fake = Fake()
     acts = f2b(tmp_path)
     cfg = CFG.replace(", named]", "]")
@@ -240,6 +242,11 @@ async def test_a_reload_runs_what_the_old_runner_had_queued_before_its_stop(tmp_
                  for i in (1, 2, 3)], 1000.0)
     await until(lambda: old.queued() == 3)
     h.configure(parse_config(cfg.replace("retries: 0", "retries: 1")), acts)  # m changed: a new runner
+    return fake, h, task, old
+
+
+async def test_a_reload_runs_what_the_old_runner_had_queued_before_its_stop(tmp_path: Path) -> None:
+    fake, h, task, old = await reload_with_three_queued(tmp_path)
     for _ in range(50):  # the old runner's task would be cancelled by now, were it not draining
         await asyncio.sleep(0)
     fake.gate.set()
@@ -257,19 +264,7 @@ async def test_a_reloads_drain_is_bounded_and_what_is_left_is_counted(tmp_path: 
     import nftblockd.actions.hub as hub_module
 
     monkeypatch.setattr(hub_module, "RELOAD_DRAIN", 0.0)  # no time to drain at all
-    fake = Fake()
-    acts = f2b(tmp_path)
-    cfg = CFG.replace(", named]", "]")
-    h = ActionHub(parse_config(cfg), acts, fake)
-    task = asyncio.create_task(h.run())
-    await until(lambda: len(fake.runs) == 2)
-    fake.runs.clear()
-    fake.gate.clear()  # the action hangs: nothing queued can run within the drain
-    old = h.runners["m"]
-    h.jail_bans([Ban(ipaddress.ip_network(f"198.51.100.{i}/32"), "default", None, "jail", "r", "sshd")
-                 for i in (1, 2, 3)], 1000.0)
-    await until(lambda: old.queued() == 3)
-    h.configure(parse_config(cfg.replace("retries: 0", "retries: 1")), acts)
+    fake, h, task, old = await reload_with_three_queued(tmp_path)  # the action hangs: nothing can drain
     await until(lambda: old.stats.skipped.get("stopping", 0) == 2)  # one was running: cancelled, not queued
     fake.gate.set()
     await until(lambda: len(fake.runs) == 4)
