@@ -49,7 +49,7 @@
 
 static PyObject *ScanError;
 static PyObject *s_conns, *s_max_age, *s_max_entries, *s_ip4, *s_ip6, *s_dns, *s_fid, *s_nofail, *s_gained,
-    *s_pending, *s_fields, *s_user, *s_multi, *s_seen, *s_empty, *s_no_address, *s_ip;
+    *s_pending, *s_fields, *s_user, *s_multi, *s_seen, *s_empty, *s_no_address, *s_ip, *s_scope_id;
 
 /* ------------------------------------------------------------------------------------------------------ */
 /* Regex: one compiled pattern */
@@ -415,6 +415,7 @@ typedef struct {
     Py_ssize_t klen;
     Py_ssize_t n;
     int *rules;
+    Py_ssize_t next; /* the next head (in table order) whose key has the same first byte; -1: none */
 } Head;
 
 /* Epochs of local wall-clock hours, as DateParser.hour_base gives them: a cache, since a syslog timestamp
@@ -441,6 +442,7 @@ typedef struct {
     Py_ssize_t heads_len;
     Py_ssize_t nheads;
     Head *heads;
+    Py_ssize_t head_first[256]; /* the first head (in table order) whose key starts with that byte; -1: none */
     Py_ssize_t nunheaded;
     int *unheaded;
     Py_ssize_t nrules;
@@ -450,7 +452,7 @@ typedef struct {
     Py_ssize_t *ign_limit;
     int ignore_whole;
     PyObject *stamp, *year_of, *hour_base, *find_span, *hosts, *parse_host, *match_type, *rejected_type, *evict,
-        *ipv4_type;
+        *ipv4_type, *ipv6_type;
     PyObject *last_raw, *last_host; /* the host text `result` parsed last, and what it gave (NULL: none yet) */
     PyObject *last_text[2];         /* the last connection id and IPv4 text made (see text_again) */
     char *buf; /* max_line bytes: a line without the timestamp found inside it */
@@ -517,6 +519,7 @@ static int Scanner_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(self->hour_base);
     Py_VISIT(self->find_span);
     Py_VISIT(self->ipv4_type);
+    Py_VISIT(self->ipv6_type);
     Py_VISIT(self->hosts);
     Py_VISIT(self->parse_host);
     Py_VISIT(self->match_type);
@@ -536,6 +539,7 @@ static int Scanner_clear(PyObject *op) {
     Py_CLEAR(self->hour_base);
     Py_CLEAR(self->find_span);
     Py_CLEAR(self->ipv4_type);
+    Py_CLEAR(self->ipv6_type);
     Py_CLEAR(self->hosts);
     Py_CLEAR(self->parse_host);
     Py_CLEAR(self->match_type);
@@ -664,7 +668,7 @@ static uint32_t max_captures(uint32_t a, RegexObject *rx) {
 /*
  * Scanner(gate, max_line, ts, prefix_kind, prefix, prefix_limit, content_group, heads_len, heads, unheaded,
  *         rules, ignores, ignore_whole, stamp, year_of, hour_base, find_span, hosts, parse_host, host_memo,
- *         match_type, rejected_type, evict, ipv4_type)
+ *         match_type, rejected_type, evict, ipv4_type[, ts_syslog_c, ipv6_type])
  *
  *   ts: the syslog / ISO shapes, or None when the filter's datepattern has other forms
  *
@@ -675,15 +679,15 @@ static uint32_t max_captures(uint32_t a, RegexObject *rx) {
  */
 static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *gate, *ts, *prefix, *heads, *unheaded, *rules, *ignores, *stamp, *year_of, *hour_base, *find_span,
-        *hosts, *parse_host, *match_type, *rejected_type, *evict, *ipv4_type;
+        *hosts, *parse_host, *match_type, *rejected_type, *evict, *ipv4_type, *ipv6_type = Py_None;
     Py_ssize_t max_line, prefix_limit, heads_len, host_memo;
     int prefix_kind, content_group, ignore_whole, ts_syslog_c = 0;
     (void)kw;
-    if (!PyArg_ParseTuple(args, "OnOiOninOOOOpOOOOO!OnOOOO|p", &gate, &max_line, &ts, &prefix_kind, &prefix,
+    if (!PyArg_ParseTuple(args, "OnOiOninOOOOpOOOOO!OnOOOO|pO", &gate, &max_line, &ts, &prefix_kind, &prefix,
                           &prefix_limit, &content_group, &heads_len, &heads, &unheaded, &rules, &ignores,
                           &ignore_whole, &stamp, &year_of, &hour_base, &find_span, &PyDict_Type, &hosts,
                           &parse_host, &host_memo, &match_type, &rejected_type, &evict, &ipv4_type,
-                          &ts_syslog_c))
+                          &ts_syslog_c, &ipv6_type))
         return NULL;
     allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
     ScannerObject *self = (ScannerObject *)alloc(type, 0);
@@ -713,6 +717,7 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->rejected_type = Py_NewRef(rejected_type);
     self->evict = Py_NewRef(evict);
     self->ipv4_type = Py_NewRef(ipv4_type);
+    self->ipv6_type = Py_NewRef(ipv6_type);
     self->ngate = -1;
     if (as_regex(ts, &self->ts, 1) < 0 || as_regex(prefix, &self->prefix, 1) < 0)
         goto fail;
@@ -812,6 +817,19 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     for (Py_ssize_t i = 0; i < self->nunheaded; i++)
         if (self->unheaded[i] < 0 || self->unheaded[i] >= self->nrules)
             goto bad_index;
+    /* heads chained by their first byte: the dispatch looks only at the heads the message's first byte
+     * allows, in table order (a key of another length never matches: it is left out) */
+    for (int c = 0; c < 256; c++)
+        self->head_first[c] = -1;
+    for (Py_ssize_t i = self->nheads - 1; i >= 0; i--) {
+        Head *hd = &self->heads[i];
+        hd->next = -1;
+        if (hd->klen != self->heads_len || hd->klen < 1)
+            continue;
+        unsigned char c = (unsigned char)hd->key[0];
+        hd->next = self->head_first[c];
+        self->head_first[c] = i;
+    }
     for (Py_ssize_t i = 0; i < self->nheads; i++)
         for (Py_ssize_t j = 0; j < self->heads[i].n; j++)
             if (self->heads[i].rules[j] < 0 || self->heads[i].rules[j] >= self->nrules)
@@ -1006,6 +1024,23 @@ static PyObject *new_tuple_of(PyObject *type, PyObject **items, int n) {
  * this equals the class's own constructor; ipv4_type is None otherwise). NULL without an error: anything
  * else, for parse_host.
  */
+/* An address object of `type` (IPv4Address or IPv6Address) from its value (stolen; NULL: an error is set)
+ * through its slots: _ip, and _scope_id = None for IPv6 (`scoped`). */
+static PyObject *by_slots(PyObject *type, PyObject *value, int scoped) {
+    if (value == NULL)
+        return NULL;
+    allocfunc alloc = (allocfunc)PyType_GetSlot((PyTypeObject *)type, Py_tp_alloc);
+    PyObject *addr = alloc((PyTypeObject *)type, 0);
+    if (addr == NULL || PyObject_SetAttr(addr, s_ip, value) < 0 ||
+        (scoped && PyObject_SetAttr(addr, s_scope_id, Py_None) < 0)) {
+        Py_XDECREF(addr);
+        Py_DECREF(value);
+        return NULL;
+    }
+    Py_DECREF(value);
+    return addr;
+}
+
 static PyObject *ipv4_fast(ScannerObject *self, PyObject *raw) {
     if (self->ipv4_type == Py_None)
         return NULL;
@@ -1020,18 +1055,63 @@ static PyObject *ipv4_fast(ScannerObject *self, PyObject *raw) {
     struct in_addr a;
     if (inet_pton(AF_INET, s, &a) != 1)
         return NULL;
-    PyObject *value = PyLong_FromUnsignedLong((unsigned long)ntohl(a.s_addr));
-    if (value == NULL)
+    return by_slots(self->ipv4_type, PyLong_FromUnsignedLong((unsigned long)ntohl(a.s_addr)), 0);
+}
+
+/*
+ * parse_host's IPv6 case in C: the text (in brackets or not) that inet_pton takes becomes an IPv6Address
+ * built as object.__new__ + _ip + _scope_id, or the IPv4Address an IPv4-mapped one carries
+ * (normalise_address). The Python path parses such a text with ipaddress.IPv6Address at ~10 us a call: a
+ * brute-force log's IPv6 attackers each cost one (nearly 10 % of the scan's instructions). inet_pton
+ * refuses zone ids ("%"), which parse_host refuses too; what inet_pton refuses goes to parse_host, which
+ * decides (tests/unit/test_native.py holds the two equal on generated texts). native.py checked at start
+ * that the slots make what the class's constructor makes; ipv6_type is None otherwise.
+ */
+static PyObject *ipv6_fast(ScannerObject *self, PyObject *raw) {
+    if (self->ipv6_type == Py_None || self->ipv4_type == Py_None)
         return NULL;
-    allocfunc alloc = (allocfunc)PyType_GetSlot((PyTypeObject *)self->ipv4_type, Py_tp_alloc);
-    PyObject *addr = alloc((PyTypeObject *)self->ipv4_type, 0);
-    if (addr == NULL || PyObject_SetAttr(addr, s_ip, value) < 0) {
-        Py_XDECREF(addr);
-        Py_DECREF(value);
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(raw, &n);
+    if (s == NULL) {
+        PyErr_Clear();
         return NULL;
     }
-    Py_DECREF(value);
-    return addr;
+    if (n >= 2 && s[0] == '[' && s[n - 1] == ']') {
+        s++;
+        n -= 2;
+    }
+    char text[INET6_ADDRSTRLEN];
+    if (n < 2 || n >= (Py_ssize_t)sizeof text || memchr(s, ':', (size_t)n) == NULL)
+        return NULL;
+    memcpy(text, s, (size_t)n);
+    text[n] = 0;
+    unsigned char a[16];
+    if (strlen(text) != (size_t)n || inet_pton(AF_INET6, text, a) != 1)
+        return NULL;
+    static const unsigned char mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (memcmp(a, mapped, sizeof mapped) == 0) {
+        unsigned long v4 = ((unsigned long)a[12] << 24) | ((unsigned long)a[13] << 16) |
+                           ((unsigned long)a[14] << 8) | (unsigned long)a[15];
+        return by_slots(self->ipv4_type, PyLong_FromUnsignedLong(v4), 0);
+    }
+    unsigned long long hi = 0, lo = 0;
+    for (int i = 0; i < 8; i++) {
+        hi = (hi << 8) | a[i];
+        lo = (lo << 8) | a[8 + i];
+    }
+    PyObject *h = PyLong_FromUnsignedLongLong(hi), *l = PyLong_FromUnsignedLongLong(lo), *shift = NULL,
+             *value = NULL;
+    if (h != NULL && l != NULL && (shift = PyLong_FromLong(64)) != NULL) {
+        PyObject *up = PyNumber_Lshift(h, shift);
+        if (up != NULL) {
+            value = PyNumber_Or(up, l);
+            Py_DECREF(up);
+        }
+    }
+    Py_XDECREF(h);
+    Py_XDECREF(l);
+    Py_XDECREF(shift);
+    return by_slots(self->ipv6_type, value, 1);
 }
 
 /* Match(host, when, ignored, fields, regex) or Rejected(text, reason, when, ignored, regex) for `raw` */
@@ -1057,6 +1137,8 @@ static PyObject *result(ScannerObject *self, PyObject *raw, PyObject *when, int 
         if (PyErr_Occurred())
             return NULL;
         host = ipv4_fast(self, raw);
+        if (host == NULL && !PyErr_Occurred())
+            host = ipv6_fast(self, raw);
         if (host == NULL && !PyErr_Occurred())
             host = PyObject_CallFunctionObjArgs(self->parse_host, raw, NULL);
         if (host == NULL)
@@ -1314,11 +1396,35 @@ done:
     return rc;
 }
 
+/*
+ * memmem(s, n, t, m) != NULL. glibc's generic memmem costs ~275 instructions on a 100-byte log line; the
+ * (vectorised) memchr for the text's first byte plus a memcmp at each place it occurs costs a fraction of
+ * that on log text. A line where the first byte keeps occurring without the rest (a hostile one) goes on
+ * with memmem after a few false starts, so a line still costs time linear in its length.
+ */
+static inline int contains(const char *s, size_t n, const char *t, size_t m) {
+    if (m == 0)
+        return 1;
+    if (m > n)
+        return 0;
+    const char *p = s, *end = s + (n - m) + 1; /* one past the last place the text can start */
+    for (int tries = 0; tries < 8; tries++) {
+        p = memchr(p, (unsigned char)t[0], (size_t)(end - p));
+        if (p == NULL)
+            return 0;
+        if (memcmp(p + 1, t + 1, m - 1) == 0)
+            return 1;
+        if (++p == end)
+            return 0;
+    }
+    return memmem(p, (size_t)(s + n - p), t, m) != NULL;
+}
+
 static inline int gate_pass(const ScannerObject *self, const char *s, Py_ssize_t n) {
     if (self->ngate < 0)
         return 1;
     for (Py_ssize_t i = 0; i < self->ngate; i++)
-        if (memmem(s, (size_t)n, self->gate[i], (size_t)self->gatelen[i]) != NULL)
+        if (contains(s, (size_t)n, self->gate[i], (size_t)self->gatelen[i]))
             return 1;
     return 0;
 }
@@ -1647,12 +1753,10 @@ static int match_text(ScannerObject *self, const char *text, Py_ssize_t tlen, Py
     /* dispatch on the message's first characters */
     const int *cand = self->unheaded;
     Py_ssize_t ncand = self->nunheaded;
-    if (clen >= self->heads_len) {
-        for (Py_ssize_t h = 0; h < self->nheads; h++) {
+    if (clen >= self->heads_len && clen > 0) {
+        for (Py_ssize_t h = self->head_first[(unsigned char)content[0]]; h >= 0; h = self->heads[h].next) {
             const Head *hd = &self->heads[h];
-            /* the first character rules out nearly every head without a call to memcmp */
-            if (hd->klen == self->heads_len && hd->key[0] == content[0] &&
-                memcmp(hd->key, content, (size_t)hd->klen) == 0) {
+            if (memcmp(hd->key, content, (size_t)hd->klen) == 0) {
                 cand = hd->rules;
                 ncand = hd->n;
                 break;
@@ -1935,6 +2039,7 @@ PyMODINIT_FUNC PyInit__scan(void) {
     INTERN(s_empty, "");
     INTERN(s_no_address, "no-address");
     INTERN(s_ip, "_ip");
+    INTERN(s_scope_id, "_scope_id");
 #undef INTERN
     PyObject **names[K_N] = {&s_ip4, &s_ip6, &s_dns, &s_fid, &s_nofail, &s_gained, &s_pending, &s_fields, &s_user,
                              &s_multi, &s_seen};

@@ -193,6 +193,27 @@ def _ipv4_by_slot() -> type | None:
 IPV4_BY_SLOT = _ipv4_by_slot()
 
 
+def _ipv6_by_slot() -> type | None:
+    """IPv6Address, when `object.__new__` plus its `_ip` and `_scope_id` slots make exactly what its
+    constructor makes (the Scanner then builds parse_host's IPv6 results without a Python call), else None."""
+    cls = ipaddress.IPv6Address
+    value = 0x20010DB8000000000000000000000001
+    fast = object.__new__(cls)
+    try:
+        fast._ip = value  # type: ignore[attr-defined]
+        fast._scope_id = None  # type: ignore[attr-defined]
+    except AttributeError:
+        return None
+    real = cls(value)
+    same = (getattr(cls, "__slots__", None) == ("_ip", "_scope_id", "__weakref__") and fast == real
+            and hash(fast) == hash(real) and str(fast) == str(real) and int(fast) == int(real)
+            and fast.packed == real.packed and fast.scope_id is None and fast.ipv4_mapped is None)
+    return cls if same else None
+
+
+IPV6_BY_SLOT = _ipv6_by_slot()
+
+
 @dataclass(frozen=True, slots=True)
 class Hooks:
     """What the Scanner builds results and connection state with (matcher's types and helpers)."""
@@ -324,7 +345,7 @@ def build(flt: Parts, hooks: Hooks) -> Built:  # noqa: C901
                             flt.dates.stamp, flt.dates.year_of, flt.dates.hour_base,
                             flt.dates.find_span, flt.hosts, hooks.parse_host, hooks.host_memo, hooks.match_type,
                             hooks.rejected_type, hooks.evict, IPV4_BY_SLOT, ts is not None and shapes is not None
-                            and shapes[0] == FAST_SYSLOG)
+                            and shapes[0] == FAST_SYSLOG, IPV6_BY_SLOT)
     mode = "JIT" if scanner.jit else "interpreted: no executable memory for the JIT"
     engine = f"native (PCRE2 {_scan.pcre2_version().split()[0]}, {mode})"
     if ts is None:
