@@ -44,10 +44,10 @@ def record(name: str, value: float, unit: str, *, reference: str | None = None,
             data = []
     data = [d for d in data if d.get("name") != name] + [entry]
     RESULTS.write_text(json.dumps(data, indent=2) + "\n")
-    ratio = f"  ratio {entry['ratio']:.3f} vs {reference} ({reference_value:.4g} {unit})" if "ratio" in entry \
+    shown = f"  ratio {entry['ratio']:.3f} vs {reference} ({reference_value:.4g} {unit})" if "ratio" in entry \
         and entry["ratio"] is not None else ""
     tgt = f"  [target {target}]" if target else ""
-    print(f"{name:<58} {value:>12.4g} {unit:<8}{ratio}{tgt}", flush=True)
+    print(f"{name:<58} {value:>12.4g} {unit:<8}{shown}{tgt}", flush=True)
     return entry
 
 
