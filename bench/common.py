@@ -19,12 +19,19 @@ RESULTS = Path(os.environ.get("NFTBLOCK_BENCH_RESULTS", Path(__file__).with_name
 
 
 def record(name: str, value: float, unit: str, *, reference: str | None = None,
-           reference_value: float | None = None, target: str | None = None, note: str = "") -> dict[str, Any]:
+           reference_value: float | None = None, target: str | None = None, note: str = "",
+           ratio: float | None = None) -> dict[str, Any]:
+    """`ratio` (optional): the figure's ratio to its reference when it is not value / reference_value, e.g. the
+    median of per-pair ratios of interleaved samples (`paired_ratio`), which a shared machine's drift between
+    pairs does not move as it moves two separate medians."""
     entry: dict[str, Any] = {"name": name, "value": round(value, 6), "unit": unit}
     if reference is not None and reference_value is not None:
         entry["reference"] = reference
         entry["reference_value"] = round(reference_value, 6)
-        entry["ratio"] = round(value / reference_value, 4) if reference_value else None
+        if ratio is None:
+            entry["ratio"] = round(value / reference_value, 4) if reference_value else None
+        else:
+            entry["ratio"] = round(ratio, 4)
     if target:
         entry["target"] = target
     if note:
@@ -37,11 +44,19 @@ def record(name: str, value: float, unit: str, *, reference: str | None = None,
             data = []
     data = [d for d in data if d.get("name") != name] + [entry]
     RESULTS.write_text(json.dumps(data, indent=2) + "\n")
-    ratio = f"  ratio {entry['ratio']:.3f} vs {reference} ({reference_value:.4g} {unit})" if "ratio" in entry \
+    shown = f"  ratio {entry['ratio']:.3f} vs {reference} ({reference_value:.4g} {unit})" if "ratio" in entry \
         and entry["ratio"] is not None else ""
     tgt = f"  [target {target}]" if target else ""
-    print(f"{name:<58} {value:>12.4g} {unit:<8}{ratio}{tgt}", flush=True)
+    print(f"{name:<58} {value:>12.4g} {unit:<8}{shown}{tgt}", flush=True)
     return entry
+
+
+def paired_ratio(ours: list[float], reference: list[float]) -> float:
+    """The median of ours[i] / reference[i]: each pair taken next to each other (interleaved, the order
+    alternating), so a machine that gets busier or quieter between pairs moves both halves of a pair alike."""
+    if len(ours) != len(reference) or not ours:
+        raise ValueError(f"paired_ratio needs pairs: {len(ours)} against {len(reference)} samples")
+    return statistics.median(a / b for a, b in zip(ours, reference, strict=True))
 
 
 def alternating(a: Callable[[], Any], b: Callable[[], Any], rounds: int) -> tuple[float, float]:
