@@ -506,7 +506,7 @@ class Daemon:
         from nftblockd.fleet.service import FleetService
 
         self.fleet = FleetService(fc, RedisLink(fc), self.store, self.fleet_sink, self.allow,
-                                  on_lag=self.metrics.fleet_lag.observe)
+                                  on_lag=self.metrics.fleet_lag.observe, saved=self.persister.saved)
         mx = self.metrics
         st = self.fleet.stats
         mx.fleet_events.read = lambda: [((op, result), n) for (op, result), n in st.received.items()]

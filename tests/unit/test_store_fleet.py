@@ -135,3 +135,23 @@ def test_pending_reads_only_its_rows_and_comes_to_what_the_whole_outbox_scan_did
             assert a.fleet_pending(NOW + 100, limit) == [] and a.fleet_outbox_size() == 0
         finally:
             ref.close()
+
+
+def test_the_publisher_numbers_rows_above_every_oseq_used_and_never_reuses_one(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with Store.open(path) as st:
+        assert st.fleet_next_oseq() == 1
+        (a,) = st.fleet_enqueue([("ban", "203.0.113.1", NOW + 1, "cli", NOW)])
+        st.fleet_mark_published([a])
+        st.fleet_prune(NOW + 2, 3600)  # the row is gone; its number stays used
+        first = st.fleet_next_oseq()
+        assert first == a + 1
+        rows = st.fleet_round([], [("ban", "203.0.113.2", NOW + 100, "cli", NOW),
+                                   ("unban", "203.0.113.3", None, "cli", NOW)], NOW, first=first)
+        assert [r.oseq for r in rows] == [first, first + 1]
+        with pytest.raises(StoreError):  # a number used already: the whole round is refused
+            st.fleet_round([first], [("ban", "203.0.113.4", NOW + 100, "cli", NOW)], NOW, first=first + 1)
+        assert [r.oseq for r in st.fleet_pending(NOW)] == [first, first + 1]
+    with Store.open(path) as st:
+        assert st.fleet_next_oseq() == first + 2
+        assert st.fleet_enqueue([("ban", "203.0.113.5", NOW + 1, "cli", NOW)]) == [first + 2]  # drawn: next
