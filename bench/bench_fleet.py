@@ -20,6 +20,9 @@ The per-origin rate cap is raised for the lab (an operator expecting 100k-ban bu
 Rounds (NFTBLOCK_BENCH_FLEET_ROUNDS, default 3), each on a fresh lab and running every figure once (so the
 figures interleave), and their medians: the machine is shared.
 NFTBLOCK_BENCH_FLEET_SECONDS (default 5) is the length of each steady-rate run.
+NFTBLOCK_BENCH_FLEET_PARTS (default "floor,propagation,burst,catchup") runs a subset of the figures; with
+NFTBLOCK_BENCH_FLEET_TRACE=1 the propagation run also prints where its time goes, per hop (A's kernel -> the
+stream entry's id, the server's clock in ms -> B's and C's kernel; one clock: the same machine).
 """
 
 # Raw Redis replies (execute_command, the RESP parser) are untyped; the benchmark reads them by shape.
@@ -49,6 +52,8 @@ from tests.helpers.netns import NetNS, inside, wait_for  # noqa: E402
 
 SECONDS = float(os.environ.get("NFTBLOCK_BENCH_FLEET_SECONDS", "5"))
 ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_FLEET_ROUNDS", "3"))
+PARTS = set(os.environ.get("NFTBLOCK_BENCH_FLEET_PARTS", "floor,propagation,burst,catchup").split(","))
+TRACE = os.environ.get("NFTBLOCK_BENCH_FLEET_TRACE", "") == "1"
 RATE = 1000
 WATCH = HERE / "setwatch.py"
 SETS4 = "default_ip4"
@@ -210,7 +215,38 @@ def propagation(lab: FleetLab, round_no: int) -> tuple[list[float], list[float]]
         at[h] = arrivals(points, base[h], n)
     fleet = [t - a for h in ("b", "c") for t, a in zip(at[h], at["a"], strict=True)]
     local = [a - s for a, s in zip(at["a"], sent, strict=True)]
+    if TRACE:
+        trace_hops(lab, at, n)
     return fleet, local
+
+
+def trace_hops(lab: FleetLab, at: dict[str, list[float]], n: int) -> None:
+    """Where propagation's time goes: the last n stream entries from A, in order, are the bans in the order
+    A's kernel got them. An entry's id is the server's clock (ms) at its XADD, its `ts` A's decision time;
+    CLOCK_MONOTONIC (the watchers') is put on the wall clock by one offset taken here."""
+    off = time.time() - time.monotonic()
+    assert lab.server is not None
+    url = f"redis://10.210.1.1:{lab.server.port}/0"
+
+    async def ids() -> list[bytes]:
+        r = Redis.from_url(url)
+        got = await r.xrevrange(lab.events_key, count=2 * n)
+        await r.aclose()
+        mine = [f for _eid, f in got if f.get(b"origin") == b"a"]
+        if len({f[b"net"]  for f in mine}) < len(mine):
+            print(f"trace: {len(mine)} entries from A, {len({f.get(b'oseq') for f in mine})} oseqs: "
+                  "some published twice", flush=True)
+        return [bytes(eid) for eid, fields in reversed(got) if fields.get(b"origin") == b"a"]
+
+    xadd = [int(i.split(b"-")[0]) / 1000 for i in in_ns(lab.nss["a"], ids())][-n:]
+    if len(xadd) < n:
+        print(f"trace: {len(xadd)} entries of {n}", flush=True)
+        return
+    pub = [x - (a + off) for x, a in zip(xadd, at["a"], strict=True)]
+    recv = [t + off - x for h in ("b", "c") for t, x in zip(at[h], xadd, strict=True)]
+    ms = [f"{pct(v, q) * 1000:.1f}" for v in (pub, recv) for q in (0.5, 0.9, 0.99)]
+    print(f"trace: A kernel -> XADD p50/p90/p99 {'/'.join(ms[:3])} ms; XADD -> B,C kernel {'/'.join(ms[3:])} ms"
+          " (stream ids: 1 ms resolution)", flush=True)
 
 
 def burst(lab: FleetLab, seed: int) -> tuple[float, float] | None:
@@ -279,34 +315,47 @@ def catch_up(lab: FleetLab, round_no: int) -> tuple[float, float]:
     return seen - t_ready, replay_floor
 
 
-def one_round(rnd: int) -> tuple[tuple[float, float], tuple[list[float], list[float]],
-                                  tuple[float, float] | None, tuple[float, float]]:
-    """Every figure once, on a fresh lab (a lab carrying the previous rounds' 230k bans would time more than
-    the fleet: the kernel sets and the state database grow round after round)."""
+Round = tuple[tuple[float, float] | None, tuple[list[float], list[float]] | None, tuple[float, float] | None,
+              tuple[float, float] | None]
+
+
+def one_round(rnd: int) -> Round:
+    """Every figure once (of NFTBLOCK_BENCH_FLEET_PARTS), on a fresh lab (a lab carrying the previous rounds'
+    230k bans would time more than the fleet: the kernel sets and the state database grow round after round)."""
     tmp = Path(tempfile.mkdtemp(prefix="nbb-fleet-"))
     lab = FleetLab(tmp, fleet="bench", maxretry=3, allowlist="[]",
                    fleet_extra="trust: {rate: 1000000, burst: 1000000}", jail_extra="ipv6_prefix: 64")
     lab.start()
+    floor = prop = bst = cu = None
     try:
         assert lab.server is not None
         url_a = f"redis://10.210.1.1:{lab.server.port}/0"
-        settle()
-        floor = in_ns(lab.nss["a"], _floor(url_a))
-        settle()
-        prop = propagation(lab, rnd)
-        settle()
-        bst = burst(lab, rnd + 1)
-        settle()
-        cu = catch_up(lab, rnd)
+        if "floor" in PARTS:
+            settle()
+            floor = in_ns(lab.nss["a"], _floor(url_a))
+        if "propagation" in PARTS:
+            settle()
+            prop = propagation(lab, rnd)
+        if "burst" in PARTS:
+            settle()
+            bst = burst(lab, rnd + 1)
+        if "catchup" in PARTS:
+            settle()
+            cu = catch_up(lab, rnd)
     finally:
         lab.close()
-    p, loc = prop
-    print(f"round {rnd + 1}: floor p50/p99 {floor[0] * 1000:.2f}/{floor[1] * 1000:.2f} ms; "
-          f"propagation p50/p99 {pct(p, 0.5) * 1000:.2f}/{pct(p, 0.99) * 1000:.2f} ms "
-          f"(line -> A's kernel p50/p99 {pct(loc, 0.5) * 1000:.1f}/{pct(loc, 0.99) * 1000:.1f} ms); "
-          + (f"burst C {bst[0]:.3f} s (A {bst[1]:.3f} s); " if bst else "burst incomplete; ")
-          + f"catch-up {cu[0]:.3f} s (replay floor {cu[1]:.3f} s)",
-          flush=True)
+    said = [f"round {rnd + 1}:"]
+    if floor is not None:
+        said.append(f"floor p50/p99 {floor[0] * 1000:.2f}/{floor[1] * 1000:.2f} ms;")
+    if prop is not None:
+        p, loc = prop
+        said.append(f"propagation p50/p99 {pct(p, 0.5) * 1000:.2f}/{pct(p, 0.99) * 1000:.2f} ms "
+                    f"(line -> A's kernel p50/p99 {pct(loc, 0.5) * 1000:.1f}/{pct(loc, 0.99) * 1000:.1f} ms);")
+    if "burst" in PARTS:
+        said.append(f"burst C {bst[0]:.3f} s (A {bst[1]:.3f} s);" if bst else "burst incomplete;")
+    if cu is not None:
+        said.append(f"catch-up {cu[0]:.3f} s (replay floor {cu[1]:.3f} s)")
+    print(" ".join(said), flush=True)
     return floor, prop, bst, cu
 
 
@@ -317,32 +366,40 @@ def main() -> None:
     floors, props, bursts, catchups = [], [], [], []
     for rnd in range(ROUNDS):  # interleaved: every figure sees the machine's state of each round
         floor, prop, bst, cu = one_round(rnd)
-        floors.append(floor)
-        props.append(prop)
+        if floor is not None:
+            floors.append(floor)
+        if prop is not None:
+            props.append(prop)
         if bst is not None:
             bursts.append(bst)
-        catchups.append(cu)
+        if cu is not None:
+            catchups.append(cu)
     med = statistics.median
-    f50, f99 = med(f[0] for f in floors), med(f[1] for f in floors)
-    record("fleet engine floor: XADD -> XREAD, 3 readers, 1k/s, p50", f50 * 1000, "ms")
-    record("fleet engine floor: XADD -> XREAD, 3 readers, 1k/s, p99", f99 * 1000, "ms")
-    p50, p99 = med(pct(p, 0.5) for p, _l in props), med(pct(p, 0.99) for p, _l in props)
-    l50, l99 = med(pct(lo, 0.5) for _p, lo in props), med(pct(lo, 0.99) for _p, lo in props)
-    local = (f"; for context, log line written on A -> A's own kernel p50 {l50 * 1000:.1f} ms, "
-             f"p99 {l99 * 1000:.1f} ms")
-    record("fleet propagation A kernel -> B,C kernel at 1k bans/s, p50", p50 * 1000, "ms",
-           reference="engine floor p50", reference_value=f50 * 1000, note=f"median of {ROUNDS} rounds{local}")
-    record("fleet propagation A kernel -> B,C kernel at 1k bans/s, p99", p99 * 1000, "ms",
-           reference="engine floor p99", reference_value=f99 * 1000, target="< 20 ms",
-           note=f"median of {ROUNDS} rounds{local}")
+    f50 = med(f[0] for f in floors) if floors else None
+    f99 = med(f[1] for f in floors) if floors else None
+    if f50 is not None and f99 is not None:
+        record("fleet engine floor: XADD -> XREAD, 3 readers, 1k/s, p50", f50 * 1000, "ms")
+        record("fleet engine floor: XADD -> XREAD, 3 readers, 1k/s, p99", f99 * 1000, "ms")
+    if props:
+        p50, p99 = med(pct(p, 0.5) for p, _l in props), med(pct(p, 0.99) for p, _l in props)
+        l50, l99 = med(pct(lo, 0.5) for _p, lo in props), med(pct(lo, 0.99) for _p, lo in props)
+        local = (f"; for context, log line written on A -> A's own kernel p50 {l50 * 1000:.1f} ms, "
+                 f"p99 {l99 * 1000:.1f} ms")
+        ref50 = {} if f50 is None else {"reference": "engine floor p50", "reference_value": f50 * 1000}
+        ref99 = {} if f99 is None else {"reference": "engine floor p99", "reference_value": f99 * 1000}
+        record("fleet propagation A kernel -> B,C kernel at 1k bans/s, p50", p50 * 1000, "ms",
+               note=f"median of {ROUNDS} rounds{local}", **ref50)
+        record("fleet propagation A kernel -> B,C kernel at 1k bans/s, p99", p99 * 1000, "ms", target="< 20 ms",
+               note=f"median of {ROUNDS} rounds{local}", **ref99)
     if bursts:
         record("fleet burst 10k attackers on A's log: last write -> all in C's kernel", med(b[0] for b in bursts),
                "s", reference="the same burst in A's own kernel", reference_value=med(b[1] for b in bursts),
                target="< 2 s", note=f"median of the {len(bursts)} complete rounds of {ROUNDS}")
-    record("fleet catch-up: C restarted after missing 100k bans -> all in its kernel",
-           med(c[0] for c in catchups), "s", reference="replay floor (XREAD of the 100k entries)",
-           reference_value=med(c[1] for c in catchups), target="< 2 s",
-           note=f"from the restarted daemon's READY=1; median of {ROUNDS} rounds")
+    if catchups:
+        record("fleet catch-up: C restarted after missing 100k bans -> all in its kernel",
+               med(c[0] for c in catchups), "s", reference="replay floor (XREAD of the 100k entries)",
+               reference_value=med(c[1] for c in catchups), target="< 2 s",
+               note=f"from the restarted daemon's READY=1; median of {ROUNDS} rounds")
 
 
 if __name__ == "__main__":

@@ -23,15 +23,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import nftblockd.kernel.nfmsg as m
 from nftblockd.kernel.netlink import NftSocket
 
 
 def count(sock: NftSocket, table: str, set_name: str) -> int:
-    info = sock.list_sets(table).get(set_name)
-    if info is None:
+    """The set's element count: one GETSET of that set (not a dump of the table's sets: 16 us a poll instead of
+    40, and the watchers poll every millisecond on the machine whose daemons they time)."""
+    body = m.strz(m.NFTA_SET_TABLE, table) + m.strz(m.NFTA_SET_NAME, set_name)
+    reply = sock.get(m.NFT_MSG_GETSET, m.NFPROTO_INET, body)
+    if reply is None:  # no table or set yet
         return -1
-    if info.count is not None:
-        return info.count
+    raw = m.attrs_dict(reply.payload[4:]).get(m.NFTA_SET_COUNT)
+    if raw is not None:
+        return m.read_be32(raw)
     return len(sock.dump_elements(table, set_name))  # kernels without NFTA_SET_COUNT
 
 

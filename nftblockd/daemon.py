@@ -506,7 +506,7 @@ class Daemon:
         from nftblockd.fleet.service import FleetService
 
         self.fleet = FleetService(fc, RedisLink(fc), self.store, self.fleet_sink, self.allow,
-                                  on_lag=self.metrics.fleet_lag.observe)
+                                  on_lag=self.metrics.fleet_lag.observe, saved=self.persister.saved)
         mx = self.metrics
         st = self.fleet.stats
         mx.fleet_events.read = lambda: [((op, result), n) for (op, result), n in st.received.items()]
@@ -577,7 +577,7 @@ class Daemon:
         if self.subnets is not None:
             self.subnets.jail_bans(applied, now)
         if self.fleet is not None and applied:  # re-asserted like own bans if the server loses them
-            await self.fleet.note_counted([(b.target, b.until, f"count:{b.jail}") for b in applied])
+            self.fleet.note_counted([(b.target, b.until, f"count:{b.jail}") for b in applied])
 
     async def _run_counter(self) -> None:
         counter = self.fleet_counter

@@ -112,16 +112,18 @@ class FleetSink(Protocol):
 class FleetState(Protocol):
     """The state store's fleet tables (`store.Store` implements it); called from a worker thread."""
 
-    def fleet_enqueue(self, items: Iterable[OutboxItem]) -> list[int]: ...
-    def fleet_note_published(self, items: Iterable[OutboxItem]) -> None: ...
+    def fleet_enqueue(self, items: Iterable[OutboxItem], first: int | None = ..., noted: Sequence[OutboxItem] = ...,
+                      noted_first: int | None = ...) -> list[int]: ...
     def fleet_pending(self, now: float, limit: int = ...) -> list[OutboxRow]: ...
     def fleet_mark_published(self, oseqs: Iterable[int]) -> None: ...
     def fleet_round(self, published: Iterable[int], items: Iterable[OutboxItem], now: float,
-                    limit: int = ...) -> list[OutboxRow]: ...
+                    limit: int = ..., first: int | None = ..., noted: Sequence[OutboxItem] = ...,
+                    noted_first: int | None = ...) -> list[OutboxRow]: ...
     def fleet_forget(self, targets: Iterable[tuple[str, float]]) -> None: ...
     def fleet_own_active(self, now: float, since: float) -> list[OutboxRow]: ...
     def fleet_requeue(self, oseqs: Iterable[int]) -> None: ...
     def fleet_outbox_size(self) -> int: ...
+    def fleet_next_oseq(self) -> int: ...
     def fleet_cursor(self, fleet: str) -> tuple[str, str] | None: ...
     def set_fleet_cursor(self, fleet: str, run_id: str, last_id: str) -> None: ...
 
@@ -231,7 +233,8 @@ class FleetService:
     def __init__(self, cfg: FleetConfig, link: Engine, state: FleetState, sink: FleetSink, allow: Allowlist, *,
                  clock: Callable[[], float] = time.time, cursor_interval: float = 1.0,
                  on_lag: Callable[[float], None] | None = None, read_count: int = READ_COUNT,
-                 catchup_count: int = CATCHUP_COUNT, batch: bool = True) -> None:
+                 catchup_count: int = CATCHUP_COUNT, batch: bool = True,
+                 saved: Callable[[], asyncio.Future[bool]] | None = None) -> None:
         self.cfg = cfg
         self.link = link
         self.state = state
@@ -250,7 +253,13 @@ class FleetService:
         self._saved_at = -math.inf
         self._dirty = False
         self._queue: collections.deque[OutboxItem] = collections.deque()
+        self._noted: list[OutboxItem] = []  # fleet-counted bans to record as published (`note_counted`)
         self._unmarked: list[int] = []  # oseqs published and not yet marked so (`_publish_pending`)
+        # whether everything the daemon saved so far is written (its persister): an own ban is published from
+        # memory only after its local save (`_fast_round`); None: nothing to wait for (tests, tools)
+        self.saved = saved
+        self._next_oseq: int | None = None  # the next event's oseq, when known (`_store_round` numbers rows)
+        self._requeues = 0  # re-asserts queued: rows pending that no round of this publisher queued
         self._wake = asyncio.Event()
         self._online = asyncio.Event()
         self._connected = asyncio.Event()  # set at each (re)connect: a waiting publisher retries at once
@@ -278,19 +287,14 @@ class FleetService:
         now = self.clock()
         return sum(self._put(("unban", format_target(net), None, src, now)) for net in nets)
 
-    async def note_counted(self, bans: Iterable[tuple[IPNet, float | None, str]]) -> None:
+    def note_counted(self, bans: Iterable[tuple[IPNet, float | None, str]]) -> None:
         """Own bans this host's count call decided (target, end, src "count:<jail>"): the count script already
-        appended them to the stream, so they are not published; they are kept as published own bans, and a
-        server that restarts without them gets them back from the re-assert like any own ban. A store
-        failure is logged, never raised: the bans stand, only that repair is lost."""
+        appended them to the stream, so they are not published; the publisher's next store call writes them
+        as published own rows (numbered by it, as every row), and a server that restarts without them gets
+        them back from the re-assert like any own ban. Never blocks, never raises."""
         now = self.clock()
-        items: list[OutboxItem] = [("ban", format_target(net), _until_text(until), src, now)
-                                   for net, until, src in bans]
-        try:
-            await asyncio.to_thread(self.state.fleet_note_published, items)
-        except Exception as exc:
-            log.warning("fleet %s: cannot record %d fleet-counted bans for re-assert: %s", self.cfg.name,
-                        len(items), exc)
+        self._noted += [("ban", format_target(net), _until_text(until), src, now) for net, until, src in bans]
+        self._wake.set()
 
     def _put(self, item: OutboxItem) -> int:
         if len(self._queue) >= QUEUE_LIMIT:
@@ -307,10 +311,12 @@ class FleetService:
             self._wake.clear()
             if not self._online.is_set():
                 failing_since = None  # the receive loop is reconnecting: a new outage for the publisher after it
-                if self._queue:  # kept durably until the server is back
+                if self._queue or self._noted:  # kept durably until the server is back
                     await self._store_round(None)
                 self.stats.outbox = await asyncio.to_thread(self.state.fleet_outbox_size)
                 continue
+            if self._next_oseq is None:
+                await self._load_oseq()
             try:
                 await self._publish_pending()
                 _honour_cancel(asyncio.current_task())
@@ -334,20 +340,99 @@ class FleetService:
                                            retry_delay(now - failing_since) * random.uniform(0.8, 1.2))
                 self._wake.set()
 
-    async def _store_round(self, sent: list[int] | None, now: float = 0.0) -> list[OutboxRow]:
-        """One call on the store thread, one transaction: mark `sent` published, queue what was submitted, and
-        (unless `sent` is None: offline, only queue) read what is pending. Submissions taken from the queue
-        go back to its head if the store fails, to be queued with the next attempt."""
-        items = list(self._queue)
-        self._queue.clear()
+    async def _store_round(self, sent: list[int] | None, now: float = 0.0, items: list[OutboxItem] | None = None,
+                           first: int | None = None) -> list[OutboxRow]:
+        """One call on the store thread, one transaction: mark `sent` published, queue what was submitted (or
+        `items`, numbered from `first`, already taken from the queue), and (unless `sent` is None: offline,
+        only queue) read what is pending. Submissions taken from the queue go back to its head if the store
+        fails, to be queued with the next attempt. Rows are numbered by this publisher while it knows the next
+        oseq (`_fast_round` publishes them before they are written); a failure forgets it."""
+        if items is None:
+            items = list(self._queue)
+            self._queue.clear()
+            first = self._take_oseqs(len(items))
+        noted, self._noted = self._noted, []  # numbered after `items` (nothing else numbers rows meanwhile)
+        noted_first = self._take_oseqs(len(noted)) if noted else None
         try:
             if sent is None:
-                await asyncio.to_thread(self.state.fleet_enqueue, items)
+                await asyncio.to_thread(self.state.fleet_enqueue, items, first, noted, noted_first)
                 return []
-            return await asyncio.to_thread(self.state.fleet_round, sent, items, now, PUBLISH_BATCH)
+            return await asyncio.to_thread(self.state.fleet_round, sent, items, now, PUBLISH_BATCH, first, noted,
+                                           noted_first)
         except BaseException:
             self._queue.extendleft(reversed(items))
+            self._noted[:0] = noted
+            self._next_oseq = None  # (the call may have failed for a number used already: ask the store again)
             raise
+
+    def _take_oseqs(self, n: int) -> int | None:
+        first = self._next_oseq
+        if first is not None:
+            self._next_oseq = first + n
+        return first
+
+    async def _load_oseq(self) -> None:
+        """Learn the next oseq from the store (at start, and after a failed store call); a failure leaves it
+        unknown: rows are then numbered by the store, and nothing is published before it is written."""
+        try:
+            self._next_oseq = await asyncio.to_thread(self.state.fleet_next_oseq)
+        except Exception as exc:
+            log.debug("fleet %s: could not read the outbox's sequence: %s", self.cfg.name, exc)
+
+    async def _fast_round(self, sent: list[int], flight: asyncio.Future[None] | None, flying: list[int], now: float
+                          ) -> tuple[list[OutboxRow], list[int], asyncio.Future[None] | None, list[int]]:
+        """A round when nothing else is pending (the previous round read every pending row): what was submitted
+        is published from memory as soon as the MULTI before it is acknowledged and the daemon's saves made
+        before it (the bans' own) are written, while its outbox rows are written by the same round's store
+        call, not before it: that call's commit was most of a ban's way from A's kernel to the stream
+        (bench/bench_fleet.py). At least once still holds: the rows are marked published only by a later
+        round, after both (a refused MULTI or a crash leaves them pending, published again); a failed store
+        call puts the items back in the queue (published again, under new numbers: harmless). Returns
+        (pending rows read, oseqs to mark, the MULTI out now, its oseqs)."""
+        items = list(self._queue)
+        self._queue.clear()
+        first = self._take_oseqs(len(items))
+        assert first is not None
+        durable = None if self.saved is None else self.saved()  # the daemon's saves up to now: the bans' own
+        storing = asyncio.ensure_future(self._store_round(sent, now, items, first))
+        sent = []
+        try:
+            if flight is not None:  # MULTIs never overlap: this one leaves once the one before it is acknowledged
+                await flight
+                sent, flight = flying, None
+                self.stats.published += len(sent)
+            if (durable is None or await durable) and self._online.is_set():
+                flying = list(range(first, first + len(items)))
+                events = [self._event(OutboxRow(o, *item)) for o, item in zip(flying, items, strict=True)]
+                flight = asyncio.ensure_future(self.link.publish([e for e in events if e is not None], now))
+            rows = await storing
+        except BaseException:
+            if not storing.done():  # its items must be back in the queue or in the outbox, not in between
+                with contextlib.suppress(BaseException):
+                    await storing
+            if flight is not None and not flight.done():
+                flight.cancel()
+                with contextlib.suppress(BaseException):
+                    await flight
+            raise
+        return rows, sent, flight, flying
+
+    async def _round(self, fast: bool, sent: list[int], flight: asyncio.Future[None] | None, flying: list[int],
+                     now: float) -> tuple[list[OutboxRow], bool, list[int], asyncio.Future[None] | None, list[int]]:
+        """`_publish_pending`'s store call, fast or plain: (pending rows read and neither out nor published, whether
+        the read was full, and the new `sent`, `flight`, `flying`)."""
+        if fast:
+            rows, sent, flight, flying = await self._fast_round(sent, flight, flying, now)
+            self._unmarked = sent
+        else:
+            rows = await self._store_round(sent, now)
+            self._unmarked = sent = []
+        more = len(rows) >= PUBLISH_BATCH  # a backlog: more may be pending than was read
+        # rows read again while out or unmarked (a fast round's read meets its own MULTI's and the last one's)
+        out = set(sent).union(flying) if flight is not None else set(sent)
+        if out:
+            rows = [r for r in rows if r.oseq not in out]
+        return rows, more, sent, flight, flying
 
     async def _publish_pending(self) -> None:
         """Publish until nothing is pending. A round is one store call (mark the previous round's events
@@ -362,20 +447,25 @@ class FleetService:
         flight: asyncio.Future[None] | None = None  # the MULTI out now, of the rows `flying`
         flying: list[int] = []
         backlog = False  # a full read was met: the rows are marked at the end at once, not after MARK_DELAY
+        clean = False  # the last round read every pending row, and published them or has them out now
         try:
             while True:
                 now = self.clock()
                 self._wake.clear()  # this round takes the queue and reads every pending row
-                rows = await self._store_round(sent, now)
-                self._unmarked = sent = []
-                more = len(rows) >= PUBLISH_BATCH  # a backlog: more may be pending than was read
+                requeues = self._requeues
+                fast = clean and bool(self._queue) and self._next_oseq is not None and self._online.is_set()
+                rows, more, sent, flight, flying = await self._round(fast, sent, flight, flying, now)
                 backlog = backlog or more
+                clean = not more and requeues == self._requeues
                 if flight is not None:
+                    if fast and not rows and not more:  # this round's own MULTI is out: as below
+                        if not self._queue:
+                            await _first(flight, self._wake)
+                        if self._queue:
+                            continue
                     await flight  # (refused: raises, and its rows stay pending like the ones just read)
-                    sent, flight = flying, None
+                    sent, flight = sent + flying, None
                     self.stats.published += len(flying)
-                    out = set(flying)
-                    rows = [r for r in rows if r.oseq not in out]  # read again while they were out
                 if rows:
                     events = [self._event(r) for r in rows]
                     flight = asyncio.ensure_future(self.link.publish([e for e in events if e is not None], now))
@@ -764,6 +854,7 @@ class FleetService:
         if again:
             await asyncio.to_thread(self.state.fleet_requeue, [b.oseq for b in again])
             self.stats.reasserted += len(again)
+            self._requeues += 1
             self._wake.set()
             log.info("fleet %s: re-asserting %d own bans the server lacks", self.cfg.name, len(again))
 
@@ -784,6 +875,7 @@ class FleetService:
     async def run(self) -> None:
         """Publisher and receiver until cancelled (run it under the daemon's TaskGroup)."""
         self.stats.outbox = await asyncio.to_thread(self.state.fleet_outbox_size)
+        await self._load_oseq()
         if self.stats.outbox:
             self._wake.set()
         try:

@@ -15,6 +15,9 @@ Rules:
 - A failed write does not hold the request up: the kernel already enforces the ban, so the request is
   acknowledged and the loss risk is reported instead (log once per incident, `status()`, metrics) until
   everything is saved.
+- `saved()` answers whether everything queued so far is written (True), or a write failed meanwhile (False),
+  once that is known: fleet mode publishes a jail's ban from memory only once its local save is written, so
+  a ban the fleet holds is never one this host lost in a crash.
 - Memory bound: while degraded the queue grows by the changes made meanwhile (a few hundred bytes each);
   the status and the `unsaved` gauge show how many.
 """
@@ -51,6 +54,9 @@ class Persister:
         self._since: float | None = None
         self._on_state = on_state
         self.failures = 0
+        self._queued = 0  # changes ever queued, and ever written: a `saved()` waits for its mark
+        self._written = 0
+        self._marks: list[tuple[int, asyncio.Future[bool]]] = []
 
     def status(self) -> PersistStatus:
         return PersistStatus(self._error is not None, len(self._queue), self._error, self._since)
@@ -65,8 +71,34 @@ class Persister:
             fut.set_result(None)
             return fut
         self._queue.append((change, fut))
+        self._queued += 1
         self._kick()
         return fut
+
+    def saved(self) -> asyncio.Future[bool]:
+        """Resolves True once every change queued before this call is written, False as soon as a write fails
+        before that (the changes stay queued and are retried: the caller must not rely on them yet)."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if self._written >= self._queued:
+            fut.set_result(True)
+        elif self._error is not None:
+            fut.set_result(False)
+        else:
+            self._marks.append((self._queued, fut))
+        return fut
+
+    def _resolve_marks(self, ok: bool) -> None:
+        keep = []
+        for mark, fut in self._marks:
+            if fut.done():
+                continue
+            if not ok:
+                fut.set_result(False)
+            elif self._written >= mark:
+                fut.set_result(True)
+            else:
+                keep.append((mark, fut))
+        self._marks = keep
 
     async def retry(self) -> None:
         """Try the unsaved changes again (no-op when nothing waits)."""
@@ -100,10 +132,13 @@ class Persister:
                     log.error("could not save state changes (%s); the kernel enforces them, but they will not "
                               "survive a restart until saved; retrying", self._error)
                 self._release(self._queue)  # acknowledge all waiting: the kernel has the bans; the changes stay queued
+                self._resolve_marks(False)
                 self._report()
                 return
             del self._queue[:n]
+            self._written += n
             self._release(batch)
+            self._resolve_marks(True)
             if self._error is not None and not self._queue:
                 log.warning("state database writable again: every pending change is saved")
                 self._error = None

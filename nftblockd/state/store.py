@@ -759,30 +759,24 @@ class Store:
 
     # -- fleet outbox and cursor ------------------------------------------------------------------------
 
-    def fleet_enqueue(self, items: Iterable[OutboxItem]) -> list[int]:
-        """Queue own bans/unbans for publishing, in order; returns their oseqs. An unban also kills the earlier
-        bans of its target (a pending one is never published; a published one is never re-asserted)."""
+    def fleet_enqueue(self, items: Iterable[OutboxItem], first: int | None = None,
+                      noted: Sequence[OutboxItem] = (), noted_first: int | None = None) -> list[int]:
+        """Queue own bans/unbans for publishing, in order; returns their oseqs (`first`, `first` + 1, ... when
+        given: the publisher numbers what it publishes before the rows are written). An unban also kills the
+        earlier bans of its target (a pending one is never published; a published one is never re-asserted).
+
+        `noted`: own bans the server holds without this outbox having published them (fleet-counted bans: the
+        count script appended them to the stream), written after `items` as published rows (numbered from
+        `noted_first` when given), so that a re-assert gives them back to a server that lost them."""
         rows = list(items)
 
         def run(conn: sqlite3.Connection) -> list[int]:
             with transaction(conn):
-                return _fleet_enqueue(conn, rows)
+                out = _fleet_enqueue(conn, rows, first)
+                _fleet_enqueue(conn, [r for r in noted if r[0] == "ban"], noted_first, PUBLISHED)
+                return out
 
         return self._run("queue fleet events", run)
-
-    def fleet_note_published(self, items: Iterable[OutboxItem]) -> None:
-        """Own bans the server already holds without this outbox having published them (a fleet-counted ban:
-        the count script appended it): kept as published bans are, so that a re-assert gives them back to a
-        server that lost them."""
-        rows = [r for r in items if r[0] == "ban"]
-
-        def run(conn: sqlite3.Connection) -> None:
-            with transaction(conn):
-                conn.executemany("INSERT INTO fleet_outbox(op, target, until, src, created, state)"
-                                 " VALUES (?, ?, ?, ?, ?, 1)", rows)
-
-        if rows:
-            self._run("record fleet-counted bans", run)
 
     def fleet_pending(self, now: float, limit: int = 10000) -> list[OutboxRow]:
         """Pending events in oseq order; bans that ended meanwhile are marked dead and skipped."""
@@ -804,9 +798,11 @@ class Store:
         self._run("mark fleet events published", run)
 
     def fleet_round(self, published: Iterable[int], items: Iterable[OutboxItem], now: float,
-                    limit: int = 10000) -> list[OutboxRow]:
+                    limit: int = 10000, first: int | None = None, noted: Sequence[OutboxItem] = (),
+                    noted_first: int | None = None) -> list[OutboxRow]:
         """A publish round's store work in ONE transaction (one commit, one call on the store thread):
-        `fleet_mark_published(published)`, then `fleet_enqueue(items)`, then `fleet_pending(now, limit)`."""
+        `fleet_mark_published(published)`, then `fleet_enqueue(items, first, noted, noted_first)`, then
+        `fleet_pending(now, limit)`."""
         keys = [(o,) for o in published]
         rows = list(items)
 
@@ -815,7 +811,9 @@ class Store:
                 if keys:
                     _fleet_mark_published(conn, keys)
                 if rows:
-                    _fleet_enqueue(conn, rows)
+                    _fleet_enqueue(conn, rows, first)
+                if noted:
+                    _fleet_enqueue(conn, [r for r in noted if r[0] == "ban"], noted_first, PUBLISHED)
                 return _fleet_pending(conn, now, limit)
 
         return self._run("queue and read fleet events", run)
@@ -849,6 +847,13 @@ class Store:
 
         if keys:
             self._run("re-queue fleet bans", run)
+
+    def fleet_next_oseq(self) -> int:
+        """The oseq the next queued event gets: above every oseq ever used (AUTOINCREMENT's own record)."""
+        row = self._run("read the fleet outbox's sequence", lambda c: c.execute(
+            "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'fleet_outbox'), 0),"
+            " coalesce((SELECT max(oseq) FROM fleet_outbox), 0))").fetchone())
+        return int(row[0]) + 1
 
     def fleet_outbox_size(self) -> int:
         return int(self._run("count the fleet outbox", lambda c: c.execute(
@@ -987,13 +992,25 @@ class StorePositions:
         self._store.set_positions({key: value})
 
 
-def _fleet_enqueue(conn: sqlite3.Connection, rows: list[OutboxItem]) -> list[int]:
+PENDING, PUBLISHED = 0, 1  # fleet_outbox.state (2: dead)
+
+
+def _fleet_enqueue(conn: sqlite3.Connection, rows: list[OutboxItem], first: int | None = None,
+                   state: int = PENDING) -> list[int]:
+    """`first`: the oseqs are given (`first` + i), not drawn; one not above every oseq used so far fails the
+    transaction (an oseq is never reused: it names one event fleet-wide). `state`: PUBLISHED for rows the
+    server already holds (fleet-counted bans)."""
+    if first is not None and rows:
+        used = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'fleet_outbox'").fetchone()
+        if used is not None and first <= used[0]:
+            raise sqlite3.IntegrityError(f"fleet oseq {first} was used already (up to {used[0]})")
     out = []
-    for op, target, until, src, created in rows:
+    for i, (op, target, until, src, created) in enumerate(rows):
         if op == "unban":
             conn.execute("UPDATE fleet_outbox SET state = 2 WHERE target = ? AND op = 'ban' AND state < 2", (target,))
-        cur = conn.execute("INSERT INTO fleet_outbox(op, target, until, src, created) VALUES (?, ?, ?, ?, ?)",
-                           (op, target, until, src, created))
+        cur = conn.execute("INSERT INTO fleet_outbox(oseq, op, target, until, src, created, state)"
+                           " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           (None if first is None else first + i, op, target, until, src, created, state))
         out.append(int(cur.lastrowid or 0))
     return out
 

@@ -150,7 +150,9 @@ async def test_a_fleet_counted_ban_is_reasserted_by_the_host_that_decided_it(ser
     try:
         await until(lambda: a.service.stats.connected and b.service.stats.connected)
         z = N("192.0.2.77/32")
-        await a.service.note_counted([(z, time.time() + 3600, "count:sshd")])
+        a.service.note_counted([(z, time.time() + 3600, "count:sshd")])
+        await until(lambda: [r.target for r in a.store.fleet_own_active(time.time(), 0)] == ["192.0.2.77"],
+                    what="recorded by a as its own published ban")
         assert a.service.stats.reasserted == 0 and not b.sink.has(z)  # not published by a: the script did
         server.kill()
         server.start(wipe=True)

@@ -1,11 +1,15 @@
 """The fleet publisher's rounds against a fake engine and the real store: one store call per round (mark the
 previous round, queue, read), what arrives during a publish is queued at once and goes with the next
 MULTI (never two MULTIs at once), and events are never lost to a failing store call or a refused MULTI.
+Once a round has read every pending row and the publisher knows the next oseq (`run` reads it), what comes
+next is published from memory while its rows are written (`_fast_round`), never before the daemon's own
+saves (`saved`), and never marked published before its rows are written.
 No server: `_publish_pending` is driven directly."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -34,8 +38,13 @@ class Engine:
         self.out = 0  # publishes under way now
         self.most_out = 0
         self.refuse: Exception | None = None  # the next publish fails with this
+        self.refuse_call: int | None = None  # ... or the n-th one (from 0)
+        self.calls = 0
 
     async def publish(self, events: Sequence[FleetEvent], now: float) -> None:
+        n, self.calls = self.calls, self.calls + 1
+        if n == self.refuse_call:
+            self.refuse = LinkError("NOREPLICAS")
         self.out += 1
         self.most_out = max(self.most_out, self.out)
         try:
@@ -57,14 +66,18 @@ class CountingStore:
         self.store = store
         self.calls: list[str] = []
         self.fail_rounds = 0
+        self.hold: threading.Event | None = None  # a round waits for it (on the store thread)
 
     def fleet_round(self, published: Iterable[int], items: Iterable[OutboxItem], now: float,
-                    limit: int = 10000) -> list[OutboxRow]:
+                    limit: int = 10000, first: int | None = None, noted: Sequence[OutboxItem] = (),
+                    noted_first: int | None = None) -> list[OutboxRow]:
         self.calls.append("round")
+        if self.hold is not None:
+            assert self.hold.wait(10)  # a bound on a hang
         if self.fail_rounds:
             self.fail_rounds -= 1
             raise StoreError("io", "s.db", "state database s.db failed (injected)")
-        return self.store.fleet_round(published, items, now, limit)
+        return self.store.fleet_round(published, items, now, limit, first, noted, noted_first)
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(self.store, name)
@@ -76,10 +89,10 @@ class CountingStore:
         return counted
 
 
-def service() -> tuple[FleetService, Engine, CountingStore]:
+def service(saved: Callable[[], asyncio.Future[bool]] | None = None) -> tuple[FleetService, Engine, CountingStore]:
     engine, store = Engine(), CountingStore(memory_store())
     svc = FleetService(fleet_config("prod", "a", "redis://127.0.0.1:1"), engine,  # type: ignore[arg-type]
-                       store, FakeSink(), build_allowlist([]), clock=lambda: NOW)
+                       store, FakeSink(), build_allowlist([]), clock=lambda: NOW, saved=saved)
     return svc, engine, store
 
 
@@ -171,3 +184,116 @@ async def test_events_taken_for_a_failing_store_call_are_kept_for_the_next() -> 
     assert [[str(e.net) for e in p] for p in engine.published] == [
         ["203.0.113.1/32", "203.0.113.2/32", "203.0.113.3/32"]]  # in submission order
     assert store.store.fleet_outbox_size() == 0
+
+
+async def fast(saved: Callable[[], asyncio.Future[bool]] | None = None
+               ) -> tuple[FleetService, Engine, CountingStore, asyncio.Task[None]]:
+    """A publisher that knows the next oseq, its first round (one ban) published and held: the next round
+    is a fast one."""
+    svc, engine, store = service(saved)
+    svc._online.set()
+    await svc._load_oseq()
+    assert store.calls == ["next_oseq"]
+    store.calls.clear()
+    svc.submit_bans(bans("203.0.113.1"))
+    engine.hold = asyncio.Event()
+    task = asyncio.create_task(svc._publish_pending())
+    await engine.entered.wait()
+    engine.entered.clear()
+    return svc, engine, store, task
+
+
+def release(engine: Engine) -> None:
+    assert engine.hold is not None
+    engine.hold.set()
+
+
+def published(engine: Engine) -> list[list[tuple[str, int]]]:
+    return [[(str(e.net), e.oseq) for e in p] for p in engine.published]
+
+
+async def test_a_round_after_a_clean_read_publishes_from_memory_while_its_rows_are_written() -> None:
+    svc, engine, store, task = await fast()
+    store.hold = threading.Event()
+    svc.submit_bans(bans("203.0.113.2", "203.0.113.3"))
+    await until(lambda: store.calls == ["round", "round"])  # the second round's store call is under way
+    release(engine)
+    await until(lambda: len(engine.published) == 2)  # ... and its MULTI left before it was done
+    assert published(engine) == [[("203.0.113.1/32", 1)], [("203.0.113.2/32", 2), ("203.0.113.3/32", 3)]]
+    assert store.calls == ["round", "round"]
+    store.hold.set()
+    await task
+    # the first MULTI marked by the second round, the second by a call of its own once its rows were written
+    assert store.calls == ["round", "round", "mark_published"]
+    assert store.store.fleet_outbox_size() == 0 and svc.stats.published == 3 and len(engine.published) == 2
+    assert [r.oseq for r in store.store.fleet_own_active(NOW, NOW - 1)] == [1, 2, 3]
+
+
+async def test_nothing_is_published_from_memory_before_the_daemons_saves_are_written() -> None:
+    saves: list[asyncio.Future[bool]] = []
+
+    def saved() -> asyncio.Future[bool]:
+        saves.append(asyncio.get_running_loop().create_future())
+        return saves[-1]
+
+    svc, engine, store, task = await fast(saved)
+    svc.submit_bans(bans("203.0.113.2"))
+    release(engine)
+    await until(lambda: bool(saves) and len(store.calls) == 2)
+    await asyncio.sleep(0.01)  # (room for a wrong publish to happen: none may)
+    assert len(engine.published) == 1
+    saves[0].set_result(True)
+    await task
+    assert published(engine) == [[("203.0.113.1/32", 1)], [("203.0.113.2/32", 2)]]
+    assert store.store.fleet_outbox_size() == 0
+
+
+async def test_a_save_that_failed_sends_the_round_the_plain_way_after_its_rows_are_written() -> None:
+    def failed() -> asyncio.Future[bool]:
+        f = asyncio.get_running_loop().create_future()
+        f.set_result(False)
+        return f
+
+    svc, engine, store, task = await fast(failed)
+    store.hold = threading.Event()
+    svc.submit_bans(bans("203.0.113.2"))
+    await until(lambda: len(store.calls) == 2)
+    release(engine)
+    await until(lambda: svc.stats.published == 1)
+    await asyncio.sleep(0.01)
+    assert len(engine.published) == 1  # not from memory: waits for the store call
+    store.hold.set()
+    await task
+    assert published(engine) == [[("203.0.113.1/32", 1)], [("203.0.113.2/32", 2)]]
+    assert store.store.fleet_outbox_size() == 0 and svc.stats.published == 2
+
+
+async def test_a_refused_fast_publish_leaves_its_rows_pending_and_they_go_next_time() -> None:
+    svc, engine, store, task = await fast()
+    engine.refuse_call = 1  # the MULTI from memory
+    svc.submit_bans(bans("203.0.113.2"))
+    await until(lambda: len(store.calls) == 2)
+    release(engine)
+    with pytest.raises(LinkError):
+        await task
+    # the first was acknowledged but not marked yet: both stay pending (the first goes again: harmless)
+    assert published(engine) == [[("203.0.113.1/32", 1)]] and store.store.fleet_outbox_size() == 2
+    await svc._publish_pending()
+    assert published(engine) == [[("203.0.113.1/32", 1)], [("203.0.113.1/32", 1), ("203.0.113.2/32", 2)]]
+    assert store.store.fleet_outbox_size() == 0
+
+
+async def test_a_failed_store_call_of_a_fast_round_keeps_its_events_and_forgets_the_numbering() -> None:
+    svc, engine, store, task = await fast()
+    store.fail_rounds = 1
+    svc.submit_bans(bans("203.0.113.2"))
+    release(engine)
+    with pytest.raises(StoreError):
+        await task
+    assert svc._next_oseq is None and len(svc._queue) == 1  # back in the queue; the numbers are asked again
+    await svc._load_oseq()
+    await svc._publish_pending()
+    nets = [str(e.net) for p in engine.published for e in p]
+    assert nets[0] == "203.0.113.1/32" and nets[-1] == "203.0.113.2/32"  # (perhaps twice: at least once)
+    assert store.store.fleet_outbox_size() == 0
+    assert [r.target for r in store.store.fleet_own_active(NOW, NOW - 1)] == ["203.0.113.1", "203.0.113.2"]

@@ -82,3 +82,23 @@ async def test_submit_queues_when_called_and_resolves_once_written() -> None:
     assert [len(w.saves) for w in store.writes] == [1, 0] and len(store.writes[1].deletes) == 1
     empty = p.submit(StateChange())
     assert empty.done() and len(store.writes) == 2
+
+
+async def test_saved_answers_once_what_was_queued_before_it_is_written() -> None:
+    store = FlakyStore()
+    p = Persister(store.write)
+    assert await p.saved()  # nothing queued
+    p.submit(StateChange([ban("192.0.2.1")]))
+    before = p.saved()
+    later = p.submit(StateChange([ban("192.0.2.2")]))
+    assert not before.done()
+    assert await before and store.writes
+    await later
+    store.full = True
+    p.submit(StateChange([ban("192.0.2.3")]))
+    failing = p.saved()
+    assert await failing is False  # the write failed: not saved (the change stays queued)
+    assert await p.saved() is False  # degraded: known at once
+    store.full = False
+    await p.retry()
+    assert await p.saved()

@@ -43,7 +43,7 @@ def test_outbox_order_expiry_and_unbans(tmp_path: Path) -> None:
 
 def test_a_fleet_counted_ban_is_kept_as_published_never_pending(tmp_path: Path) -> None:
     with Store.open(tmp_path / "s.db") as st:
-        st.fleet_note_published([("ban", "192.0.2.77", NOW + 100, "count:sshd", NOW)])
+        st.fleet_enqueue([], noted=[("ban", "192.0.2.77", NOW + 100, "count:sshd", NOW)])
         assert st.fleet_pending(NOW) == [] and st.fleet_outbox_size() == 0  # the count script published it
         own = st.fleet_own_active(NOW + 1, NOW - 60)
         assert [(r.target, r.until, r.src) for r in own] == [("192.0.2.77", NOW + 100, "count:sshd")]
@@ -145,3 +145,23 @@ def test_pending_reads_only_its_rows_and_comes_to_what_the_whole_outbox_scan_did
             assert a.fleet_pending(NOW + 100, limit) == [] and a.fleet_outbox_size() == 0
         finally:
             ref.close()
+
+
+def test_the_publisher_numbers_rows_above_every_oseq_used_and_never_reuses_one(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with Store.open(path) as st:
+        assert st.fleet_next_oseq() == 1
+        (a,) = st.fleet_enqueue([("ban", "203.0.113.1", NOW + 1, "cli", NOW)])
+        st.fleet_mark_published([a])
+        st.fleet_prune(NOW + 2, 3600)  # the row is gone; its number stays used
+        first = st.fleet_next_oseq()
+        assert first == a + 1
+        rows = st.fleet_round([], [("ban", "203.0.113.2", NOW + 100, "cli", NOW),
+                                   ("unban", "203.0.113.3", None, "cli", NOW)], NOW, first=first)
+        assert [r.oseq for r in rows] == [first, first + 1]
+        with pytest.raises(StoreError):  # a number used already: the whole round is refused
+            st.fleet_round([first], [("ban", "203.0.113.4", NOW + 100, "cli", NOW)], NOW, first=first + 1)
+        assert [r.oseq for r in st.fleet_pending(NOW)] == [first, first + 1]
+    with Store.open(path) as st:
+        assert st.fleet_next_oseq() == first + 2
+        assert st.fleet_enqueue([("ban", "203.0.113.5", NOW + 1, "cli", NOW)]) == [first + 2]  # drawn: next
