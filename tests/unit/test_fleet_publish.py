@@ -297,3 +297,18 @@ async def test_a_failed_store_call_of_a_fast_round_keeps_its_events_and_forgets_
     assert nets[0] == "203.0.113.1/32" and nets[-1] == "203.0.113.2/32"  # (perhaps twice: at least once)
     assert store.store.fleet_outbox_size() == 0
     assert [r.target for r in store.store.fleet_own_active(NOW, NOW - 1)] == ["203.0.113.1", "203.0.113.2"]
+
+
+async def test_fleet_counted_bans_are_recorded_as_published_numbered_between_rounds_never_sent() -> None:
+    # the count script published them: they are own published rows (for a re-assert), never a MULTI's
+    svc, engine, store, task = await fast()
+    svc.note_counted([(parse_target("192.0.2.77"), NOW + 600, "count:sshd")])
+    svc.submit_bans(bans("203.0.113.2"))
+    release(engine)
+    await until(lambda: len(engine.published) == 2)
+    await task
+    assert published(engine) == [[("203.0.113.1/32", 1)], [("203.0.113.2/32", 2)]]
+    own = store.store.fleet_own_active(NOW, NOW - 1)
+    assert [(r.oseq, r.target, r.src) for r in own] == [(1, "203.0.113.1", "cli"), (2, "203.0.113.2", "cli"),
+                                                        (3, "192.0.2.77", "count:sshd")]
+    assert svc.stats.publish_failures == 0 and store.store.fleet_outbox_size() == 0
