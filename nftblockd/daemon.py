@@ -1135,7 +1135,11 @@ def _fleet_key(cfg: Config) -> FleetConfig | None:
     return None if cfg.fleet is None else replace(cfg.fleet, line=0, actions=())
 
 
-GC_THRESHOLDS = (50_000, 20, 50)
+# gen0 at 150k: a 10k-attacker burst leaves ~100k young container objects alive (bans, their networks,
+# records, tracker state); at 50k the collector ran twice in the burst (10-18 ms, gc.callbacks in the
+# daemon), at 150k not at all: that state is scanned once, later, off the burst's path. Only cyclic
+# garbage waits longer for it (the daemon makes little), a few MB at most.
+GC_THRESHOLDS = (150_000, 20, 50)
 _MS = 1000  # ms per second: `_MS.__rtruediv__(x)` is x / 1000 in one C call per element
 
 

@@ -172,21 +172,30 @@ class JailRunner:
         sink, as one submission) and their history records. A batch whose lines carry their own time (the
         journal's: `batch.times`) is matched stamped: no date is looked for in the text (fail2ban's systemd
         backend)."""
-        flt = self.filter
+        self.stats.lines += len(batch)
+        times = batch.times
+        found = self.filter.scan(batch.texts, now, self._ctx, stamped=times is not None)
+        # read per batch: a reload may change whether the jail's actions show lines (ActionHub.configure)
+        memory = self.memory if self.memory is not None and self.memory.keep else None
+        if memory is None and self.on_failure is _no_failure:  # nothing needs the hits one by one
+            bans, records = self._observe_batch(found, times, now, live)
+        else:
+            bans, records = self._observe_each(found, batch.texts, times, now, live, memory)
+        if self.metrics is not None:
+            self._report(self.metrics, len(batch))
+        return bans, records
+
+    def _observe_each(self, found: list[tuple[int, Match | Rejected]], texts: list[str], times: list[float] | None,
+                      now: float, live: bool, memory: MatchMemory | None) -> tuple[list[Ban], list[BanRecord]]:
+        """`process`'s loop hit by hit: for line memory (each counted line kept for the actions) and fleet
+        counting (`on_failure` per counted failure). The reference `_observe_batch` is held to."""
         st = self.stats
-        ctx = self._ctx
         bans: list[Ban] = []
         records: list[BanRecord] = []
-        st.lines += len(batch)
-        texts = batch.texts
-        times = batch.times
-        stamped = times is not None
         observe = self.tracker.observe
         jail = self.jail.name
         on_failure = self.on_failure
-        # read per batch: a reload may change whether the jail's actions show lines (ActionHub.configure)
-        memory = self.memory if self.memory is not None and self.memory.keep else None
-        for i, r in flt.scan(texts, now, ctx, stamped=stamped):
+        for i, r in found:
             if type(r) is Rejected:
                 st.rejected += 1
                 st.by_reason[str(r.reason)] = st.by_reason.get(str(r.reason), 0) + 1
@@ -221,9 +230,41 @@ class JailRunner:
                 st.stale += 1
             elif kind is _NEVER:
                 st.never_ban += 1
-        if self.metrics is not None:
-            self._report(self.metrics, len(batch))
         return bans, records
+
+    def _observe_batch(self, found: list[tuple[int, Match | Rejected]], times: list[float] | None, now: float,
+                       live: bool) -> tuple[list[Ban], list[BanRecord]]:
+        """`process`'s loop for a batch whose hits no one needs one by one (no line memory, no fleet
+        counting): the failures go to the tracker as two columns in one call (`Tracker.observe_batch`), the
+        stats are counted per kind. About a third less time per failure than the loop (bench_e2e)."""
+        st = self.stats
+        ms = [r for _, r in found if type(r) is Match]
+        if len(ms) < len(found):
+            by_reason = st.by_reason
+            for _, r in found:
+                if type(r) is Rejected:
+                    st.rejected += 1
+                    by_reason[str(r.reason)] = by_reason.get(str(r.reason), 0) + 1
+        st.matched += len(ms)
+        counting = [m for m in ms if not m.ignored]
+        st.ignored += len(ms) - len(counting)
+        hosts = [m.host for m in counting]
+        # a line without a date of its own counts at its arrival, or at its journal entry's time
+        tms: list[float]
+        if times is None:
+            tms = [now if m.time is None else m.time for m in counting]
+        else:
+            tms = [times[i] if r.time is None else r.time for i, r in found if type(r) is Match and not r.ignored]
+        tally = self.tracker.observe_batch(self.jail.name, hosts, tms, now, live=live)
+        c = tally.counts
+        banned = c.get(_BANNED, 0)
+        st.failures += c.get(_COUNTED, 0) + banned
+        st.bans += banned
+        st.already_banned += c.get(_ALREADY, 0)
+        st.allowlisted += c.get(_ALLOWLISTED, 0)
+        st.stale += c.get(_STALE, 0)
+        st.never_ban += c.get(_NEVER, 0)
+        return tally.bans, tally.records
 
     def _report(self, mx: Metrics, lines: int) -> None:
         st = self.stats
