@@ -112,12 +112,16 @@ def plain_bans(entries: Sequence[Entry], own: bytes) -> PlainBans | None:
 def _columns(read: RawEntries, own: bytes) -> PlainBans | None:
     """None: not this path's read (the reference then decides); raises on values of an unexpected type."""
     fl = list(map(_SECOND, read.raw))
-    if set(map(type, fl)) != {list} or set(map(len, fl)) != {2 * len(LAYOUT)}:
+    width = 2 * len(LAYOUT)
+    if set(map(type, fl)) != {list} or set(map(len, fl)) != {width}:
         return None
-    cols = list(zip(*fl, strict=False))  # every field list has the layout's length (checked above)
-    if any(col.count(name) != len(col) for col, name in zip(cols[0::2], LAYOUT, strict=True)):
+    # every field list has the layout's length (checked above): the columns are strided slices of the entries
+    # end to end (`zip(*fl)` over 10,000 entries cost 4x as much: one iterator per entry, advanced per column)
+    flat = list(itertools.chain.from_iterable(fl))
+    n_all = len(fl)
+    if any(flat[i::width].count(name) != n_all for i, name in zip(range(0, width, 2), LAYOUT, strict=True)):
         return None
-    vs, ops, nets, untils, origins, oseqs, srcs, tss = cols[1::2]
+    vs, ops, nets, untils, origins, oseqs, srcs, tss = (flat[i::width] for i in range(1, width, 2))
     ms: Sequence[int] = read.ms()
     owned: dict[str, int] = {}
     names = set(origins)
@@ -127,7 +131,7 @@ def _columns(read: RawEntries, own: bytes) -> PlainBans | None:
             label = "ban" if op == b"ban" else "unban" if op == b"unban" else "?"
             owned[label] = owned.get(label, 0) + k
         vs, ops, nets, untils, origins, oseqs, srcs, tss = (
-            tuple(itertools.compress(c, keep)) for c in (vs, ops, nets, untils, origins, oseqs, srcs, tss))
+            list(itertools.compress(c, keep)) for c in (vs, ops, nets, untils, origins, oseqs, srcs, tss))
         ms = list(itertools.compress(ms, keep))
         names.discard(own)
     n = len(nets)
