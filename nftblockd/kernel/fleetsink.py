@@ -36,13 +36,13 @@ import logging
 import math
 import operator
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from nftblockd.addr import IPNet, format_host, format_target, net_key
 from nftblockd.events import FLEET_REASON, Ban, FleetChange, LocalBan, Unban, fleet_reason
-from nftblockd.kernel.bans import BanOutcome, OpSpec, SetOp
+from nftblockd.kernel.bans import BanOutcome, OpSpec, SetOp, TimedSpecs
 from nftblockd.kernel.batcher import Group
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.service.logsetup import quote
@@ -202,14 +202,12 @@ class EnforcerFleetSink:
                 grp[0].extend(h.keys)
                 grp[1].extend(h.ends)
         self._plan_hosts(by_group, now, plan)
-        by_set: dict[str, Group] = {}
+        by_set: dict[str, tuple[list[int], list[OpSpec]]] = {}
         for op in ops:
-            g = by_set.get(op.set_name)
-            if g is None:
-                g = by_set[op.set_name] = Group(op.set_name, [], [])
-            g.keys.append(op.key)
-            g.specs.append(OpSpec(op.add, op.until_ms, op.comment, op.existed))
-        plan.groups += by_set.values()
+            keys, specs = by_set.setdefault(op.set_name, ([], []))
+            keys.append(op.key)
+            specs.append(OpSpec(op.add, op.until_ms, op.comment, op.existed))
+        plan.groups += [Group(name, keys, specs) for name, (keys, specs) in by_set.items()]
         return plan.groups
 
     def _plan_unbans(self, change: FleetChange, plan: _Plan, ops: list[SetOp]) -> None:
@@ -260,8 +258,9 @@ class EnforcerFleetSink:
                 continue
             done = each.new + each.extended
             if done:
-                plan.groups.append(Group(each.set_name, done, _specs(each.new_untils, False)
-                                         + _specs(each.extended_untils, True)))
+                specs = (TimedSpecs(each.new_ms, len(done)) if each.new_ms is not None and not each.extended
+                         else _timed_specs(each.new_untils, each.extended_untils))
+                plan.groups.append(Group(each.set_name, done, specs))
             plan.attempted += len(done)
             # new keys and extended ones apart: the database keeps the new ones as one bulk row (no row of theirs
             # exists), an extended one as its row (a row wins over a bulk row at a restart)
@@ -316,6 +315,15 @@ class EnforcerFleetSink:
 # (set name, IP version, keys applied, their ends (None permanent), reason, all new to the state: each its own
 # end, saved as one bulk row) of one group of single-address bans
 _Hosts = tuple[str, int, list[int], list[float | None], str, bool]
+
+
+def _timed_specs(new: list[float | None], extended: list[float | None]) -> Sequence[OpSpec]:
+    """The kernel op specs of `ban_hosts_each`'s new then extended keys: one `TimedSpecs` column (the ends in ms,
+    as `BanState.ban_hosts_each` makes them) when none is permanent, else `_specs` each."""
+    if None in new or None in extended:
+        return _specs(new, False) + _specs(extended, True)
+    rep = itertools.repeat
+    return TimedSpecs(list(map(int, map(operator.mul, cast("list[float]", new + extended), rep(1000)))), len(new))
 
 
 def _specs(untils: list[float | None], existed: bool) -> list[OpSpec]:
