@@ -6,7 +6,8 @@ libpcre2-dev the build prints a warning and the matcher runs on its pure-Python 
 and `nftblock test-filter` say which engine runs, and why not the native one). It uses the stable ABI, so
 one build serves every CPython >= 3.11: the wheel is tagged cp311-abi3-<platform>. A wheel built without a
 compiler holds no compiled code and is tagged py3-none-any instead, so it never poses as carrying it. The
-diff is optional the same way: without it feeds/delta.py walks the lists in Python (~2x the time).
+diff is optional the same way: without it feeds/delta.py walks the lists in Python (~2x the time), and so is
+the fleet catch-up's decoder (nftblockd/fleet/_plain.c): without it fleet/rawread.py's column passes.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ setup(
         Extension(
             "nftblockd.feeds._sorted",
             sources=["nftblockd/feeds/_sorted.c"],
+            define_macros=[("Py_LIMITED_API", "0x030B0000")],
+            py_limited_api=True,
+            optional=True,
+        ),
+        # a catch-up read's plain bans decoded in one loop (fleet/rawread.py); optional: without it, the
+        # column passes in Python (~10x the time)
+        Extension(
+            "nftblockd.fleet._plain",
+            sources=["nftblockd/fleet/_plain.c"],
             define_macros=[("Py_LIMITED_API", "0x030B0000")],
             py_limited_api=True,
             optional=True,

@@ -6,7 +6,8 @@ killed by PID), each next to its floor measured in the same run:
   the same entries (the same stream fields) written by a plain `XADD` pipeline, 1,000 per round trip
 - catch-up with distinct ends: 100,000 bans from another host, every ban with its own end (a jail's bans: each
   ends bantime after its own detection), replayed from the stream into a real Enforcer over the in-memory kernel
-  (tests/helpers/fakekernel.py; persistence a no-op) by the fleet service's receive loop: from `run()` to all
+  (tests/helpers/fakekernel.py, which runs the real writer's encoder over such adds, so it costs no less than
+  the real writer's Python side; persistence a no-op) by the fleet service's receive loop: from `run()` to all
   100,000 applied, next to the floor: `XREAD` through the same entries as the receive loop reads them (the same
   client, parser and counts, the reply left as the parser gives it, as the link does)
 

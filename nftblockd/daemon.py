@@ -375,7 +375,8 @@ class Daemon:
         if self.store is None:
             return
         await self.store_call(self.store.commit, save=change.saves, delete=change.deletes, history=change.history,
-                              save_packed=change.packed_saves, delete_packed=change.packed_deletes)
+                              save_packed=change.packed_saves, delete_packed=change.packed_deletes,
+                              save_timed=change.timed_saves)
 
     def _persist_state(self, st: PersistStatus) -> None:
         self.metrics.state_unsaved.set(st.unsaved_changes)

@@ -47,11 +47,12 @@ def merge(old: OpSpec, new: OpSpec) -> OpSpec | None:
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """Ops for one set, as parallel lists (what the kernel writer encodes)."""
+    """Ops for one set, as parallel lists (what the kernel writer encodes). `specs` is a list, or a `TimedSpecs`
+    column (adds each with its own end: no `OpSpec` per key)."""
 
     set_name: str
     keys: list[int]
-    specs: list[OpSpec]
+    specs: Sequence[OpSpec]
 
 
 class Pending:

@@ -36,17 +36,17 @@ import logging
 import math
 import operator
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from nftblockd.addr import IPNet, format_host, format_target, net_key
 from nftblockd.events import FLEET_REASON, Ban, FleetChange, LocalBan, Unban, fleet_reason
-from nftblockd.kernel.bans import BanOutcome, OpSpec, SetOp
+from nftblockd.kernel.bans import BanOutcome, OpSpec, SetOp, TimedSpecs
 from nftblockd.kernel.batcher import Group
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.service.logsetup import quote
-from nftblockd.state.change import PackedBans, StateChange
+from nftblockd.state.change import PackedBans, StateChange, TimedBans, timed_bans
 
 log = logging.getLogger("nftblockd.fleet")
 audit_log = logging.getLogger("nftblockd.audit")
@@ -129,8 +129,8 @@ class EnforcerFleetSink:
             ranges = [(b, absorbed) for b, absorbed in ranges
                       if (b.target.version, net_key(b.target)) not in failed_ranges]
             hosts = [(name, v, [k for k in keys if (name, k) not in failed],
-                      [u for k, u in zip(keys, untils, strict=True) if (name, k) not in failed], reason)
-                     for name, v, keys, untils, reason in hosts]
+                      [u for k, u in zip(keys, untils, strict=True) if (name, k) not in failed], reason, new)
+                     for name, v, keys, untils, reason, new in hosts]
         applied = len(ranges) + sum(len(h[2]) for h in hosts)
         refused = plan.refused + plan.attempted - applied
         self.applied += applied
@@ -146,13 +146,13 @@ class EnforcerFleetSink:
         if e.persist is not None and (applied or plan.gone):
             deletes = [(self.blocklist, n) for n in plan.gone]
             deletes += [(self.blocklist, n) for _b, absorbed in ranges for n in absorbed]
-            packed = _packed(self.blocklist, hosts)
+            packed, timed = _packed(self.blocklist, hosts)
             # queued now, in order with every other change, and not waited for: the kernel holds the batch, and
             # the receive loop's next batch need not wait for this one's commit (at 1,000 bans/s that wait was
             # half of each batch's time on the receiving host). `settled` waits for it before the cursor moves.
             self._saves = [f for f in self._saves if not f.done()]
             self._saves.append(asyncio.ensure_future(e.persist(StateChange([b for b, _a in ranges], deletes,
-                                                                           packed_saves=packed))))
+                                                                           packed_saves=packed, timed_saves=timed))))
         self._audit(ranges, hosts, plan.gone, now)
         if applied and self.on_banned is not None:
             self.on_banned([b.target for b, _a in ranges], [(h[1], h[2]) for h in hosts if h[2]], now)
@@ -202,14 +202,12 @@ class EnforcerFleetSink:
                 grp[0].extend(h.keys)
                 grp[1].extend(h.ends)
         self._plan_hosts(by_group, now, plan)
-        by_set: dict[str, Group] = {}
+        by_set: dict[str, tuple[list[int], list[OpSpec]]] = {}
         for op in ops:
-            g = by_set.get(op.set_name)
-            if g is None:
-                g = by_set[op.set_name] = Group(op.set_name, [], [])
-            g.keys.append(op.key)
-            g.specs.append(OpSpec(op.add, op.until_ms, op.comment, op.existed))
-        plan.groups += by_set.values()
+            keys, specs = by_set.setdefault(op.set_name, ([], []))
+            keys.append(op.key)
+            specs.append(OpSpec(op.add, op.until_ms, op.comment, op.existed))
+        plan.groups += [Group(name, keys, specs) for name, (keys, specs) in by_set.items()]
         return plan.groups
 
     def _plan_unbans(self, change: FleetChange, plan: _Plan, ops: list[SetOp]) -> None:
@@ -251,7 +249,7 @@ class EnforcerFleetSink:
                         plan.groups.append(Group(bc.set_name, part, [spec] * len(part)))
                 done = bc.new + bc.extended
                 plan.attempted += len(done)
-                plan.hosts.append((bc.set_name, version, done, [until] * len(done), reason))
+                plan.hosts.append((bc.set_name, version, done, [until] * len(done), reason, False))
                 continue
             untils = [None if e == math.inf else e for e in ends]
             each = state.ban_hosts_each(self.blocklist, version, keys, untils, now, origin="remote", reason=reason)
@@ -260,10 +258,16 @@ class EnforcerFleetSink:
                 continue
             done = each.new + each.extended
             if done:
-                plan.groups.append(Group(each.set_name, done, _specs(each.new_untils, False)
-                                         + _specs(each.extended_untils, True)))
+                specs = (TimedSpecs(each.new_ms, len(done)) if each.new_ms is not None and not each.extended
+                         else _timed_specs(each.new_untils, each.extended_untils))
+                plan.groups.append(Group(each.set_name, done, specs))
             plan.attempted += len(done)
-            plan.hosts.append((each.set_name, version, done, each.new_untils + each.extended_untils, reason))
+            # new keys and extended ones apart: the database keeps the new ones as one bulk row (no row of theirs
+            # exists), an extended one as its row (a row wins over a bulk row at a restart)
+            if each.new:
+                plan.hosts.append((each.set_name, version, each.new, each.new_untils, reason, True))
+            if each.extended:
+                plan.hosts.append((each.set_name, version, each.extended, each.extended_untils, reason, False))
 
     def _admissible(self, version: int, keys: list[int], ends: list[float], plan: _Plan
                     ) -> tuple[list[int], list[float]]:
@@ -283,7 +287,7 @@ class EnforcerFleetSink:
         shown = 0
         lines: list[tuple[str, str, float | None]] = [(format_target(b.target), b.reason, b.until)
                                                       for b, _a in ranges[:budget]]
-        for _name, v, keys, untils, reason in hosts:
+        for _name, v, keys, untils, reason, _new in hosts:
             if len(lines) >= budget:
                 break
             lines += [(format_host(k, v), reason, u) for k, u in zip(keys[:budget - len(lines)], untils, strict=False)]
@@ -308,8 +312,18 @@ class EnforcerFleetSink:
                            extra={"jail": "fleet", "origin": "remote"})
 
 
-# (set name, IP version, keys applied, their ends (None permanent), reason) of one group of single-address bans
-_Hosts = tuple[str, int, list[int], list[float | None], str]
+# (set name, IP version, keys applied, their ends (None permanent), reason, all new to the state: each its own
+# end, saved as one bulk row) of one group of single-address bans
+_Hosts = tuple[str, int, list[int], list[float | None], str, bool]
+
+
+def _timed_specs(new: list[float | None], extended: list[float | None]) -> Sequence[OpSpec]:
+    """The kernel op specs of `ban_hosts_each`'s new then extended keys: one `TimedSpecs` column (the ends in ms,
+    as `BanState.ban_hosts_each` makes them) when none is permanent, else `_specs` each."""
+    if None in new or None in extended:
+        return _specs(new, False) + _specs(extended, True)
+    rep = itertools.repeat
+    return TimedSpecs(list(map(int, map(operator.mul, cast("list[float]", new + extended), rep(1000)))), len(new))
 
 
 def _specs(untils: list[float | None], existed: bool) -> list[OpSpec]:
@@ -329,20 +343,18 @@ def _specs(untils: list[float | None], existed: bool) -> list[OpSpec]:
     return out
 
 
-def _packed(blocklist: str, hosts: list[_Hosts]) -> list[PackedBans]:
-    """The database rows of applied host groups: one packed row per (IP version, end, reason), as `PackedBans`
-    carry one end. The addresses packed in one pass (a `pack_hosts` call per end was a third of a catch-up of
-    100k distinct ends)."""
+def _packed(blocklist: str, hosts: list[_Hosts]) -> tuple[list[PackedBans], list[TimedBans]]:
+    """The database rows of applied host groups: keys new to the state as one `TimedBans` per group (a bulk
+    row of keys and ends: a catch-up of 100k jail bans made 100k rows, each a tuple, a list and a bytes, and
+    100k upserts); the others one packed row per (IP version, end, reason), as `PackedBans` carry one end."""
     rows: dict[tuple[int, float | None, str], list[bytes]] = {}
-    out: list[PackedBans] = []
-    for _name, v, keys, untils, reason in hosts:
-        size = 4 if v == 4 else 16
-        if len(set(untils)) == len(untils):  # every end its own (a jail's bans): one row per key, C-level passes
-            rep = itertools.repeat
-            packed_keys = map(int.to_bytes, keys, rep(size), rep("big"))  # type: ignore[arg-type]  # typeshed
-            out += zip(rep(blocklist), map(list, zip(packed_keys, strict=False)), untils, rep("remote"), rep(reason),
-                       rep(""), strict=False)  # (the repeats are endless: keys and untils bound it)
+    timed: list[TimedBans] = []
+    for _name, v, keys, untils, reason, new in hosts:
+        if new:
+            if keys:
+                timed.append(timed_bans(blocklist, v, keys, untils, "remote", reason, ""))
             continue
+        size = 4 if v == 4 else 16
         for k, u in zip(keys, untils, strict=True):
             packed = k.to_bytes(size, "big")
             row = rows.get((v, u, reason))
@@ -350,7 +362,7 @@ def _packed(blocklist: str, hosts: list[_Hosts]) -> list[PackedBans]:
                 rows[(v, u, reason)] = [packed]
             else:
                 row.append(packed)
-    return out + [(blocklist, packed, u, "remote", reason, "") for (_v, u, reason), packed in rows.items()]
+    return [(blocklist, packed, u, "remote", reason, "") for (_v, u, reason), packed in rows.items()], timed
 
 
 def _nth_ban(ranges: list[tuple[Ban, tuple[IPNet, ...]]],
@@ -363,7 +375,7 @@ def _nth_ban(ranges: list[tuple[Ban, tuple[IPNet, ...]]],
             b = ranges[i][0]
             return format_target(b.target), b.until, b.reason
         g = bisect.bisect_right(starts, i) - 1
-        _name, v, keys, untils, reason = hosts[g]
+        _name, v, keys, untils, reason, _new = hosts[g]
         return format_host(keys[i - starts[g]], v), untils[i - starts[g]], reason
 
     return nth

@@ -27,11 +27,12 @@ import logging
 import operator
 import time
 from collections.abc import Sequence
+from typing import cast
 
 from nftblockd.addr import IPNet, net_key
 from nftblockd.kernel import nfmsg as m
 from nftblockd.kernel import ruleset as rs
-from nftblockd.kernel.bans import OpSpec, SetOp
+from nftblockd.kernel.bans import OpSpec, SetOp, TimedSpecs
 from nftblockd.kernel.batcher import Group
 from nftblockd.kernel.links import Links
 from nftblockd.kernel.netlink import KernelError, KernelSetInfo, NftSocket, kernel_release
@@ -239,12 +240,12 @@ class KernelWriter:
 
     def write_ops(self, ops: Sequence[SetOp], now_ms: int | None = None) -> WriteResult:
         """Convenience for callers holding individual ops (tests, tools)."""
-        groups: dict[str, Group] = {}
+        groups: dict[str, tuple[list[int], list[OpSpec]]] = {}
         for o in ops:
-            g = groups.setdefault(o.set_name, Group(o.set_name, [], []))
-            g.keys.append(o.key)
-            g.specs.append(OpSpec(o.add, o.until_ms, o.comment, o.existed))
-        return self.write(list(groups.values()), now_ms)
+            keys, specs = groups.setdefault(o.set_name, ([], []))
+            keys.append(o.key)
+            specs.append(OpSpec(o.add, o.until_ms, o.comment, o.existed))
+        return self.write([Group(name, keys, specs) for name, (keys, specs) in groups.items()], now_ms)
 
     def write(self, groups: Sequence[Group], now_ms: int | None = None) -> WriteResult:
         """Apply ops in as few transactions as possible; see the module docstring for the guarantees."""
@@ -455,11 +456,16 @@ class KernelWriter:
         if not self.features.timeout_update:
             return None  # equal element lengths need EXPIRATION on every element (refresh form)
         specs = g.specs
-        if not all(map(_ADD, specs)) or any(map(_COMMENT, specs)):
-            return None
-        ends = list(map(_UNTIL_MS, specs))
-        if None in ends:
-            return None
+        ends: list[int]
+        if isinstance(specs, TimedSpecs):  # the column itself: adds, no comment, none permanent
+            ends = specs.ends_ms
+        else:
+            if not all(map(_ADD, specs)) or any(map(_COMMENT, specs)):
+                return None
+            untils = list(map(_UNTIL_MS, specs))
+            if None in untils:
+                return None
+            ends = cast("list[int]", untils)
         remaining = list(map(operator.sub, ends, itertools.repeat(now_ms)))
         if min(remaining, default=1) <= 0:
             return None

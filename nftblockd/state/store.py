@@ -85,6 +85,7 @@ from typing import Any, NamedTuple, TypeAlias, TypeVar, cast
 
 from nftblockd.addr import IPNet, pack_target
 from nftblockd.events import Ban
+from nftblockd.state.change import TimedBans
 from nftblockd.state.db import WHAT, ProblemKind, StoreError, StoreProblem, Unusable, classify, transaction
 from nftblockd.state.salvage import memory_fallback, replace_corrupt
 from nftblockd.state.schema import HISTORY_INSERT, Synchronous, label_id, open_file, verify_quick
@@ -472,21 +473,25 @@ class Store:
     def commit(self, *, save: Iterable[Ban] = (), delete: Iterable[tuple[str, IPNet]] = (),
               history: Iterable[HistoryEntry] = (), positions: Mapping[str, str] | None = None,
               created: float | None = None, save_packed: Iterable[PackedBans] = (),
-              delete_packed: Iterable[tuple[str, list[bytes]]] = ()) -> None:
+              delete_packed: Iterable[tuple[str, list[bytes]]] = (), save_timed: Iterable[TimedBans] = ()) -> None:
         """Save bans, delete (blocklist, target) keys, record history and set positions: ONE transaction.
 
         Deletions run before saves, so a key in both ends up saved. `created` (default: now) is recorded for
-        new rows only. On StoreError nothing of the call was stored.
+        new rows only. `save_timed`: single addresses each with its own end, one bulk row per entry of
+        `BULK_ROWS` addresses or more (rows otherwise); the caller passes only addresses no row of the same
+        (blocklist, address) holds yet (bans new to the state), since a row wins over a bulk row at a restart.
+        On StoreError nothing of the call was stored.
         """
         stamp = time.time() if created is None else created
         bans = save if isinstance(save, list | tuple) else list(save)
         packed, bulk = _rows_or_bulk(save_packed)
+        timed = _timed_bulk(save_timed, packed)
         deletes = _deletes_by_blocklist(delete, delete_packed)
         hist: list[Any] = []
         for e in history:
             hist += (e[2], e[0], e[1], e[3] if len(e) > 3 else None)
         pos = list(positions.items()) if positions else []
-        if not (bans or packed or bulk or deletes or hist or pos):
+        if not (bans or packed or bulk or timed or deletes or hist or pos):
             return
 
         def run(conn: sqlite3.Connection) -> None:
@@ -516,13 +521,18 @@ class Store:
                         lid = label_id(conn, (blocklist, origin, reason, jail))
                         conn.execute("INSERT INTO bulk(label, until, created, keylen, keys) VALUES(?, ?, ?, ?, ?)",
                                      (lid, until, stamp, len(targets[0]), b"".join(targets)))
+                    for t in timed:
+                        lid = label_id(conn, (t.blocklist, t.origin, t.reason, t.jail))
+                        conn.execute("INSERT INTO bulk(label, until, created, keylen, keys, ends)"
+                                     " VALUES(?, ?, ?, ?, ?, ?)", (lid, _last_end(t.ends), stamp, t.keylen, t.keys,
+                                                                   t.ends))
                     if hist:
                         _insert_many(conn, HISTORY_INSERT, "", 4, hist)
                     if pos:
                         conn.executemany("INSERT OR REPLACE INTO positions(key, value) VALUES(?, ?)", pos)
             self._labels.update(real)
 
-        self._run("save bans" if bans or packed or bulk else "save state", run)
+        self._run("save bans" if bans or packed or bulk or timed else "save state", run)
 
     def _ban_params(self, bans: Iterable[Ban], created: float, packed: Iterable[PackedBans] = ()
                     ) -> tuple[list[Any], dict[tuple[str, str, str, str], int]]:
@@ -1054,6 +1064,29 @@ def _rows_or_bulk(save_packed: Iterable[PackedBans]) -> tuple[list[PackedBans], 
         else:
             packed.append(entry)
     return packed, bulk
+
+
+def _timed_bulk(save_timed: Iterable[TimedBans], rows: list[PackedBans]) -> list[TimedBans]:
+    """Timed saves big enough for a bulk row; the others appended to `rows` as packed saves, one per address."""
+    out: list[TimedBans] = []
+    for t in save_timed:
+        n = len(t.keys) // t.keylen
+        if n >= BULK_ROWS:
+            out.append(t)
+            continue
+        rows += [(t.blocklist, [t.keys[i * t.keylen:(i + 1) * t.keylen]], u, t.origin, t.reason, t.jail)
+                 for i, u in enumerate(unpack_ends(t.ends))]
+    return out
+
+
+def _last_end(ends: bytes) -> float | None:
+    """A bulk row's `until` (prune deletes it once that has passed): its latest end, None if one is permanent."""
+    arr = array.array("d")
+    arr.frombytes(ends)
+    if sys.byteorder == "big":
+        arr.byteswap()
+    top = max(arr)
+    return None if top == math.inf else top
 
 
 def _deletes_by_blocklist(delete: Iterable[tuple[str, IPNet]], delete_packed: Iterable[tuple[str, list[bytes]]]

@@ -4,6 +4,7 @@ entry-by-entry forms they replace: the link's old per-entry dicts and `codec.pla
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
@@ -165,3 +166,77 @@ def test_one_odd_value_in_a_plain_read_is_what_the_reference_says(field: int) ->
             got = None
         assert got is None or got == want, value
         assert rawread.plain_bans(rawread.RawEntries(raw), ME) == want, value
+
+
+# --- the C loop (fleet/_plain.c), where it was built: wherever it answers, it answers what the reference does
+
+native = pytest.mark.skipif(not rawread.NATIVE, reason="nftblockd.fleet._plain not built (no C compiler)")
+_DECIMAL = re.compile(rb"[0-9]*\.?[0-9]*")  # (with a digit) the ends the C loop reads: a float's repr, ms
+
+
+def _native_or_none(raw: list[Any]) -> Any:
+    try:
+        return rawread._from_native(raw, ME)
+    except Exception:  # an origin or src the reference refuses: `plain_bans` then asks it
+        return None
+
+
+@native
+@settings(max_examples=300, deadline=None)
+@given(raw_reads())
+def test_the_c_loop_agrees_with_the_reference(raw: list[Any]) -> None:
+    want = reference(by_entry(raw), ME)
+    got = _native_or_none(raw)
+    assert got is None or got == want
+    laid_out = all(f[0::2] == list(rawread.LAYOUT) and all(type(v) is bytes for v in f) for _i, f in raw)
+    if want is not None and laid_out and all(b":" not in f[5] and _DECIMAL.fullmatch(f[7]) for _i, f in raw
+                                             if f[9] != ME):
+        assert got == want  # an IPv4 read with decimal ends: the C loop answers it, not the Python columns
+
+
+@native
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.floats(0, 4102444800.0).map(lambda x: repr(x).encode()),
+                 st.from_regex(rb"\A[0-9]{0,25}\.?[0-9]{0,25}\Z"),
+                 st.integers(0, 2**32 - 1).map(lambda k: f"{k >> 24}.{k >> 16 & 255}.{k >> 8 & 255}.{k & 255}"
+                                               .encode())),
+       st.sampled_from((5, 3)))
+def test_the_c_loop_reads_ends_as_float_does_and_addresses_as_inet_pton(value: bytes, field: int) -> None:
+    """Ends: glibc's strtod against Python's float() on reprs and on any digits-and-dot string; addresses:
+    canonical dotted quads (and the same strings as ends, as odd addresses: leading zeros, too many digits)."""
+    raw = jail_read(3)
+    raw[1][1][2 * (2 if field == 5 else 3) + 1] = value
+    want = reference(by_entry(raw), ME)
+    got = _native_or_none(raw)
+    assert got is None or got == want
+    canonical = not any(p.startswith(b"0") and p != b"0" for p in value.split(b"."))
+    if want is not None and (_DECIMAL.fullmatch(value) if field == 3 else canonical):
+        assert got == want
+
+
+@native
+@pytest.mark.parametrize("field", [1, 3, 5, 7, 9, 11, 13, 15])
+def test_one_odd_value_in_the_c_loop_is_what_the_reference_says(field: int) -> None:
+    for value in (*ODD_VALUES, b"010.1.2.3", b"1.2.3.256", b"1.2.3", b"1.2.3.4.5", b"1..2.3", b"1.2.3.4 ", b"1.5.",
+                  b".5", b"5.", b".", b"1.2.3", b"0.0.0.0", b"00", b"1" * 19, b"1" * 20):
+        raw = jail_read(4)
+        raw[2][1][field] = value
+        got = _native_or_none(raw)
+        assert got is None or got == reference(by_entry(raw), ME), value
+    for eid in (b"5", b"1-2-3", b"7-", b"-1", b"1" * 19 + b"-0", b"12-" + b"9" * 21, "9-1"):
+        raw = jail_read(4)
+        raw[1][0] = eid
+        try:
+            want = reference(by_entry(raw), ME)
+        except ValueError:
+            want = None
+        got = _native_or_none(raw)
+        assert got is None or got == want, eid
+
+
+@native
+def test_a_catch_up_read_takes_the_c_loop_own_entries_too() -> None:
+    raw = jail_read(50, own_every=7)
+    got = rawread._from_native(raw, ME)
+    assert got is not None and got == reference(by_entry(raw), ME) and got.own == {"ban": 8}
+    assert rawread._from_native(jail_read(5, own_every=1), ME) == reference(by_entry(jail_read(5, own_every=1)), ME)

@@ -24,6 +24,7 @@ from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.fleetsink import EnforcerFleetSink, _packed, _specs
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.state.change import StateChange
+from nftblockd.state.store import unpack_ends
 from tests.helpers.fakekernel import FakeSetWriter, running_enforcer
 
 T0 = 1_900_000_000.0
@@ -221,9 +222,9 @@ def test_the_nth_applied_fleet_ban_is_found_across_ranges_and_host_groups() -> N
     from nftblockd.kernel.fleetsink import _nth_ban
 
     rng = Ban(ipaddress.ip_network("10.1.0.0/16"), "default", 50.0, "remote", "fleet:a")
-    hosts: list[tuple[str, int, list[int], list[float | None], str]] = [
-        ("default_ip4", 4, [0x0A000001, 0x0A000002], [100.0, 101.5], "fleet:b"),
-        ("default_ip6", 6, [1], [None], "fleet:c")]
+    hosts: list[tuple[str, int, list[int], list[float | None], str, bool]] = [
+        ("default_ip4", 4, [0x0A000001, 0x0A000002], [100.0, 101.5], "fleet:b", True),
+        ("default_ip6", 6, [1], [None], "fleet:c", False)]
     nth = _nth_ban([(rng, ())], hosts)
     assert [nth(i) for i in range(4)] == [("10.1.0.0/16", 50.0, "fleet:a"), ("10.0.0.1", 100.0, "fleet:b"),
                                           ("10.0.0.2", 101.5, "fleet:b"), ("::1", None, "fleet:c")]
@@ -233,13 +234,14 @@ def test_packed_rows_are_pack_hosts_per_version_end_and_reason() -> None:
     from nftblockd.addr import pack_hosts
     from nftblockd.kernel.fleetsink import _packed
 
-    hosts: list[tuple[str, int, list[int], list[float | None], str]] = [
-        ("default_ip4", 4, [1, 2, 3, 4], [10.0, None, 10.0, 11.5], "fleet:a"),
-        ("default_ip6", 6, [5, 6], [10.0, 10.0], "fleet:a"),
-        ("default_ip4", 4, [7, 8], [10.0, 10.0], "fleet:b")]
+    hosts: list[tuple[str, int, list[int], list[float | None], str, bool]] = [
+        ("default_ip4", 4, [1, 2, 3, 4], [10.0, None, 10.0, 11.5], "fleet:a", False),
+        ("default_ip6", 6, [5, 6], [10.0, 10.0], "fleet:a", False),
+        ("default_ip4", 4, [7, 8], [10.0, 10.0], "fleet:b", False)]
     want = {(v, u, r): pack_hosts([k for k, x in zip(keys, untils, strict=True) if x == u], v)
-            for _n, v, keys, untils, r in hosts for u in untils}
-    got = _packed("default", hosts)
+            for _n, v, keys, untils, r, _new in hosts for u in untils}
+    got, timed = _packed("default", hosts)
+    assert timed == []
     assert [(p[0], p[3], p[5]) for p in got] == [("default", "remote", "")] * len(want)
     assert sorted((p[2] or 0.0, p[4], p[1]) for p in got) == sorted((u or 0.0, r, b) for (_v, u, r), b in want.items())
 
@@ -286,11 +288,39 @@ def test_host_keys_with_their_own_ends_do_what_one_change_per_ban_does(
                           | st.integers(10**9, 2 * 10**9).map(float)), max_size=40), st.booleans())
 def test_specs_and_rows_of_host_groups_are_one_per_end(bans: list[tuple[int, float | None]], existed: bool) -> None:
     """`_specs` and `_packed` (every end its own: a column at a time) against their plain meaning: one op spec
-    per key with its end in ms, one database row per (version, end, reason) holding the keys of that end."""
+    per key with its end in ms, one database row per (version, end, reason) holding the keys of that end; keys
+    new to the state as one `TimedBans`, its keys and ends in order."""
     keys, untils = [k for k, _u in bans], [u for _k, u in bans]
     assert _specs(untils, existed) == [OpSpec(True, None if u is None else int(u * 1000), "", existed) for u in untils]
-    rows = _packed("bl", [("bl_ip4", 4, keys, untils, "fleet:h1")])
+    rows, timed = _packed("bl", [("bl_ip4", 4, keys, untils, "fleet:h1", False)])
+    assert timed == []
+    rows6, timed6 = _packed("bl", [("bl_ip6", 6, keys, untils, "fleet:h2", True)])
+    assert rows6 == [] and len(timed6) == (1 if keys else 0)
+    for t in timed6:
+        assert (t.blocklist, t.keylen, t.origin, t.reason, t.jail) == ("bl", 16, "remote", "fleet:h2", "")
+        assert t.keys == b"".join(k.to_bytes(16, "big") for k in keys) and unpack_ends(t.ends) == untils
     want: dict[float | None, list[bytes]] = {}
     for k, u in bans:
         want.setdefault(u, []).append(k.to_bytes(4, "big"))
     assert sorted(rows, key=repr) == sorted([("bl", p, u, "remote", "fleet:h1", "") for u, p in want.items()], key=repr)
+
+
+async def test_new_keys_with_their_own_ends_are_saved_as_one_timed_row_extended_ones_as_rows(rig: Rig) -> None:
+    """A catch-up's jail bans (every end its own, none held yet) go to the database as one `TimedBans` (one bulk
+    row); a key the state held already keeps its row (a row wins over a bulk row at a restart)."""
+    keys = (key("203.0.113.1"), key("203.0.113.2"), key("203.0.113.3"))
+    ends = (T0 + 60, T0 + 61, T0 + 62)
+    await rig.sink.apply_fleet(FleetChange(hosts=(FleetHosts(4, "web-02", keys, ends),)))
+    [t] = rig.saved[-1].timed_saves
+    assert rig.saved[-1].packed_saves == []
+    assert (t.blocklist, t.keylen, t.keys, t.origin, t.reason) == ("default", 4, b"".join(k.to_bytes(4, "big")
+                                                                                         for k in keys),
+                                                                   "remote", "fleet:web-02")
+    assert unpack_ends(t.ends) == list(ends)
+    await rig.sink.apply_fleet(FleetChange(hosts=(FleetHosts(4, "web-02", (*keys[:2], key("203.0.113.9")),
+                                                             (T0 + 600, T0 + 1, T0 + 70)),)))
+    [t] = rig.saved[-1].timed_saves  # the new one
+    assert t.keys == key("203.0.113.9").to_bytes(4, "big") and unpack_ends(t.ends) == [T0 + 70]
+    assert rig.saved[-1].packed_saves == [("default", [key("203.0.113.1").to_bytes(4, "big")], T0 + 600, "remote",
+                                           "fleet:web-02", "")]  # extended; .2 stays as it was
+    assert rig.kernel()[key("203.0.113.1")] == int((T0 + 600) * 1000)

@@ -72,7 +72,9 @@ def test_fast_path_sends_what_the_general_encoder_makes() -> None:
         res = w.write(groups, NOW_MS)
         assert res.committed_ops == 5 and res.transactions == 1 and not res.failed
         assert len(sock.sent) == 1
-        names, keys, specs = [], [], []
+        names: list[str] = []
+        keys: list[int] = []
+        specs: list[OpSpec] = []
         for g in groups:
             names += [g.set_name] * len(g.keys)
             keys += g.keys
