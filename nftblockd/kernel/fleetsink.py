@@ -247,9 +247,10 @@ class EnforcerFleetSink:
                 for part, spec in ((bc.new, bc.spec_new), (bc.extended, bc.spec_extended)):
                     if part:
                         plan.groups.append(Group(bc.set_name, part, [spec] * len(part)))
-                done = bc.new + bc.extended
-                plan.attempted += len(done)
-                plan.hosts.append((bc.set_name, version, done, [until] * len(done), reason, False))
+                plan.attempted += len(bc.new) + len(bc.extended)
+                for part, kind in ((bc.new, _SHARED), (bc.extended, _EXTENDED)):
+                    if part:
+                        plan.hosts.append((bc.set_name, version, part, [until] * len(part), reason, kind))
                 continue
             untils = [None if e == math.inf else e for e in ends]
             each = state.ban_hosts_each(self.blocklist, version, keys, untils, now, origin="remote", reason=reason)
@@ -265,9 +266,9 @@ class EnforcerFleetSink:
             # new keys and extended ones apart: the database keeps the new ones as one bulk row (no row of theirs
             # exists), an extended one as its row (a row wins over a bulk row at a restart)
             if each.new:
-                plan.hosts.append((each.set_name, version, each.new, each.new_untils, reason, True))
+                plan.hosts.append((each.set_name, version, each.new, each.new_untils, reason, _TIMED))
             if each.extended:
-                plan.hosts.append((each.set_name, version, each.extended, each.extended_untils, reason, False))
+                plan.hosts.append((each.set_name, version, each.extended, each.extended_untils, reason, _EXTENDED))
 
     def _admissible(self, version: int, keys: list[int], ends: list[float], plan: _Plan
                     ) -> tuple[list[int], list[float]]:
@@ -287,7 +288,7 @@ class EnforcerFleetSink:
         shown = 0
         lines: list[tuple[str, str, float | None]] = [(format_target(b.target), b.reason, b.until)
                                                       for b, _a in ranges[:budget]]
-        for _name, v, keys, untils, reason, _new in hosts:
+        for _name, v, keys, untils, reason, _kind in hosts:
             if len(lines) >= budget:
                 break
             lines += [(format_host(k, v), reason, u) for k, u in zip(keys[:budget - len(lines)], untils, strict=False)]
@@ -312,9 +313,13 @@ class EnforcerFleetSink:
                            extra={"jail": "fleet", "origin": "remote"})
 
 
-# (set name, IP version, keys applied, their ends (None permanent), reason, all new to the state: each its own
-# end, saved as one bulk row) of one group of single-address bans
-_Hosts = tuple[str, int, list[int], list[float | None], str, bool]
+# (set name, IP version, keys applied, their ends (None permanent), reason, how the database keeps them) of one
+# group of single-address bans. _TIMED: new to the state, each its own end: one bulk row of keys and ends.
+# _SHARED: new, one end: packed rows by end (a bulk row from BULK_ROWS on). _EXTENDED: held already, now
+# longer: a row each, never a bulk row, since the address's older row would win over a bulk row at a restart
+# and bring back the shorter ban.
+_TIMED, _SHARED, _EXTENDED = "timed", "shared", "extended"
+_Hosts = tuple[str, int, list[int], list[float | None], str, str]
 
 
 def _timed_specs(new: list[float | None], extended: list[float | None]) -> Sequence[OpSpec]:
@@ -349,12 +354,17 @@ def _packed(blocklist: str, hosts: list[_Hosts]) -> tuple[list[PackedBans], list
     100k upserts); the others one packed row per (IP version, end, reason), as `PackedBans` carry one end."""
     rows: dict[tuple[int, float | None, str], list[bytes]] = {}
     timed: list[TimedBans] = []
-    for _name, v, keys, untils, reason, new in hosts:
-        if new:
+    single: list[PackedBans] = []
+    for _name, v, keys, untils, reason, kind in hosts:
+        if kind == _TIMED:
             if keys:
                 timed.append(timed_bans(blocklist, v, keys, untils, "remote", reason, ""))
             continue
         size = 4 if v == 4 else 16
+        if kind == _EXTENDED:
+            single += [(blocklist, [k.to_bytes(size, "big")], u, "remote", reason, "")
+                       for k, u in zip(keys, untils, strict=True)]
+            continue
         for k, u in zip(keys, untils, strict=True):
             packed = k.to_bytes(size, "big")
             row = rows.get((v, u, reason))
@@ -362,7 +372,7 @@ def _packed(blocklist: str, hosts: list[_Hosts]) -> tuple[list[PackedBans], list
                 rows[(v, u, reason)] = [packed]
             else:
                 row.append(packed)
-    return [(blocklist, packed, u, "remote", reason, "") for (_v, u, reason), packed in rows.items()], timed
+    return [(blocklist, packed, u, "remote", reason, "") for (_v, u, reason), packed in rows.items()] + single, timed
 
 
 def _nth_ban(ranges: list[tuple[Ban, tuple[IPNet, ...]]],
@@ -375,7 +385,7 @@ def _nth_ban(ranges: list[tuple[Ban, tuple[IPNet, ...]]],
             b = ranges[i][0]
             return format_target(b.target), b.until, b.reason
         g = bisect.bisect_right(starts, i) - 1
-        _name, v, keys, untils, reason, _new = hosts[g]
+        _name, v, keys, untils, reason, _kind = hosts[g]
         return format_host(keys[i - starts[g]], v), untils[i - starts[g]], reason
 
     return nth

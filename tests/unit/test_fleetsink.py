@@ -222,22 +222,37 @@ def test_the_nth_applied_fleet_ban_is_found_across_ranges_and_host_groups() -> N
     from nftblockd.kernel.fleetsink import _nth_ban
 
     rng = Ban(ipaddress.ip_network("10.1.0.0/16"), "default", 50.0, "remote", "fleet:a")
-    hosts: list[tuple[str, int, list[int], list[float | None], str, bool]] = [
-        ("default_ip4", 4, [0x0A000001, 0x0A000002], [100.0, 101.5], "fleet:b", True),
-        ("default_ip6", 6, [1], [None], "fleet:c", False)]
+    hosts: list[tuple[str, int, list[int], list[float | None], str, str]] = [
+        ("default_ip4", 4, [0x0A000001, 0x0A000002], [100.0, 101.5], "fleet:b", "timed"),
+        ("default_ip6", 6, [1], [None], "fleet:c", "shared")]
     nth = _nth_ban([(rng, ())], hosts)
     assert [nth(i) for i in range(4)] == [("10.1.0.0/16", 50.0, "fleet:a"), ("10.0.0.1", 100.0, "fleet:b"),
                                           ("10.0.0.2", 101.5, "fleet:b"), ("::1", None, "fleet:c")]
+
+
+def test_extended_hosts_are_a_row_each_never_a_bulk_row() -> None:
+    # an extended address has an older row of the same label, which would win over a bulk row at a restart
+    # and bring back the shorter ban; many sharing one end must still be a row each
+    from nftblockd.kernel.fleetsink import _packed
+    from nftblockd.state.store import BULK_ROWS, _rows_or_bulk
+
+    keys = list(range(1, BULK_ROWS + 2))
+    got, timed = _packed("default", [("default_ip4", 4, keys, [50.0] * len(keys), "fleet:a", "extended")])
+    assert timed == [] and len(got) == len(keys) and all(len(p[1]) == 1 and p[2] == 50.0 for p in got)
+    rows, bulk = _rows_or_bulk(got)
+    assert bulk == [] and len(rows) == len(keys)
+    shared, _ = _packed("default", [("default_ip4", 4, keys, [50.0] * len(keys), "fleet:a", "shared")])
+    assert _rows_or_bulk(shared)[1] != []  # new ones of one end: one bulk row, as before
 
 
 def test_packed_rows_are_pack_hosts_per_version_end_and_reason() -> None:
     from nftblockd.addr import pack_hosts
     from nftblockd.kernel.fleetsink import _packed
 
-    hosts: list[tuple[str, int, list[int], list[float | None], str, bool]] = [
-        ("default_ip4", 4, [1, 2, 3, 4], [10.0, None, 10.0, 11.5], "fleet:a", False),
-        ("default_ip6", 6, [5, 6], [10.0, 10.0], "fleet:a", False),
-        ("default_ip4", 4, [7, 8], [10.0, 10.0], "fleet:b", False)]
+    hosts: list[tuple[str, int, list[int], list[float | None], str, str]] = [
+        ("default_ip4", 4, [1, 2, 3, 4], [10.0, None, 10.0, 11.5], "fleet:a", "shared"),
+        ("default_ip6", 6, [5, 6], [10.0, 10.0], "fleet:a", "shared"),
+        ("default_ip4", 4, [7, 8], [10.0, 10.0], "fleet:b", "shared")]
     want = {(v, u, r): pack_hosts([k for k, x in zip(keys, untils, strict=True) if x == u], v)
             for _n, v, keys, untils, r, _new in hosts for u in untils}
     got, timed = _packed("default", hosts)
@@ -292,9 +307,9 @@ def test_specs_and_rows_of_host_groups_are_one_per_end(bans: list[tuple[int, flo
     new to the state as one `TimedBans`, its keys and ends in order."""
     keys, untils = [k for k, _u in bans], [u for _k, u in bans]
     assert _specs(untils, existed) == [OpSpec(True, None if u is None else int(u * 1000), "", existed) for u in untils]
-    rows, timed = _packed("bl", [("bl_ip4", 4, keys, untils, "fleet:h1", False)])
+    rows, timed = _packed("bl", [("bl_ip4", 4, keys, untils, "fleet:h1", "shared")])
     assert timed == []
-    rows6, timed6 = _packed("bl", [("bl_ip6", 6, keys, untils, "fleet:h2", True)])
+    rows6, timed6 = _packed("bl", [("bl_ip6", 6, keys, untils, "fleet:h2", "timed")])
     assert rows6 == [] and len(timed6) == (1 if keys else 0)
     for t in timed6:
         assert (t.blocklist, t.keylen, t.origin, t.reason, t.jail) == ("bl", 16, "remote", "fleet:h2", "")
