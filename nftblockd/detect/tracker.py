@@ -557,13 +557,20 @@ class Tracker:
                             self._rotate(j, now)
                         rotated = True
                         cur, old = j.cur, j.old
-                    if maxretry > 1 and key not in cur and key not in old:  # IDLE -> COUNTING
-                        if self._tracked >= self.max_tracked:
-                            self._evict()
-                        cur[key] = t
-                        self._tracked += 1
-                        counted += 1
-                        continue
+                    if maxretry > 1:
+                        rec = cur.get(key)
+                        if rec is None:
+                            if key not in old:  # IDLE -> COUNTING
+                                if self._tracked >= self.max_tracked:
+                                    self._evict()
+                                cur[key] = t
+                                self._tracked += 1
+                                counted += 1
+                                continue
+                        elif maxretry > 2 and type(rec) is float and too_old <= rec <= ahead:
+                            cur[key] = (rec, t) if t >= rec else (t, rec)  # a second failure, short of a ban
+                            counted += 1
+                            continue
                     out = self._count(j, key, t, now, host)
             kind = out.kind
             if kind is _COUNTED_KIND:
