@@ -107,7 +107,7 @@ import ipaddress
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple, TypeAlias
 
 from nftblockd.addr import (
@@ -116,6 +116,7 @@ from nftblockd.addr import (
     IPNet,
     format_target,
     host_net4,
+    host_net4_at,
     normalise_network,
     parse_target,
     tagged_key,
@@ -124,7 +125,7 @@ from nftblockd.addr import (
 from nftblockd.allowlist import EMPTY, Allowlist, build_allowlist
 from nftblockd.config import Config, Escalation, JailConfig
 from nftblockd.durations import PERMANENT, BanLength, Permanent, ban_end, format_duration
-from nftblockd.events import Ban, Hit
+from nftblockd.events import Ban, Hit, Origin
 from nftblockd.neverban import NEVER_BAN
 
 HistoryRow: TypeAlias = tuple[str, str, float, float | None]
@@ -366,6 +367,38 @@ _COUNTED_KIND, _STALE_KIND = Kind.COUNTED, Kind.STALE
 _NEVER_NETS = frozenset(NEVER_BAN)
 
 
+def _fast_ban() -> Callable[[IPNet, str, float | None, Origin, str, str], Ban]:
+    """`Ban(target, blocklist, until, origin, reason, jail)` for the tracker's bans, in ~0.4 us, not ~0.7.
+
+    A frozen dataclass's __init__ sets each field through object.__setattr__; this writes Ban's slots through
+    their descriptors, which is what that does less the lookups. A burst decides 10,000 bans at once. Used only
+    if the fields are still those six slots, in that order, and the result equals Ban's own, checked here at
+    import; otherwise Ban itself is.
+    """
+    names = ("target", "blocklist", "until", "origin", "reason", "jail")
+    if tuple(f.name for f in fields(Ban)) != names or getattr(Ban, "__slots__", None) != names:
+        return Ban
+    new = object.__new__
+    st, sb, su, so, sr, sj = (vars(Ban)[n].__set__ for n in names)
+
+    def make(target: IPNet, blocklist: str, until: float | None, origin: Origin, reason: str, jail: str) -> Ban:
+        b = new(Ban)
+        st(b, target)
+        sb(b, blocklist)
+        su(b, until)
+        so(b, origin)
+        sr(b, reason)
+        sj(b, jail)
+        return b
+
+    probe = (host_net4(0x0A000001), "default", 1.5, "jail", "3 failures", "sshd")
+    fast, real = make(*probe), Ban(*probe)  # type: ignore[arg-type]
+    return make if fast == real and hash(fast) == hash(real) and repr(fast) == repr(real) else Ban
+
+
+_make_ban = _fast_ban()
+
+
 def _protected(entry: IPNet) -> TrackOutcome:
     """The outcome of a host inside a jail's protected space: never-ban space, or the allowlist."""
     return TrackOutcome(Kind.NEVER_BAN if entry in _NEVER_NETS else Kind.ALLOWLISTED, allow=entry)
@@ -524,14 +557,21 @@ class Tracker:
                             self._rotate(j, now)
                         rotated = True
                         cur, old = j.cur, j.old
-                    if maxretry > 1 and key not in cur and key not in old:  # IDLE -> COUNTING
-                        if self._tracked >= self.max_tracked:
-                            self._evict()
-                        cur[key] = t
-                        self._tracked += 1
-                        counted += 1
-                        continue
-                    out = self._count(j, key, t, now)
+                    if maxretry > 1:
+                        rec = cur.get(key)
+                        if rec is None:
+                            if key not in old:  # IDLE -> COUNTING
+                                if self._tracked >= self.max_tracked:
+                                    self._evict()
+                                cur[key] = t
+                                self._tracked += 1
+                                counted += 1
+                                continue
+                        elif maxretry > 2 and type(rec) is float and too_old <= rec <= ahead:
+                            cur[key] = (rec, t) if t >= rec else (t, rec)  # a second failure, short of a ban
+                            counted += 1
+                            continue
+                    out = self._count(j, key, t, now, host)
             kind = out.kind
             if kind is _COUNTED_KIND:
                 counted += 1
@@ -554,7 +594,9 @@ class Tracker:
             counts[_STALE_KIND] = stale
         return Tally(counts, bans, records)
 
-    def _count(self, j: _Jail, key: int, t: float, now: float) -> TrackOutcome:
+    def _count(self, j: _Jail, key: int, t: float, now: float, host: _IPv4 | None = None) -> TrackOutcome:
+        """Count a failure of `key` at `t`; `host`, an IPv4 host's address when the caller has it, becomes a
+        ban's target as it is (saves building another)."""
         if not j.gen_lo <= now < j.gen_hi:
             self._rotate(j, now)
         cur = j.cur
@@ -563,7 +605,7 @@ class Tracker:
             rec = j.old.pop(key, None)
             if rec is None:  # IDLE → COUNTING (or straight to BANNED with maxretry 1)
                 if j.maxretry == 1:
-                    return self._ban(j, key, 1, now)
+                    return self._ban(j, key, 1, now, host)
                 if self._tracked >= self.max_tracked:
                     self._evict()
                 cur[key] = t
@@ -584,7 +626,7 @@ class Tracker:
         if len(times) >= j.maxretry:
             cur.pop(key, None)
             self._tracked -= 1
-            return self._ban(j, key, len(times), now)
+            return self._ban(j, key, len(times), now, host)
         cur[key] = times if len(times) > 1 else times[0]
         return _COUNTED
 
@@ -660,7 +702,7 @@ class Tracker:
             cur[k] = d.pop(k)
         return len(victims)
 
-    def _ban(self, j: _Jail, key: int, failures: int, now: float) -> TrackOutcome:
+    def _ban(self, j: _Jail, key: int, failures: int, now: float, host: _IPv4 | None = None) -> TrackOutcome:
         p = j.policy
         earlier = j.history.get(key)
         if earlier is None:  # a first offence, as nearly every ban of a burst is
@@ -673,7 +715,7 @@ class Tracker:
             if until is not None:
                 # Never end before an earlier ban of the same offender (only possible after a clock step back).
                 until = max([until] + [u for _, u in past if u is not None])
-        target = tagged_net(key)
+        target = host_net4_at(host) if host is not None else host_net4(key) if key <= _ALL32 else tagged_net(key)
         reason = j.reasons.get(failures)
         if reason is None:
             what = "bans" if p.recidive else "failures"
@@ -682,7 +724,7 @@ class Tracker:
             duration = p.duration(len(past))
             if not isinstance(duration, Permanent) and duration != p.bantime:
                 reason += f"; ban #{len(past) + 1} escalated to {format_duration(duration)}"
-        ban = Ban(target, p.blocklist, until, "jail", reason, p.name)
+        ban = _make_ban(target, p.blocklist, until, "jail", reason, p.name)
         j.history[key] = (*past, (now, until))
         j.banned[key] = _Banned(ban, now)
         out: TrackOutcome = _new(TrackOutcome, (_BANNED, ban, None, _new(BanRecord, (p.name, target, now, until))))

@@ -20,6 +20,7 @@ from nftblockd.addr import (
     format_target,
     host_net,
     host_net4,
+    host_net4_at,
     host_net6,
     key_net,
     key_range,
@@ -241,10 +242,13 @@ def test_parse_key_agrees_with_parse_target(text: str) -> None:
 
 def test_fast_host_networks_equal_the_real_constructor() -> None:
     for x in (0, 1, 0x0A000001, 0xFFFFFFFF):
-        fast, real = host_net4(x), ipaddress.IPv4Network((x, 32))
-        assert fast == real and hash(fast) == hash(real) and str(fast) == str(real)
-        assert list(fast.hosts()) == list(real.hosts()) and fast.broadcast_address == real.broadcast_address
-        assert fast.subnet_of(real) and fast.supernet(8) == real.supernet(8)
+        a = ipaddress.IPv4Address(x)
+        for fast in (host_net4(x), host_net4_at(a)):
+            real = ipaddress.IPv4Network((x, 32))
+            assert fast == real and hash(fast) == hash(real) and str(fast) == str(real)
+            assert list(fast.hosts()) == list(real.hosts()) and fast.broadcast_address == real.broadcast_address
+            assert fast.subnet_of(real) and fast.supernet(8) == real.supernet(8)
+            assert vars(fast).keys() == vars(real).keys()
     for y in (1, 0x20010DB8 << 96 | 5, (1 << 128) - 1):
         fast6, real6 = host_net6(y), ipaddress.IPv6Network((y, 128))
         assert fast6 == real6 and hash(fast6) == hash(real6) and str(fast6) == str(real6)

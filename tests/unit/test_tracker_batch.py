@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import Counter
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from nftblockd.addr import IPAddr
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import parse_config
+from nftblockd.detect import tracker as tracker_mod
 from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.tracker import JailPolicy, Kind, Tally, Tracker, UnknownJailError
@@ -88,6 +90,20 @@ def test_a_burst_bans_each_attacker_once_in_order() -> None:
     assert got.counts == {Kind.COUNTED: 6, Kind.BANNED: 3, Kind.ALREADY_BANNED: 3}
     assert [b.target for b in got.bans] == [N(f"192.0.2.{i}/32") for i in (1, 2, 3)]
     assert [r.target for r in got.records] == [b.target for b in got.bans]
+    assert got.bans[0] == Ban(N("192.0.2.1/32"), "default", T0 + 3600.0, "jail", got.bans[0].reason, "sshd")
+
+
+@pytest.mark.parametrize("args", [
+    (N("192.0.2.1/32"), "default", T0, "jail", "3 failures in 10m (sshd)", "sshd"),
+    (N("2001:db8::/64"), "web", None, "jail", "", "web"),
+])
+def test_the_trackers_fast_ban_is_a_ban(args: tuple[Any, ...]) -> None:
+    fast, real = tracker_mod._make_ban(*args), Ban(*args)
+    assert tracker_mod._make_ban is not Ban  # the fast path is in use on this Python (a fallback is silent)
+    assert type(fast) is Ban and fast == real and hash(fast) == hash(real) and repr(fast) == repr(real)
+    assert fast.to_dict() == real.to_dict()
+    with pytest.raises(AttributeError):
+        fast.until = 1.0  # type: ignore[misc]  # still frozen
 
 
 CONFIG = ("allowlist_self: false\nallowlist: [192.0.2.200]\njails:\n  sshd: {files: [/nonexistent], filter: sshd, "
