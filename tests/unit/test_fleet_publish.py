@@ -3,7 +3,9 @@ previous round, queue, read), what arrives during a publish is queued at once an
 MULTI (never two MULTIs at once), and events are never lost to a failing store call or a refused MULTI.
 Once a round has read every pending row and the publisher knows the next oseq (`run` reads it), what comes
 next is published from memory while its rows are written (`_fast_round`), never before the daemon's own
-saves (`saved`), and never marked published before its rows are written.
+saves (`saved`), and never marked published before its rows are written. Such a round's store call goes on
+behind the next round (store calls one at a time, in round order); a failed one puts its events and the next
+round's back in the queue in order.
 No server: `_publish_pending` is driven directly."""
 
 from __future__ import annotations
