@@ -211,7 +211,7 @@ def _host_groups(last: Sequence[Mapping[int, int]], keys: list[int], origins: li
     return groups
 
 
-async def _first(fut: asyncio.Future[None], event: asyncio.Event) -> None:
+async def _first(fut: asyncio.Future[Any], event: asyncio.Event) -> None:
     """Wait until `fut` is done or `event` is set (`fut` keeps running)."""
     if event.is_set():
         return
@@ -255,6 +255,10 @@ class FleetService:
         self._queue: collections.deque[OutboxItem] = collections.deque()
         self._noted: list[OutboxItem] = []  # fleet-counted bans to record as published (`note_counted`)
         self._unmarked: list[int] = []  # oseqs published and not yet marked so (`_publish_pending`)
+        # a fast round's store call left running once its MULTI is out (`_fast_round`), and how many items it took:
+        # the next store call runs after it, and the next round waits for it only at its end
+        self._storing: asyncio.Future[list[OutboxRow]] | None = None
+        self._storing_n = 0
         # whether everything the daemon saved so far is written (its persister): an own ban is published from
         # memory only after its local save (`_fast_round`); None: nothing to wait for (tests, tools)
         self.saved = saved
@@ -365,6 +369,26 @@ class FleetService:
             self._next_oseq = None  # (the call may have failed for a number used already: ask the store again)
             raise
 
+    async def _chained(self, prev: asyncio.Future[list[OutboxRow]] | None, prev_n: int, sent: list[int],
+                       now: float, items: list[OutboxItem], first: int | None) -> list[OutboxRow]:
+        """`_store_round` after the store call before it (`prev`, of `prev_n` items) is done: one store call at a
+        time, in round order. If that one failed, its items are back at the queue's head and these go right
+        after them, before anything submitted later: batch order is kept (an unban never ahead of its ban)."""
+        if prev is not None:
+            try:
+                await prev  # (its rows: the round that left it running reads them)
+            except BaseException:
+                for i, item in enumerate(items):
+                    self._queue.insert(prev_n + i, item)
+                self._next_oseq = None
+                raise
+        return await self._store_round(sent, now, items, first)
+
+    async def _drain(self) -> list[OutboxRow]:
+        """Wait for a store call a fast round left running; its rows read (or none)."""
+        storing, self._storing = self._storing, None
+        return [] if storing is None else await storing
+
     def _take_oseqs(self, n: int) -> int | None:
         first = self._next_oseq
         if first is not None:
@@ -394,8 +418,9 @@ class FleetService:
         first = self._take_oseqs(len(items))
         assert first is not None
         durable = None if self.saved is None else self.saved()  # the daemon's saves up to now: the bans' own
-        storing = asyncio.ensure_future(self._store_round(sent, now, items, first))
-        sent = []
+        prev, prev_n, self._storing = self._storing, self._storing_n, None
+        storing = asyncio.ensure_future(self._chained(prev, prev_n, sent, now, items, first))
+        marking, sent = sent, []  # (the rows `prev` read as pending, these are marked by `storing`)
         try:
             if flight is not None:  # MULTIs never overlap: this one leaves once the one before it is acknowledged
                 await flight
@@ -405,8 +430,15 @@ class FleetService:
                 flying = list(range(first, first + len(items)))
                 events = [self._event(OutboxRow(o, *item)) for o, item in zip(flying, items, strict=True)]
                 flight = asyncio.ensure_future(self.link.publish([e for e in events if e is not None], now))
-            rows = await storing
+                # out from memory: this store call goes on behind the next round, which waits only for the MULTI
+                # and its own bans' saves; this round waits for the one before (its rows are then written, so
+                # `sent` may be marked), and returns what that one read
+                self._storing, self._storing_n = storing, len(items)
+                rows = [] if prev is None else [r for r in await prev if r.oseq not in marking]
+            else:
+                rows = await storing
         except BaseException:
+            self._storing = None
             if not storing.done():  # its items must be back in the queue or in the outbox, not in between
                 with contextlib.suppress(BaseException):
                     await storing
@@ -425,6 +457,7 @@ class FleetService:
             rows, sent, flight, flying = await self._fast_round(sent, flight, flying, now)
             self._unmarked = sent
         else:
+            await self._drain()  # (its rows are read again by this call, which runs after it)
             rows = await self._store_round(sent, now)
             self._unmarked = sent = []
         more = len(rows) >= PUBLISH_BATCH  # a backlog: more may be pending than was read
@@ -480,6 +513,9 @@ class FleetService:
                     self.stats.published += len(flying)
                 if more or self._queue:
                     continue
+                if self._storing is not None and not await self._settled(sent):
+                    clean = clean and bool(self._queue)  # (rows re-queued meanwhile: the next round reads them)
+                    continue
                 if not sent:
                     self.stats.outbox = 0
                     return
@@ -496,10 +532,29 @@ class FleetService:
                     await self._mark_unmarked()
                     return
         finally:
-            if flight is not None and not flight.done():  # a failed store call or a stop: the MULTI's rows
-                flight.cancel()  # stay pending (published again if it got through: harmless)
-                with contextlib.suppress(BaseException):
-                    await flight
+            await self._abandon(flight)
+
+    async def _abandon(self, flight: asyncio.Future[None] | None) -> None:
+        """`_publish_pending` ends on a failure or a stop: the MULTI out now is cancelled (its rows stay pending;
+        published again if it got through: harmless), and a store call left running is waited for (its items
+        in the outbox or back in the queue before anything else takes the queue)."""
+        if flight is not None and not flight.done():
+            flight.cancel()
+            with contextlib.suppress(BaseException):
+                await flight
+        if self._storing is not None:
+            with contextlib.suppress(BaseException):
+                await self._drain()
+
+    async def _settled(self, sent: list[int]) -> bool:
+        """At the end of `_publish_pending`: wait for the last fast round's store call (its rows are written
+        before they are marked); False if a submission came meanwhile (its round goes on behind that call) or
+        the call read rows pending that are not `sent` (re-queued meanwhile)."""
+        assert self._storing is not None
+        await _first(self._storing, self._wake)
+        if self._queue:
+            return False
+        return not [r for r in await self._drain() if r.oseq not in sent]
 
     async def _mark_unmarked(self) -> None:
         sent, self._unmarked = self._unmarked, []

@@ -3,7 +3,9 @@ previous round, queue, read), what arrives during a publish is queued at once an
 MULTI (never two MULTIs at once), and events are never lost to a failing store call or a refused MULTI.
 Once a round has read every pending row and the publisher knows the next oseq (`run` reads it), what comes
 next is published from memory while its rows are written (`_fast_round`), never before the daemon's own
-saves (`saved`), and never marked published before its rows are written.
+saves (`saved`), and never marked published before its rows are written. Such a round's store call goes on
+behind the next round (store calls one at a time, in round order); a failed one puts its events and the next
+round's back in the queue in order.
 No server: `_publish_pending` is driven directly."""
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class CountingStore:
         self.calls: list[str] = []
         self.fail_rounds = 0
         self.hold: threading.Event | None = None  # a round waits for it (on the store thread)
+        self.fail_call: int | None = None  # the n-th round call (from 1) fails
 
     def fleet_round(self, published: Iterable[int], items: Iterable[OutboxItem], now: float,
                     limit: int = 10000, first: int | None = None, noted: Sequence[OutboxItem] = (),
@@ -74,8 +77,8 @@ class CountingStore:
         self.calls.append("round")
         if self.hold is not None:
             assert self.hold.wait(10)  # a bound on a hang
-        if self.fail_rounds:
-            self.fail_rounds -= 1
+        if self.fail_rounds or self.calls.count("round") == self.fail_call:
+            self.fail_rounds = max(0, self.fail_rounds - 1)
             raise StoreError("io", "s.db", "state database s.db failed (injected)")
         return self.store.fleet_round(published, items, now, limit, first, noted, noted_first)
 
@@ -312,3 +315,93 @@ async def test_fleet_counted_bans_are_recorded_as_published_numbered_between_rou
     assert [(r.oseq, r.target, r.src) for r in own] == [(1, "203.0.113.1", "cli"), (2, "203.0.113.2", "cli"),
                                                         (3, "192.0.2.77", "count:sshd")]
     assert svc.stats.publish_failures == 0 and store.store.fleet_outbox_size() == 0
+
+
+def targets(svc: FleetService) -> list[str]:
+    return [item[1] for item in svc._queue]
+
+
+def unhold(store: CountingStore) -> None:
+    assert store.hold is not None
+    store.hold.set()
+
+
+async def chained(fail_call: int | None = None) -> tuple[FleetService, Engine, CountingStore, asyncio.Task[None]]:
+    """Round 2 (203.0.113.2) published from memory, its store call held; round 3 (.3) submitted, .4 after it."""
+    svc, engine, store, task = await fast()
+    store.hold = threading.Event()
+    store.fail_call = fail_call
+    svc.submit_bans(bans("203.0.113.2"))
+    await until(lambda: store.calls == ["round", "round"])
+    release(engine)
+    await until(lambda: len(engine.published) == 2)
+    svc.submit_bans(bans("203.0.113.3"))
+    await until(lambda: len(engine.published) == 3)  # round 3's MULTI left while round 2's store call is held
+    svc.submit_bans(bans("203.0.113.4"))
+    await asyncio.sleep(0.01)  # (room for a wrong store call to start: none may)
+    assert store.calls == ["round", "round"]  # one store call at a time, in round order
+    return svc, engine, store, task
+
+
+async def test_a_round_leaves_from_memory_while_the_store_call_before_it_runs_and_calls_stay_in_order() -> None:
+    svc, engine, store, task = await chained()
+    assert published(engine) == [[("203.0.113.1/32", 1)], [("203.0.113.2/32", 2)], [("203.0.113.3/32", 3)]]
+    unhold(store)
+    await task
+    assert published(engine)[3:] == [[("203.0.113.4/32", 4)]] and engine.most_out == 1
+    assert store.calls.count("round") == 4 and store.calls[-1] == "mark_published"
+    assert store.store.fleet_outbox_size() == 0 and svc.stats.published == 4
+    assert [r.oseq for r in store.store.fleet_own_active(NOW, NOW - 1)] == [1, 2, 3, 4]
+
+
+async def test_a_failed_store_call_puts_back_its_items_and_the_next_rounds_in_order() -> None:
+    svc, engine, store, task = await chained(fail_call=2)  # round 2's store call fails: round 3's never runs
+    unhold(store)
+    with pytest.raises(StoreError):
+        await task
+    assert targets(svc) == ["203.0.113.2", "203.0.113.3", "203.0.113.4"] and svc._next_oseq is None
+    assert store.calls.count("round") == 2 and svc._storing is None
+    await svc._load_oseq()
+    await svc._publish_pending()
+    assert published(engine)[-1] == [  # (.1: acknowledged, its mark was in the failed call: again, harmless)
+        ("203.0.113.1/32", 1), ("203.0.113.2/32", 2), ("203.0.113.3/32", 3), ("203.0.113.4/32", 4)]
+    assert store.store.fleet_outbox_size() == 0
+    assert [(r.oseq, r.target) for r in store.store.fleet_own_active(NOW, NOW - 1)] == [
+        (1, "203.0.113.1"), (2, "203.0.113.2"), (3, "203.0.113.3"), (4, "203.0.113.4")]
+
+
+async def test_a_failed_chained_store_call_puts_back_its_items_ahead_of_later_ones() -> None:
+    svc, _, store, task = await chained(fail_call=3)  # round 2's written; round 3's fails behind it
+    unhold(store)
+    with pytest.raises(StoreError):
+        await task
+    assert targets(svc) == ["203.0.113.3", "203.0.113.4"] and svc._next_oseq is None
+    await svc._load_oseq()
+    await svc._publish_pending()
+    assert store.store.fleet_outbox_size() == 0
+    assert [(r.oseq, r.target) for r in store.store.fleet_own_active(NOW, NOW - 1)] == [
+        (1, "203.0.113.1"), (2, "203.0.113.2"), (3, "203.0.113.3"), (4, "203.0.113.4")]
+
+
+async def test_a_refused_multi_behind_a_running_store_call_leaves_every_row_pending_in_order() -> None:
+    svc, engine, store, task = await fast()
+    store.hold = threading.Event()
+    svc.submit_bans(bans("203.0.113.2"))
+    await until(lambda: store.calls == ["round", "round"])
+    engine.refuse_call = 2  # round 3's MULTI, out while round 2's store call is held
+    release(engine)
+    await until(lambda: len(engine.published) == 2)
+    svc.submit_bans(bans("203.0.113.3"))
+    await until(lambda: engine.calls == 3)
+    svc.submit_bans(bans("203.0.113.4"))
+    unhold(store)
+    with pytest.raises(LinkError):
+        await task
+    assert svc._storing is None and published(engine)[-1] == [("203.0.113.2/32", 2)]
+    # .2 acknowledged and marked by round 3's store call, which ran after round 2's; .3 refused, .4 behind it
+    # (.4 is written by round 4's store call if that round began before the refusal came: either way, in order)
+    pending = [r.target for r in store.store.fleet_pending(NOW)] + targets(svc)
+    assert pending == ["203.0.113.3", "203.0.113.4"]
+    await svc._publish_pending()
+    assert [n for n, _ in published(engine)[-1]] == ["203.0.113.3/32", "203.0.113.4/32"]
+    assert store.store.fleet_outbox_size() == 0
