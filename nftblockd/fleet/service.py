@@ -595,16 +595,23 @@ class FleetService:
         self._cursor_loaded = True
 
     async def save_cursor(self) -> None:
-        """Persist the cursor now (the daemon calls this at shutdown)."""
-        if self._cursor is not None and self._dirty:
+        """Persist the cursor as it is now (the daemon calls this at shutdown). The position is taken before
+        waiting for the saves of what was applied up to it (`settled`), so that batches applied meanwhile (the
+        receive loop saves in the background) never carry the saved cursor past their own saves."""
+        if self._cursor is None or not self._dirty:
+            return
+        c = self._cursor
+        last = c.last_id
+        if self._deferred:  # a restart must read the deferred entries again: stop before the first
+            last = min(last, before(min(sid for sid, _ev in self._deferred.values())))
+        self._dirty = False  # a move while this save runs sets it again
+        try:
             await self.sink.settled()  # the cursor never runs ahead of the saved bans
-            c = self._cursor
-            last = c.last_id
-            if self._deferred:  # a restart must read the deferred entries again: stop before the first
-                last = min(last, before(min(sid for sid, _ev in self._deferred.values())))
             await asyncio.to_thread(self.state.set_fleet_cursor, self.cfg.name, c.run_id, format_id(last))
-            self._dirty = False
-            self._saved_at = self.clock()
+        except BaseException:
+            self._dirty = True
+            raise
+        self._saved_at = self.clock()
 
     def _move(self, cursor: Cursor) -> None:
         self._cursor = cursor
@@ -660,6 +667,10 @@ class FleetService:
         cur = self._cursor
         assert cur is not None
         reading = asyncio.ensure_future(self.link.read(cur.last_id, self.read_count, self._block()))
+        # The periodic cursor save runs beside the loop, one at a time: inline, its wait for the queued ban
+        # saves and its own fsync'd commit held the next read's batch for a few ms once a second, the slowest
+        # bans of a steady stream (bench/bench_fleet.py's p99). A failed save raises here at the next turn.
+        saving: asyncio.Future[None] | None = None
         try:
             while True:
                 entries = await reading
@@ -673,13 +684,19 @@ class FleetService:
                     await self._apply(entries, cur.run_id)
                 if self._deferred:
                     await self._retry_deferred()
-                if self._dirty and self.clock() - self._saved_at >= self.cursor_interval:
-                    await self.save_cursor()
+                if saving is not None and saving.done():
+                    done: asyncio.Future[None] = saving
+                    saving = None
+                    done.result()
+                if saving is None and self._dirty and self.clock() - self._saved_at >= self.cursor_interval:
+                    saving = asyncio.ensure_future(self.save_cursor())
         finally:
-            if not reading.done():
-                reading.cancel()
-                with contextlib.suppress(BaseException):
-                    await reading
+            for pending in (reading, saving):
+                if pending is not None and not pending.done():
+                    if pending is reading:
+                        pending.cancel()
+                    with contextlib.suppress(BaseException):
+                        await pending  # a save under way finishes (close() saves again after it)
 
     def _block(self) -> int | None:
         """The next read's BLOCK: short while events wait for a retry, the link's own otherwise."""

@@ -15,7 +15,7 @@ import pytest
 from nftblockd.addr import parse_target
 from nftblockd.allowlist import build_allowlist
 from nftblockd.fleet import service as service_mod
-from nftblockd.fleet.catchup import ServerView, StreamId, parse_id
+from nftblockd.fleet.catchup import ServerView, StreamId, format_id, parse_id
 from nftblockd.fleet.codec import FleetEvent, encode
 from nftblockd.fleet.link import Entry, LinkError, SnapshotData
 from nftblockd.fleet.service import FleetService
@@ -274,4 +274,48 @@ async def test_a_failover_to_a_server_holding_the_cursor_replays_and_reasserts_o
         engine.add(other, int(NOW * 1000))
         await until(lambda: sink.has(other.net), 5.0, "following the new primary")
     finally:
+        await stop(task)
+
+
+async def test_the_periodic_cursor_save_runs_beside_the_loop_and_never_past_the_saved_bans() -> None:
+    """The receive loop does not wait for a cursor save (the queued ban saves and a commit); the save holds
+    the position it was started at, not one a batch applied meanwhile moved to (its saves are not settled)."""
+    engine, clock = MemoryEngine(), Clock()
+    svc, sink = make(engine, clock)
+    held = asyncio.Event()
+    saves: list[str] = []
+    settle_calls = 0
+
+    async def settled() -> None:  # the sink's saves: held until the test lets them go
+        nonlocal settle_calls
+        settle_calls += 1
+        await held.wait()
+
+    sink.settled = settled  # type: ignore[method-assign]
+    real_set = svc.state.set_fleet_cursor
+
+    def set_cursor(fleet: str, run_id: str, last_id: str) -> None:
+        saves.append(last_id)
+        real_set(fleet, run_id, last_id)
+
+    svc.state.set_fleet_cursor = set_cursor  # type: ignore[method-assign]
+    held.set()  # the start's snapshot saves its cursor inline
+    task = await run(svc)
+    try:
+        held.clear()
+        settle_calls = 0
+        saves.clear()
+        ms = int(NOW * 1000)
+        engine.add(FleetEvent("ban", parse_target("198.51.100.1"), NOW + 600, "b", 1, "cli", ms), ms)
+        await until(lambda: settle_calls >= 1, 5.0, "a cursor save waiting for the first batch's saves")
+        first = format_id(engine.entries[-1][0])
+        engine.add(FleetEvent("ban", parse_target("198.51.100.2"), NOW + 600, "b", 2, "cli", ms + 1), ms + 1)
+        # applied while the save waits: the loop was not held by it
+        await until(lambda: parse_target("198.51.100.2") in sink.fleet, 5.0, "the second batch applied")
+        assert saves == []
+        held.set()
+        await until(lambda: len(saves) >= 2, 5.0, "both positions saved, in order")
+        assert saves[0] == first and saves[-1] == format_id(engine.entries[-1][0])
+    finally:
+        held.set()
         await stop(task)
