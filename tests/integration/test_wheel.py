@@ -123,7 +123,8 @@ def test_the_wheel_carries_the_native_core_for_the_stable_abi(dists: Dists) -> N
     with zipfile.ZipFile(dists.wheel) as whl:
         names = set(whl.namelist())
         wheel_meta = whl.read(f"{NAME}.dist-info/WHEEL").decode()
-    assert {"nftblockd/detect/_scan.abi3.so", "nftblockd/feeds/_sorted.abi3.so"} <= names
+    assert {"nftblockd/detect/_scan.abi3.so", "nftblockd/feeds/_sorted.abi3.so",
+            "nftblockd/fleet/_plain.abi3.so"} <= names
     assert f"Tag: cp311-abi3-linux_{platform.machine()}" in wheel_meta
     assert "nftblockd/py.typed" in names and f"{NAME}.dist-info/licenses/COPYING" in names
     assert not any(n.endswith(".c") for n in names)  # the source stays in the sdist
