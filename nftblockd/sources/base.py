@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio  # noqa: TID251 (an IO edge: sources run on the event loop and fill a bounded asyncio.Queue)
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from nftblockd.events import LogLine
 
@@ -58,7 +58,7 @@ class LineBatch:
         """The batch of these lines (tests, tools): one source, and times only when every line has one."""
         times = [ln.time for ln in lines]
         return cls(lines[0].source if lines else "", [ln.text for ln in lines],
-                   None if any(t is None for t in times) else [t for t in times if t is not None])
+                   None if None in times else cast("list[float]", times))
 
     def __len__(self) -> int:
         return len(self.texts)
