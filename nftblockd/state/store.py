@@ -783,7 +783,7 @@ class Store:
         def run(conn: sqlite3.Connection) -> list[int]:
             with transaction(conn):
                 out = _fleet_enqueue(conn, rows, first)
-                _fleet_enqueue(conn, [r for r in noted if r[0] == "ban"], noted_first, PUBLISHED)
+                _fleet_enqueue(conn, list(noted), noted_first, PUBLISHED)
                 return out
 
         return self._run("queue fleet events", run)
@@ -823,7 +823,7 @@ class Store:
                 if rows:
                     _fleet_enqueue(conn, rows, first)
                 if noted:
-                    _fleet_enqueue(conn, [r for r in noted if r[0] == "ban"], noted_first, PUBLISHED)
+                    _fleet_enqueue(conn, list(noted), noted_first, PUBLISHED)
                 return _fleet_pending(conn, now, limit)
 
         return self._run("queue and read fleet events", run)
