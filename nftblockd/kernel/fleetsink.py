@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from nftblockd.addr import IPNet, format_host, format_target, net_key
-from nftblockd.ends import secs_ms
+from nftblockd.ends import ends_ms, secs_ms
 from nftblockd.events import FLEET_REASON, Ban, FleetChange, LocalBan, Unban, fleet_reason
 from nftblockd.kernel.bans import BanOutcome, OpSpec, SetOp, TimedSpecs
 from nftblockd.kernel.batcher import Group
@@ -335,18 +335,11 @@ def _timed_specs(new: list[float | None], extended: list[float | None], new_ms: 
 def _specs(untils: list[float | None], existed: bool) -> list[OpSpec]:
     """One kernel op spec per key, its end in ms as `BanState.ban_hosts` makes it; keys of one end share one
     (the writer tells a uniform group by `list.count`, which an identical object passes at once)."""
-    if None not in untils and len(set(untils)) == len(untils):  # every end its own: nothing to share
-        rep = itertools.repeat
-        return list(map(OpSpec._make, zip(rep(True), secs_ms(cast("list[float]", untils)), rep(""), rep(existed),
-                                          strict=False)))
-    memo: dict[float | None, OpSpec] = {}
-    out = []
-    for u in untils:
-        spec = memo.get(u)
-        if spec is None:
-            spec = memo[u] = OpSpec(True, None if u is None else int(u * 1000), "", existed)
-        out.append(spec)
-    return out
+    ms = ends_ms(untils)
+    ends = list(dict.fromkeys(ms))  # each end once, in order
+    rep = itertools.repeat
+    spec = dict(zip(ends, map(OpSpec._make, zip(rep(True), ends, rep(""), rep(existed), strict=False)), strict=True))
+    return list(map(spec.__getitem__, ms))
 
 
 def _packed(blocklist: str, hosts: list[_Hosts]) -> tuple[list[PackedBans], list[TimedBans]]:
@@ -362,17 +355,17 @@ def _packed(blocklist: str, hosts: list[_Hosts]) -> tuple[list[PackedBans], list
                 timed.append(timed_bans(blocklist, v, keys, untils, "remote", reason, ""))
             continue
         size = 4 if v == 4 else 16
-        if kind == _EXTENDED:
-            single += [(blocklist, [k.to_bytes(size, "big")], u, "remote", reason, "")
-                       for k, u in zip(keys, untils, strict=True)]
+        if kind == _SHARED:
+            for k, u in zip(keys, untils, strict=True):
+                packed = k.to_bytes(size, "big")
+                row = rows.get((v, u, reason))
+                if row is None:
+                    rows[(v, u, reason)] = [packed]
+                else:
+                    row.append(packed)
             continue
-        for k, u in zip(keys, untils, strict=True):
-            packed = k.to_bytes(size, "big")
-            row = rows.get((v, u, reason))
-            if row is None:
-                rows[(v, u, reason)] = [packed]
-            else:
-                row.append(packed)
+        single += [(blocklist, [k.to_bytes(size, "big")], u, "remote", reason, "")  # _EXTENDED
+                   for k, u in zip(keys, untils, strict=True)]
     return [(blocklist, packed, u, "remote", reason, "") for (_v, u, reason), packed in rows.items()] + single, timed
 
 
