@@ -73,7 +73,7 @@ from nftblockd.fleet.catchup import (
 from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net
 from nftblockd.fleet.gate import Gate, TrustLimits
 from nftblockd.fleet.link import Engine, Entry, LinkError
-from nftblockd.fleet.rawread import plain_bans
+from nftblockd.fleet.rawread import good_ids, plain_bans
 from nftblockd.fleet.retry import retry_delay
 from nftblockd.state.store import OutboxItem, OutboxRow
 
@@ -704,11 +704,19 @@ class FleetService:
                 _honour_cancel(task)
                 cur = self._cursor
                 assert cur is not None
-                after = entries[-1][0] if entries else cur.last_id
+                try:
+                    after = entries[-1][0] if entries else cur.last_id
+                except ValueError as exc:  # the read's last id is not one: the next read cannot start after it
+                    await self._apply_good(entries, cur.run_id, exc)
+                    raise LinkError(f"the fleet server sent an entry without a stream id after "
+                                    f"{format_id((self._cursor or cur).last_id)}") from None
                 count = self.catchup_count if len(entries) >= self.read_count else self.read_count
                 reading = asyncio.ensure_future(self.link.read(after, count, self._block()))
                 if entries:
-                    await self._apply(entries, cur.run_id)
+                    try:
+                        await self._apply(entries, cur.run_id)
+                    except ValueError as exc:
+                        await self._apply_good(entries, cur.run_id, exc)
                 if self._deferred:
                     await self._retry_deferred()
                 if saving is not None and saving.done():
@@ -770,13 +778,28 @@ class FleetService:
                 await asyncio.to_thread(self.state.fleet_forget,
                                         [(format_target(u.net), u.at or now) for u in unbans])
 
+    async def _apply_good(self, entries: Sequence[Entry], run_id: str, exc: ValueError) -> None:
+        """`_apply` of a read in which a stream id did not parse (`_apply` raised ValueError before it counted
+        or applied anything): those entries counted (`bad_id`) and skipped, the others applied. `exc` with
+        every id sound is not this: raised again."""
+        good, bad = good_ids(entries)
+        if not bad:
+            raise exc
+        self.stats.received[("?", "bad_id")] += bad
+        log.warning("fleet %s: skipped %d entries whose stream id the server could not have sent", self.cfg.name, bad)
+        if good:
+            await self._apply(good, run_id)
+
     async def _apply(self, entries: Sequence[Entry], run_id: str) -> None:
+        """Apply one read. A stream id that does not parse (a `RawEntries` read parses them as they are read)
+        raises ValueError before anything is counted or applied."""
         now = self.clock()
         plain = plain_bans(entries, self._own_origin) if self.batch and len(entries) >= BATCH_MIN else None
         if plain is not None:
             await self._apply_plain(plain, now)
             self._move(Cursor(run_id, entries[-1][0]))
             return
+        entries = list(entries)  # (every id parsed before the first entry is counted)
         latest: dict[IPNet, tuple[FleetEvent, float]] = {}
         received = self.stats.received
         own = self._own_origin
