@@ -6,10 +6,10 @@ killed by PID), each next to its floor measured in the same run:
   the same entries (the same stream fields) written by a plain `XADD` pipeline, 1,000 per round trip
 - catch-up with distinct ends: 100,000 bans from another host, every ban with its own end (a jail's bans: each
   ends bantime after its own detection), replayed from the stream into a real Enforcer over the in-memory kernel
-  (tests/helpers/fakekernel.py, which runs the real writer's encoder over such adds, so it costs no less than
-  the real writer's Python side; persistence a no-op) by the fleet service's receive loop: from `run()` to all
-  100,000 applied, next to the floor: `XREAD` through the same entries as the receive loop reads them (the same
-  client, parser and counts, the reply left as the parser gives it, as the link does)
+  (tests/helpers/fakekernel.py, with the real writer's encoder run over such adds here, `EncodingSetWriter`,
+  so it costs no less than the real writer's Python side; persistence a no-op) by the fleet service's receive
+  loop: from `run()` to all 100,000 applied, next to the floor: `XREAD` through the same entries as the receive
+  loop reads them (the same client, parser and counts, the reply left as the parser gives it, as the link does)
 
 The store's own part of a round is linear in the rows read (`_fleet_pending`); the rest is redis-py packing
 the MULTI (~30 % of the samples in py-spy) and parsing its replies (~14 %). The floor uses redis-py too.
@@ -22,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import itertools
+import operator
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +47,12 @@ from nftblockd.events import FleetChange, LocalBan  # noqa: E402
 from nftblockd.fleet.codec import FleetEvent, encode  # noqa: E402
 from nftblockd.fleet.link import CHUNK, Keys, RedisLink  # noqa: E402
 from nftblockd.fleet.service import CATCHUP_COUNT, READ_COUNT, FleetService  # noqa: E402
+from nftblockd.kernel import nfmsg  # noqa: E402
+from nftblockd.kernel.bans import TimedSpecs  # noqa: E402
+from nftblockd.kernel.batcher import Group  # noqa: E402
 from nftblockd.kernel.fleetsink import EnforcerFleetSink  # noqa: E402
 from nftblockd.kernel.ruleset import plan_ruleset  # noqa: E402
+from nftblockd.kernel.setwriter import WriteResult  # noqa: E402
 from nftblockd.state.change import StateChange  # noqa: E402
 from nftblockd.state.store import Store  # noqa: E402
 from tests.helpers.fakekernel import FakeSetWriter, running_enforcer  # noqa: E402
@@ -53,6 +60,23 @@ from tests.helpers.redis import RedisServer  # noqa: E402
 
 ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_FLEETPUB_ROUNDS", "3"))
 N = int(os.environ.get("NFTBLOCK_BENCH_FLEETPUB_N", "100000"))
+
+
+class EncodingSetWriter(FakeSetWriter):
+    """The fake kernel, paying what the real writer's Python side pays for a catch-up's adds before it applies
+    them: the remaining times and one struct pack per element (`KernelWriter._mixed_hash_adds`,
+    `nfmsg.timed_hash_messages`). The fake itself stays a model (the unit tests need no encoder)."""
+
+    def write(self, groups: Sequence[Group], now_ms: int | None = None) -> WriteResult:
+        at = int(self.clock() * 1000) if now_ms is None else now_ms
+        sets = {s.name: s for s in self.plan.sets}
+        for g in groups:
+            spec = sets.get(g.set_name)
+            if isinstance(g.specs, TimedSpecs) and spec is not None and not spec.interval:
+                remaining = list(map(operator.sub, g.specs.ends_ms, itertools.repeat(at)))
+                nfmsg.timed_hash_messages(nfmsg.NFT_MSG_NEWSETELEM, nfmsg.NFPROTO_INET, self.plan.table, g.set_name,
+                                          g.keys, spec.key_len, remaining, 1, nfmsg.NLM_F_REQUEST)
+        return FakeSetWriter.write(self, groups, now_ms)
 
 
 class NullSink:
@@ -152,7 +176,7 @@ async def replay_floor(url: str, name: str, n: int) -> float:
 async def catch_up_once(url: str, tmp: Path, name: str, db: str, n: int) -> float:
     """Seconds from the receive loop's start to all `n` bans of the stream applied to the (in-memory) kernel."""
     cfg = parse_config("blocklists: {default: {}}\nallowlist: []\nallowlist_self: false\n")
-    fake = FakeSetWriter(plan_ruleset(cfg), clock=time.time)
+    fake = EncodingSetWriter(plan_ruleset(cfg), clock=time.time)
 
     async def persist(change: StateChange) -> None:
         pass

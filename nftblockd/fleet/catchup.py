@@ -63,7 +63,9 @@ def parse_id(text: str | bytes) -> StreamId:
         ms_b, sep_b, seq_b = text.partition(b"-")
         if sep_b and ms_b.isdigit() and seq_b.isdigit():
             return int(ms_b), int(seq_b)
-    s = text.decode() if isinstance(text, bytes) else text
+    if not isinstance(text, (str, bytes)):  # (a broken server's reply: an int, a list, None)
+        raise ValueError(f"not a stream id: {text!r}")
+    s = text.decode() if isinstance(text, bytes) else text  # (UnicodeDecodeError is a ValueError)
     ms, sep, seq = s.partition("-")
     if not ms.isdigit() or (sep and not seq.isdigit()):
         raise ValueError(f"not a stream id: {s!r}")

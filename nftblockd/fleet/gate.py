@@ -172,9 +172,10 @@ class Gate:
                 if bad is not None:
                     refused[i] = bad
         if untils:  # `clamp` is monotone in the end: when it leaves the earliest and the latest as they are
-            # (a catch-up's bans, none over, none beyond max_ban), it leaves every one (no call per distinct end)
+            # (a catch-up's bans, none over, none beyond max_ban), it leaves every one (no call per distinct end).
+            # `lo > now` too: from 2**53 s on, `now + 1.0` is `now`, and an end at `now` is expired
             lo, hi = min(untils), max(untils)
-            if lo >= now + 1.0 and hi != math.inf and hi - now <= self.limits.max_ban:
+            if lo >= now + 1.0 and lo > now and hi != math.inf and hi - now <= self.limits.max_ban:
                 return HostVerdict(list(untils), refused)
         end: dict[float, float] = {}
         expired: dict[float, Rejection] = {}

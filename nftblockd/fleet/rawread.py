@@ -12,7 +12,7 @@ which answers None where the read is not plain: the receive loop then decodes it
 module answers, it agrees with `codec.plain_bans` field for field (tests/unit/test_fleet_rawread.py).
 
 Pure: no IO, no clock, no redis import. It never raises on a peer's bytes (only on a stream id the server
-could not have sent, as reading one always did).
+could not have sent, where that id is read: the receive loop then counts and skips it, `good_ids`).
 """
 
 from __future__ import annotations
@@ -85,6 +85,21 @@ class RawEntries(Sequence[Entry]):
         if self._ms is None:
             self._ms = _ms_of(list(map(_FIRST, self.raw)))
         return self._ms
+
+
+def good_ids(entries: Sequence[Entry]) -> tuple[list[Entry], int]:
+    """The entries of `entries` whose stream ids parse, as (id, fields) each, and how many do not (a
+    `RawEntries` read parses its ids only when they are read: the receive loop asks this once one failed)."""
+    if not isinstance(entries, RawEntries):
+        return list(entries), 0  # (ids parsed already)
+    good: list[Entry] = []
+    for eid, f in entries.raw:
+        try:
+            sid = parse_id(eid)
+        except ValueError:
+            continue
+        good.append((sid, _fields(f)))
+    return good, len(entries.raw) - len(good)
 
 
 def _ms_of(ids: list[Any]) -> list[int]:
@@ -202,4 +217,4 @@ def _columns(read: RawEntries, own: bytes) -> PlainBans | None:
     return PlainBans(owned, parsed[0], parsed[1], ends, list(map(text.__getitem__, origins)), ats, list(tss))
 
 
-__all__ = ["LAYOUT", "NATIVE", "RawEntries", "plain_bans"]
+__all__ = ["LAYOUT", "NATIVE", "RawEntries", "good_ids", "plain_bans"]

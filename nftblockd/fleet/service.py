@@ -48,7 +48,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from nftblockd.addr import IPNet, format_host, format_target, host_net
 from nftblockd.allowlist import Allowlist
@@ -73,7 +73,7 @@ from nftblockd.fleet.catchup import (
 from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net
 from nftblockd.fleet.gate import Gate, TrustLimits
 from nftblockd.fleet.link import Engine, Entry, LinkError
-from nftblockd.fleet.rawread import plain_bans
+from nftblockd.fleet.rawread import good_ids, plain_bans
 from nftblockd.fleet.retry import retry_delay
 from nftblockd.state.store import OutboxItem, OutboxRow
 
@@ -184,6 +184,19 @@ class FleetStats:
         }
 
 
+class _Taken(NamedTuple):
+    """What one publish round took to write: submitted items numbered from `first`, then fleet-counted bans
+    (`noted`) numbered from `noted_first` (None: numbered by the store)."""
+
+    items: list[OutboxItem]
+    first: int | None
+    noted: list[OutboxItem]
+    noted_first: int | None
+
+
+_NOTHING = _Taken([], None, [], None)
+
+
 def _until_text(until: float | None) -> float | None:
     return None if until is None or until == math.inf else until
 
@@ -255,14 +268,14 @@ class FleetService:
         self._queue: collections.deque[OutboxItem] = collections.deque()
         self._noted: list[OutboxItem] = []  # fleet-counted bans to record as published (`note_counted`)
         self._unmarked: list[int] = []  # oseqs published and not yet marked so (`_publish_pending`)
-        # a fast round's store call left running once its MULTI is out (`_fast_round`), and how many items it took:
-        # the next store call runs after it, and the next round waits for it only at its end
+        # a fast round's store call left running once its MULTI is out (`_fast_round`), and what it took: the next
+        # store call runs after it, and the next round waits for it only at its end
         self._storing: asyncio.Future[list[OutboxRow]] | None = None
-        self._storing_n = 0
+        self._storing_taken: _Taken | None = None
         # whether everything the daemon saved so far is written (its persister): an own ban is published from
         # memory only after its local save (`_fast_round`); None: nothing to wait for (tests, tools)
         self.saved = saved
-        self._next_oseq: int | None = None  # the next event's oseq, when known (`_store_round` numbers rows)
+        self._next_oseq: int | None = None  # the next event's oseq, when known (`_take` numbers rows)
         self._requeues = 0  # re-asserts queued: rows pending that no round of this publisher queued
         self._wake = asyncio.Event()
         self._online = asyncio.Event()
@@ -293,9 +306,9 @@ class FleetService:
 
     def note_counted(self, bans: Iterable[tuple[IPNet, float | None, str]]) -> None:
         """Own bans this host's count call decided (target, end, src "count:<jail>"): the count script already
-        appended them to the stream, so they are not published; the publisher's next store call writes them
-        as published own rows (numbered by it, as every row), and a server that restarts without them gets
-        them back from the re-assert like any own ban. Never blocks, never raises."""
+        appended them to the stream, so they are not published; the publisher's next round writes them as
+        published own rows (numbered when it takes them, after its submissions), and a server that restarts
+        without them gets them back from the re-assert like any own ban. Never blocks, never raises."""
         now = self.clock()
         self._noted += [("ban", format_target(net), _until_text(until), src, now) for net, until, src in bans]
         self._wake.set()
@@ -344,19 +357,36 @@ class FleetService:
                                            retry_delay(now - failing_since) * random.uniform(0.8, 1.2))
                 self._wake.set()
 
-    async def _store_round(self, sent: list[int] | None, now: float = 0.0, items: list[OutboxItem] | None = None,
-                           first: int | None = None) -> list[OutboxRow]:
-        """One call on the store thread, one transaction: mark `sent` published, queue what was submitted (or
-        `items`, numbered from `first`, already taken from the queue), and (unless `sent` is None: offline,
-        only queue) read what is pending. Submissions taken from the queue go back to its head if the store
-        fails, to be queued with the next attempt. Rows are numbered by this publisher while it knows the next
-        oseq (`_fast_round` publishes them before they are written); a failure forgets it."""
-        if items is None:
-            items = list(self._queue)
-            self._queue.clear()
-            first = self._take_oseqs(len(items))
-        noted, self._noted = self._noted, []  # numbered after `items` (nothing else numbers rows meanwhile)
-        noted_first = self._take_oseqs(len(noted)) if noted else None
+    def _take(self) -> _Taken:
+        """What was submitted and noted since the last round, numbered now (submissions first): a round numbers
+        rows when it takes them, so that a later round's numbers always come after these, whenever this round's
+        store call starts (`_chained`: behind the one before it)."""
+        items = list(self._queue)
+        self._queue.clear()
+        noted, self._noted = self._noted, []
+        first = self._take_oseqs(len(items))
+        return _Taken(items, first, noted, self._take_oseqs(len(noted)) if noted else None)
+
+    def _put_back(self, taken: _Taken, at: int = 0, noted_at: int = 0) -> None:
+        """`taken` back where it was (after the first `at` queued items and `noted_at` noted bans: the round
+        before it, put back first), ahead of anything submitted or noted later; the numbers are forgotten."""
+        q = self._queue
+        q.rotate(-at)  # (one pass, not an insert per item: a round may hold the whole queue)
+        q.extendleft(reversed(taken.items))
+        q.rotate(at)
+        self._noted[noted_at:noted_at] = taken.noted
+        self._next_oseq = None  # (the call may have failed for a number used already: ask the store again)
+
+    async def _store_round(self, sent: list[int] | None, now: float = 0.0, taken: _Taken | None = None
+                           ) -> list[OutboxRow]:
+        """One call on the store thread, one transaction: mark `sent` published, queue what was submitted and
+        noted (or `taken`, already taken and numbered by a fast round), and (unless `sent` is None: offline,
+        only queue) read what is pending. What was taken goes back to the head of the queue (and of the noted
+        bans) if the store fails, to be queued with the next attempt. Rows are numbered by this publisher while
+        it knows the next oseq (`_fast_round` publishes them before they are written); a failure forgets it."""
+        if taken is None:
+            taken = self._take()
+        items, first, noted, noted_first = taken
         try:
             if sent is None:
                 await asyncio.to_thread(self.state.fleet_enqueue, items, first, noted, noted_first)
@@ -364,25 +394,23 @@ class FleetService:
             return await asyncio.to_thread(self.state.fleet_round, sent, items, now, PUBLISH_BATCH, first, noted,
                                            noted_first)
         except BaseException:
-            self._queue.extendleft(reversed(items))
-            self._noted[:0] = noted
-            self._next_oseq = None  # (the call may have failed for a number used already: ask the store again)
+            self._put_back(taken)
             raise
 
-    async def _chained(self, prev: asyncio.Future[list[OutboxRow]] | None, prev_n: int, sent: list[int],
-                       now: float, items: list[OutboxItem], first: int | None) -> list[OutboxRow]:
-        """`_store_round` after the store call before it (`prev`, of `prev_n` items) is done: one store call at a
-        time, in round order. If that one failed, its items are back at the queue's head and these go right
-        after them, before anything submitted later: batch order is kept (an unban never ahead of its ban)."""
+    async def _chained(self, prev: asyncio.Future[list[OutboxRow]] | None, prev_taken: _Taken | None,
+                       sent: list[int], now: float, taken: _Taken) -> list[OutboxRow]:
+        """`_store_round` after the store call before it (`prev`, of `prev_taken`) is done: one store call at a
+        time, in round order. If that one failed, what it took is back at the heads of the queue and of the noted
+        bans, and these go right after it, before anything submitted later: batch order is kept (an unban never
+        ahead of its ban)."""
         if prev is not None:
             try:
                 await prev  # (its rows: the round that left it running reads them)
             except BaseException:
-                for i, item in enumerate(items):
-                    self._queue.insert(prev_n + i, item)
-                self._next_oseq = None
+                back = prev_taken or _NOTHING
+                self._put_back(taken, len(back.items), len(back.noted))
                 raise
-        return await self._store_round(sent, now, items, first)
+        return await self._store_round(sent, now, taken)
 
     async def _drain(self) -> list[OutboxRow]:
         """Wait for a store call a fast round left running; its rows read (or none)."""
@@ -413,13 +441,12 @@ class FleetService:
         round, after both (a refused MULTI or a crash leaves them pending, published again); a failed store
         call puts the items back in the queue (published again, under new numbers: harmless). Returns
         (pending rows read, oseqs to mark, the MULTI out now, its oseqs)."""
-        items = list(self._queue)
-        self._queue.clear()
-        first = self._take_oseqs(len(items))
+        taken = self._take()
+        items, first = taken.items, taken.first
         assert first is not None
         durable = None if self.saved is None else self.saved()  # the daemon's saves up to now: the bans' own
-        prev, prev_n, self._storing = self._storing, self._storing_n, None
-        storing = asyncio.ensure_future(self._chained(prev, prev_n, sent, now, items, first))
+        prev, prev_taken, self._storing = self._storing, self._storing_taken, None
+        storing = asyncio.ensure_future(self._chained(prev, prev_taken, sent, now, taken))
         marking, sent = sent, []  # (the rows `prev` read as pending, these are marked by `storing`)
         try:
             if flight is not None:  # MULTIs never overlap: this one leaves once the one before it is acknowledged
@@ -433,7 +460,7 @@ class FleetService:
                 # out from memory: this store call goes on behind the next round, which waits only for the MULTI
                 # and its own bans' saves; this round waits for the one before (its rows are then written, so
                 # `sent` may be marked), and returns what that one read
-                self._storing, self._storing_n = storing, len(items)
+                self._storing, self._storing_taken = storing, taken
                 rows = [] if prev is None else [r for r in await prev if r.oseq not in marking]
             else:
                 rows = await storing
@@ -677,11 +704,19 @@ class FleetService:
                 _honour_cancel(task)
                 cur = self._cursor
                 assert cur is not None
-                after = entries[-1][0] if entries else cur.last_id
+                try:
+                    after = entries[-1][0] if entries else cur.last_id
+                except ValueError as exc:  # the read's last id is not one: the next read cannot start after it
+                    await self._apply_good(entries, cur.run_id, exc)
+                    raise LinkError(f"the fleet server sent an entry without a stream id after "
+                                    f"{format_id((self._cursor or cur).last_id)}") from None
                 count = self.catchup_count if len(entries) >= self.read_count else self.read_count
                 reading = asyncio.ensure_future(self.link.read(after, count, self._block()))
                 if entries:
-                    await self._apply(entries, cur.run_id)
+                    try:
+                        await self._apply(entries, cur.run_id)
+                    except ValueError as exc:
+                        await self._apply_good(entries, cur.run_id, exc)
                 if self._deferred:
                     await self._retry_deferred()
                 if saving is not None and saving.done():
@@ -743,13 +778,28 @@ class FleetService:
                 await asyncio.to_thread(self.state.fleet_forget,
                                         [(format_target(u.net), u.at or now) for u in unbans])
 
+    async def _apply_good(self, entries: Sequence[Entry], run_id: str, exc: ValueError) -> None:
+        """`_apply` of a read in which a stream id did not parse (`_apply` raised ValueError before it counted
+        or applied anything): those entries counted (`bad_id`) and skipped, the others applied. `exc` with
+        every id sound is not this: raised again."""
+        good, bad = good_ids(entries)
+        if not bad:
+            raise exc
+        self.stats.received[("?", "bad_id")] += bad
+        log.warning("fleet %s: skipped %d entries whose stream id the server could not have sent", self.cfg.name, bad)
+        if good:
+            await self._apply(good, run_id)
+
     async def _apply(self, entries: Sequence[Entry], run_id: str) -> None:
+        """Apply one read. A stream id that does not parse (a `RawEntries` read parses them as they are read)
+        raises ValueError before anything is counted or applied."""
         now = self.clock()
         plain = plain_bans(entries, self._own_origin) if self.batch and len(entries) >= BATCH_MIN else None
         if plain is not None:
             await self._apply_plain(plain, now)
             self._move(Cursor(run_id, entries[-1][0]))
             return
+        entries = list(entries)  # (every id parsed before the first entry is counted)
         latest: dict[IPNet, tuple[FleetEvent, float]] = {}
         received = self.stats.received
         own = self._own_origin

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast, overload
 
 from nftblockd.addr import IPNet, format_target, host_net, key_net, key_range, net_key
+from nftblockd.ends import secs_ms
 from nftblockd.events import Ban, BanInfo, Unban
 from nftblockd.kernel.ruleset import Ruleset, SetSpec, set_name
 
@@ -406,7 +407,7 @@ class BanState:
         due = self.next_due
         if None not in untils and keys and d.keys().isdisjoint(keys) and len(set(keys)) == len(keys):
             # all new, none permanent (a catch-up into an empty set): the loop below a column at a time
-            ends = list(map(int, map(operator.mul, cast("Sequence[float]", untils), itertools.repeat(1000))))
+            ends = secs_ms(cast("Sequence[float]", untils))
             first = min(ends)
             if first > now_ms:
                 rep = itertools.repeat

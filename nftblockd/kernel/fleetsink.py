@@ -34,13 +34,13 @@ import bisect
 import itertools
 import logging
 import math
-import operator
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from nftblockd.addr import IPNet, format_host, format_target, net_key
+from nftblockd.ends import ends_ms, secs_ms
 from nftblockd.events import FLEET_REASON, Ban, FleetChange, LocalBan, Unban, fleet_reason
 from nftblockd.kernel.bans import BanOutcome, OpSpec, SetOp, TimedSpecs
 from nftblockd.kernel.batcher import Group
@@ -259,9 +259,8 @@ class EnforcerFleetSink:
                 continue
             done = each.new + each.extended
             if done:
-                specs = (TimedSpecs(each.new_ms, len(done)) if each.new_ms is not None and not each.extended
-                         else _timed_specs(each.new_untils, each.extended_untils))
-                plan.groups.append(Group(each.set_name, done, specs))
+                plan.groups.append(Group(each.set_name, done,
+                                         _timed_specs(each.new_untils, each.extended_untils, each.new_ms)))
             plan.attempted += len(done)
             # new keys and extended ones apart: the database keeps the new ones as one bulk row (no row of theirs
             # exists), an extended one as its row (a row wins over a bulk row at a restart)
@@ -322,30 +321,25 @@ _TIMED, _SHARED, _EXTENDED = "timed", "shared", "extended"
 _Hosts = tuple[str, int, list[int], list[float | None], str, str]
 
 
-def _timed_specs(new: list[float | None], extended: list[float | None]) -> Sequence[OpSpec]:
+def _timed_specs(new: list[float | None], extended: list[float | None], new_ms: list[int] | None = None
+                 ) -> Sequence[OpSpec]:
     """The kernel op specs of `ban_hosts_each`'s new then extended keys: one `TimedSpecs` column (the ends in ms,
-    as `BanState.ban_hosts_each` makes them) when none is permanent, else `_specs` each."""
-    if None in new or None in extended:
+    as `BanState.ban_hosts_each` makes them; `new_ms`: the new keys' already, when it computed them) when none is
+    permanent, else `_specs` each."""
+    if (new_ms is None and None in new) or None in extended:
         return _specs(new, False) + _specs(extended, True)
-    rep = itertools.repeat
-    return TimedSpecs(list(map(int, map(operator.mul, cast("list[float]", new + extended), rep(1000)))), len(new))
+    ms = secs_ms(cast("list[float]", new)) if new_ms is None else new_ms
+    return TimedSpecs(ms + secs_ms(cast("list[float]", extended)) if extended else ms, len(new))
 
 
 def _specs(untils: list[float | None], existed: bool) -> list[OpSpec]:
     """One kernel op spec per key, its end in ms as `BanState.ban_hosts` makes it; keys of one end share one
     (the writer tells a uniform group by `list.count`, which an identical object passes at once)."""
-    if None not in untils and len(set(untils)) == len(untils):  # every end its own: nothing to share
-        rep = itertools.repeat
-        ms = map(int, map(operator.mul, cast("list[float]", untils), rep(1000)))
-        return list(map(OpSpec._make, zip(rep(True), ms, rep(""), rep(existed), strict=False)))
-    memo: dict[float | None, OpSpec] = {}
-    out = []
-    for u in untils:
-        spec = memo.get(u)
-        if spec is None:
-            spec = memo[u] = OpSpec(True, None if u is None else int(u * 1000), "", existed)
-        out.append(spec)
-    return out
+    ms = ends_ms(untils)
+    ends = list(dict.fromkeys(ms))  # each end once, in order
+    rep = itertools.repeat
+    spec = dict(zip(ends, map(OpSpec._make, zip(rep(True), ends, rep(""), rep(existed), strict=False)), strict=True))
+    return list(map(spec.__getitem__, ms))
 
 
 def _packed(blocklist: str, hosts: list[_Hosts]) -> tuple[list[PackedBans], list[TimedBans]]:
@@ -361,17 +355,17 @@ def _packed(blocklist: str, hosts: list[_Hosts]) -> tuple[list[PackedBans], list
                 timed.append(timed_bans(blocklist, v, keys, untils, "remote", reason, ""))
             continue
         size = 4 if v == 4 else 16
-        if kind == _EXTENDED:
-            single += [(blocklist, [k.to_bytes(size, "big")], u, "remote", reason, "")
-                       for k, u in zip(keys, untils, strict=True)]
+        if kind == _SHARED:
+            for k, u in zip(keys, untils, strict=True):
+                packed = k.to_bytes(size, "big")
+                row = rows.get((v, u, reason))
+                if row is None:
+                    rows[(v, u, reason)] = [packed]
+                else:
+                    row.append(packed)
             continue
-        for k, u in zip(keys, untils, strict=True):
-            packed = k.to_bytes(size, "big")
-            row = rows.get((v, u, reason))
-            if row is None:
-                rows[(v, u, reason)] = [packed]
-            else:
-                row.append(packed)
+        single += [(blocklist, [k.to_bytes(size, "big")], u, "remote", reason, "")  # _EXTENDED
+                   for k, u in zip(keys, untils, strict=True)]
     return [(blocklist, packed, u, "remote", reason, "") for (_v, u, reason), packed in rows.items()] + single, timed
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import array
 import itertools
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 from nftblockd.addr import IPNet
+from nftblockd.ends import pack_ends
 from nftblockd.events import Ban
 
 __all__ = ["HistoryRow", "PackedBans", "StateChange", "TimedBans", "timed_bans"]
@@ -31,7 +31,7 @@ class TimedBans(NamedTuple):
     blocklist: str
     keylen: int  # 4 (IPv4) or 16 (IPv6)
     keys: bytes  # the addresses end to end, big-endian
-    ends: bytes  # one little-endian float64 per address (`store.pack_ends`), +inf = permanent
+    ends: bytes  # one little-endian float64 per address (`ends.pack_ends`), +inf = permanent
     origin: str
     reason: str
     jail: str
@@ -49,11 +49,7 @@ def timed_bans(blocklist: str, version: int, keys: Sequence[int], untils: Sequen
     else:
         rep = itertools.repeat
         packed = b"".join(map(int.to_bytes, keys, rep(16), rep("big")))  # type: ignore[arg-type]  # typeshed
-    ends = array.array("d", [math.inf if u is None else u for u in untils] if None in untils
-                       else cast("Sequence[float]", untils))
-    if sys.byteorder == "big":
-        ends.byteswap()
-    return TimedBans(blocklist, 4 if version == 4 else 16, packed, ends.tobytes(), origin, reason, jail)
+    return TimedBans(blocklist, 4 if version == 4 else 16, packed, pack_ends(untils), origin, reason, jail)
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,7 +74,6 @@ import math
 import operator
 import os
 import sqlite3
-import struct
 import sys
 import threading
 import time
@@ -84,6 +83,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeAlias, TypeVar, cast
 
 from nftblockd.addr import IPNet, pack_target
+from nftblockd.ends import ends_ms, last_end, pack_ends, unpack_ends, unpack_ends_ms
 from nftblockd.events import Ban
 from nftblockd.state.change import TimedBans
 from nftblockd.state.db import WHAT, ProblemKind, StoreError, StoreProblem, Unusable, classify, transaction
@@ -235,14 +235,6 @@ Row: TypeAlias = tuple[int, bytes, float | None]
 """(label id, packed target, until or None): one saved row as `load_active_compact` returns it."""
 
 
-def pack_ends(untils: Sequence[float | None]) -> bytes:
-    """Per-address ends of a bulk row: little-endian float64 each, +inf for a permanent ban."""
-    arr = array.array("d", [math.inf if u is None else u for u in untils])
-    if sys.byteorder == "big":
-        arr.byteswap()
-    return arr.tobytes()
-
-
 def hex_ends_ms(text: str) -> list[int | None]:
     """The ends of `_ENDS` (16 hex digits of ms each, -1 = permanent) as ints, None for permanent."""
     arr = array.array("q", bytes.fromhex(text))
@@ -251,39 +243,6 @@ def hex_ends_ms(text: str) -> list[int | None]:
     ends: list[int | None] = arr.tolist()  # type: ignore[assignment]
     if "ffffffffffffffff" in text:  # a C-level search (`-1 in arr` makes an int per element: ~45 ms a million)
         ends = [None if x == -1 else x for x in ends]
-    return ends
-
-
-def ends_ms(untils: Sequence[float | None]) -> list[int | None]:
-    """Ends in seconds as whole ms (truncated), None kept."""
-    if None in untils:
-        return [None if u is None else int(u * 1000) for u in untils]
-    return list(map(int, map((1000.0).__mul__, cast("Sequence[float]", untils))))
-
-
-_INF_LE = struct.pack("<d", math.inf)  # a permanent ban's end in `pack_ends`
-
-
-def unpack_ends_ms(blob: bytes) -> list[int | None]:
-    """`ends_ms(unpack_ends(blob))` without the list of floats between (a restart's million ends)."""
-    arr = array.array("d")
-    arr.frombytes(blob)
-    if sys.byteorder == "big":
-        arr.byteswap()
-    if _INF_LE in blob:  # a C-level search (`math.inf in arr` makes a float per element); rarely a false hit
-        return [None if u == math.inf else int(u * 1000) for u in arr]
-    return list(map(int, map((1000.0).__mul__, arr)))
-
-
-def unpack_ends(blob: bytes) -> list[float | None]:
-    """Inverse of `pack_ends`."""
-    arr = array.array("d")
-    arr.frombytes(blob)
-    if sys.byteorder == "big":
-        arr.byteswap()
-    ends: list[float | None] = arr.tolist()  # type: ignore[assignment]
-    if math.inf in arr:
-        ends = [None if u == math.inf else u for u in ends]
     return ends
 
 
@@ -524,7 +483,7 @@ class Store:
                     for t in timed:
                         lid = label_id(conn, (t.blocklist, t.origin, t.reason, t.jail))
                         conn.execute("INSERT INTO bulk(label, until, created, keylen, keys, ends)"
-                                     " VALUES(?, ?, ?, ?, ?, ?)", (lid, _last_end(t.ends), stamp, t.keylen, t.keys,
+                                     " VALUES(?, ?, ?, ?, ?, ?)", (lid, last_end(t.ends), stamp, t.keylen, t.keys,
                                                                    t.ends))
                     if hist:
                         _insert_many(conn, HISTORY_INSERT, "", 4, hist)
@@ -1077,16 +1036,6 @@ def _timed_bulk(save_timed: Iterable[TimedBans], rows: list[PackedBans]) -> list
         rows += [(t.blocklist, [t.keys[i * t.keylen:(i + 1) * t.keylen]], u, t.origin, t.reason, t.jail)
                  for i, u in enumerate(unpack_ends(t.ends))]
     return out
-
-
-def _last_end(ends: bytes) -> float | None:
-    """A bulk row's `until` (prune deletes it once that has passed): its latest end, None if one is permanent."""
-    arr = array.array("d")
-    arr.frombytes(ends)
-    if sys.byteorder == "big":
-        arr.byteswap()
-    top = max(arr)
-    return None if top == math.inf else top
 
 
 def _deletes_by_blocklist(delete: Iterable[tuple[str, IPNet]], delete_packed: Iterable[tuple[str, list[bytes]]]

@@ -18,6 +18,7 @@ from nftblockd.fleet import service as service_mod
 from nftblockd.fleet.catchup import ServerView, StreamId, format_id, parse_id
 from nftblockd.fleet.codec import FleetEvent, encode
 from nftblockd.fleet.link import Entry, LinkError, SnapshotData
+from nftblockd.fleet.rawread import RawEntries
 from nftblockd.fleet.service import FleetService
 from tests.helpers.fleet import FakeSink, fleet_config, until
 from tests.helpers.store import memory_store
@@ -78,7 +79,7 @@ class MemoryEngine:
         for ev in events:
             self.add(ev, int(now * 1000))
 
-    async def read(self, after: StreamId, count: int, block_ms: int | None = None) -> list[Entry]:
+    async def read(self, after: StreamId, count: int, block_ms: int | None = None) -> Sequence[Entry]:
         if not self.connected:
             raise LinkError("not connected to the fleet server")
         out = [e for e in self.entries if e[0] > after][:count]
@@ -318,4 +319,47 @@ async def test_the_periodic_cursor_save_runs_beside_the_loop_and_never_past_the_
         assert saves[0] == first and saves[-1] == format_id(engine.entries[-1][0])
     finally:
         held.set()
+        await stop(task)
+
+
+class RawEngine(MemoryEngine):
+    """Reads come as the link hands them (`RawEntries`: ids parsed when read), `bad` ids put in place of the
+    entries' own at those stream positions (the server could not have sent them: a broken server or proxy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bad: dict[StreamId, bytes] = {}
+
+    async def read(self, after: StreamId, count: int, block_ms: int | None = None) -> Sequence[Entry]:
+        out = list(await super().read(after, count, block_ms))
+        return RawEntries([[self.bad.get(sid, format_id(sid).encode()),
+                            [x for kv in f.items() for x in kv]] for sid, f in out])
+
+
+def _ban(addr: str) -> FleetEvent:
+    return FleetEvent("ban", parse_target(addr), NOW + 600, "b", 1, "cli", int(NOW * 1000))
+
+
+@pytest.mark.parametrize("bad_at", [0, 1, 2])  # of three entries read together: first, middle, last
+async def test_an_entry_with_a_stream_id_the_server_could_not_send_is_counted_and_skipped(bad_at: int) -> None:
+    """`RawEntries` parses ids only when they are read, in the receive loop: a bad one is counted (`bad_id`)
+    and its entry skipped, the others of the read applied; the loop goes on (after one it cannot move past,
+    the last of a read, it reconnects: no spin on the same read)."""
+    engine, clock = RawEngine(), Clock()
+    svc, sink = make(engine, clock)
+    task = await run(svc)
+    try:
+        evs = [_ban(f"198.51.100.{i}") for i in range(3)]
+        for ev in evs:
+            engine.add(ev, int(NOW * 1000))
+        engine.bad[engine.entries[bad_at][0]] = b"not-an-id"
+        good = [ev for i, ev in enumerate(evs) if i != bad_at]
+        await until(lambda: all(sink.has(ev.net) for ev in good), 5.0, "the others applied")
+        await until(lambda: svc.stats.received[("?", "bad_id")] >= 1, 5.0, "counted")
+        later = _ban("198.51.100.9")
+        engine.add(later, int(NOW * 1000))
+        await until(lambda: sink.has(later.net), 5.0, "the loop goes on")
+        assert not sink.has(evs[bad_at].net) and not task.done()
+        assert svc.stats.received[("ban", "applied")] == 3
+    finally:
         await stop(task)

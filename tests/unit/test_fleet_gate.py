@@ -151,11 +151,40 @@ def test_check_hosts_clamps_every_end_as_clamp_does(offsets: list[float], perman
     """Ends all within [now + 1 s, now + max_ban] are left as they are without a `clamp` each: the same answer."""
     gate = _gate(rate=1e9, burst=10**9, allow_permanent=permanent)
     untils = [NOW + o for o in offsets]
+    _hosts_as_clamp(gate, untils, NOW)
+
+
+def _hosts_as_clamp(gate: Gate, untils: list[float], now: float) -> None:
+    """`check_hosts` of bans ending at `untils` answers for each what `clamp` does (the rate cap out of play)."""
     n = len(untils)
-    got = gate.check_hosts(["h"] * n, [NOW] * n, [4] * n, [0x08080808 + i for i in range(n)], untils, NOW)
+    got = gate.check_hosts(["h"] * n, [now] * n, [4] * n, [0x08080808 + i for i in range(n)], untils, now)
     for i, u in enumerate(untils):
-        c = gate.clamp(u, NOW)
+        c = gate.clamp(u, now)
         if isinstance(c, Rejection):
             assert got.refused[i].reason == c.reason
         else:
             assert i not in got.refused and got.ends[i] == c[0]
+
+
+_finite = st.floats(allow_nan=False, allow_infinity=False)
+
+
+@given(_finite, st.floats(0.0, 1e12, exclude_min=True), st.booleans(),
+       st.lists(_finite | st.just(math.inf) | st.floats(-2.0, 2.0), min_size=1, max_size=12),
+       st.sampled_from([0.0, 1.0, 0.5]))
+def test_check_hosts_shortcut_equals_clamp_for_any_now_and_limit(now: float, max_ban: float, permanent: bool,
+                                                                 values: list[float], near: float) -> None:
+    """`check_hosts`' shortcut (no `clamp` when the earliest and latest ends need none) against `clamp` itself,
+    for any time and limit: ends near `now` (`near`: offsets from it), far from it, at 2**53 s and beyond
+    (where `now + 1.0` is `now`), permanent."""
+    gate = Gate(TrustLimits(max_ban=max_ban, allow_permanent=permanent, rate=1e9, burst=10**9),
+                build_allowlist([]))
+    _hosts_as_clamp(gate, [now + v * max_ban + near if abs(v) <= 2.0 else v for v in values], now)
+
+
+@pytest.mark.parametrize("now", [2.0**53, 2.0**60])
+def test_check_hosts_refuses_an_end_at_now_when_now_plus_a_second_rounds_to_now(now: float) -> None:
+    gate = Gate(TrustLimits(rate=1e9, burst=10**9), build_allowlist([]))
+    assert now + 1.0 == now and isinstance(gate.clamp(now, now), Rejection)
+    got = gate.check_hosts(["h"], [now], [4], [0x08080808], [now], now)
+    assert got.refused[0].reason == "expired"

@@ -326,15 +326,25 @@ def unhold(store: CountingStore) -> None:
     store.hold.set()
 
 
-async def chained(fail_call: int | None = None) -> tuple[FleetService, Engine, CountingStore, asyncio.Task[None]]:
-    """Round 2 (203.0.113.2) published from memory, its store call held; round 3 (.3) submitted, .4 after it."""
+def count(svc: FleetService, addr: str) -> None:
+    svc.note_counted([(parse_target(addr), NOW + 600, "count:sshd")])
+
+
+async def chained(fail_call: int | None = None, counted: bool = False
+                  ) -> tuple[FleetService, Engine, CountingStore, asyncio.Task[None]]:
+    """Round 2 (203.0.113.2) published from memory, its store call held; round 3 (.3) submitted, .4 after it.
+    `counted`: a fleet-counted ban taken by round 2 (192.0.2.2) and one by round 3 (192.0.2.3)."""
     svc, engine, store, task = await fast()
     store.hold = threading.Event()
     store.fail_call = fail_call
+    if counted:
+        count(svc, "192.0.2.2")
     svc.submit_bans(bans("203.0.113.2"))
     await until(lambda: store.calls == ["round", "round"])
     release(engine)
     await until(lambda: len(engine.published) == 2)
+    if counted:
+        count(svc, "192.0.2.3")
     svc.submit_bans(bans("203.0.113.3"))
     await until(lambda: len(engine.published) == 3)  # round 3's MULTI left while round 2's store call is held
     svc.submit_bans(bans("203.0.113.4"))
@@ -405,3 +415,40 @@ async def test_a_refused_multi_behind_a_running_store_call_leaves_every_row_pend
     await svc._publish_pending()
     assert [n for n, _ in published(engine)[-1]] == ["203.0.113.3/32", "203.0.113.4/32"]
     assert store.store.fleet_outbox_size() == 0
+
+
+async def test_a_ban_counted_between_two_chained_fast_rounds_is_numbered_with_the_round_that_takes_it() -> None:
+    """Rows are numbered when a round takes them, not when its store call starts: round 3 waits for round 2's
+    store call while a counted ban is noted and .4 submitted; round 3 then returns and round 4 numbers .4
+    before round 3's store call starts. Numbered by that call, the counted row took the number after .4's, and
+    round 4's rows (already out from memory) failed the store's "above every oseq used" check: a failed round,
+    .4 put back and published again under a new number."""
+    svc, engine, store, task = await chained()
+    count(svc, "192.0.2.77")
+    unhold(store)
+    await task  # no failed round
+    sent = [(net, oseq) for p in published(engine) for net, oseq in p]
+    assert len(set(sent)) == len(sent) and len({n for n, _ in sent}) == len(sent)  # no event twice
+    assert [n for n, _ in sent] == [f"203.0.113.{i}/32" for i in (1, 2, 3, 4)]
+    own = store.store.fleet_own_active(NOW, NOW - 1)
+    oseqs = [r.oseq for r in own]
+    assert oseqs == sorted(set(oseqs)) and len(own) == 5  # every row numbered, distinct, in order
+    assert {r.target: r.oseq for r in own}["192.0.2.77"] > dict(sent)["203.0.113.3/32"]
+    assert store.store.fleet_outbox_size() == 0 and svc.stats.published == 4
+
+
+@pytest.mark.parametrize("fail_call", [2, 3])
+async def test_a_failed_store_call_puts_back_its_counted_bans_in_order_ahead_of_later_ones(fail_call: int) -> None:
+    svc, _, store, task = await chained(fail_call=fail_call, counted=True)
+    count(svc, "192.0.2.4")  # noted after both rounds took theirs
+    unhold(store)
+    with pytest.raises(StoreError):
+        await task
+    back = ["192.0.2.2", "192.0.2.3"][fail_call - 2:]
+    assert [item[1] for item in svc._noted] == [*back, "192.0.2.4"] and svc._next_oseq is None
+    await svc._load_oseq()
+    await svc._publish_pending()
+    own = store.store.fleet_own_active(NOW, NOW - 1)
+    assert [r.oseq for r in own] == sorted({r.oseq for r in own})
+    assert sorted(r.target for r in own if r.src == "count:sshd") == ["192.0.2.2", "192.0.2.3", "192.0.2.4"]
+    assert not svc._noted and store.store.fleet_outbox_size() == 0

@@ -240,3 +240,13 @@ def test_a_catch_up_read_takes_the_c_loop_own_entries_too() -> None:
     got = rawread._from_native(raw, ME)
     assert got is not None and got == reference(by_entry(raw), ME) and got.own == {"ban": 8}
     assert rawread._from_native(jail_read(5, own_every=1), ME) == reference(by_entry(jail_read(5, own_every=1)), ME)
+
+
+def test_good_ids_keeps_the_entries_whose_ids_parse_and_counts_the_others() -> None:
+    raw: list[Any] = [[b"5-0", [b"k", b"v"]], [b"x-1", []], [7, []], [None, []], [b"\xff-1", []], [b"6-2", None]]
+    read = rawread.RawEntries(raw)
+    for bad in raw[1:5]:
+        with pytest.raises(ValueError):
+            parse_id(bad[0])
+    assert rawread.good_ids(read) == ([((5, 0), {b"k": b"v"}), ((6, 2), {})], 4)
+    assert rawread.good_ids([((1, 0), {})]) == ([((1, 0), {})], 0)

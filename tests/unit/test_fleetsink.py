@@ -306,7 +306,9 @@ def test_specs_and_rows_of_host_groups_are_one_per_end(bans: list[tuple[int, flo
     per key with its end in ms, one database row per (version, end, reason) holding the keys of that end; keys
     new to the state as one `TimedBans`, its keys and ends in order."""
     keys, untils = [k for k, _u in bans], [u for _k, u in bans]
-    assert _specs(untils, existed) == [OpSpec(True, None if u is None else int(u * 1000), "", existed) for u in untils]
+    specs = _specs(untils, existed)
+    assert specs == [OpSpec(True, None if u is None else int(u * 1000), "", existed) for u in untils]
+    assert len({id(s) for s in specs}) == len(set(specs))  # keys of one end share one spec (the writer's count)
     rows, timed = _packed("bl", [("bl_ip4", 4, keys, untils, "fleet:h1", "shared")])
     assert timed == []
     rows6, timed6 = _packed("bl", [("bl_ip6", 6, keys, untils, "fleet:h2", "timed")])

@@ -1,6 +1,6 @@
 """`TimedSpecs` (kernel/bans.py: hash-set adds each with its own end, one column instead of an `OpSpec` per key)
 against the list of `OpSpec`s it stands for: as a sequence, in the kernel writer's messages and in the fake
-kernel (tests/helpers/fakekernel.py) that the catch-up benchmark runs on."""
+kernel (tests/helpers/fakekernel.py) that the catch-up benchmark runs on (with the encoding added there)."""
 
 from __future__ import annotations
 
