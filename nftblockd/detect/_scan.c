@@ -1126,8 +1126,11 @@ static PyObject *result(ScannerObject *self, PyObject *raw, PyObject *when, int 
      * taken again without the memo's lookup, which misses the CPU caches on a large memo (it was ~6 % of
      * a brute-force log's matching; the text is the same as last time for ~55 % of results there). */
     PyObject *host = NULL;
+    /* Both exact str, checked before the lengths: PyUnicode_GetLength of anything else sets an error this
+     * test would leave behind (a connection's stored text can be whatever the Python side put there). */
     int again = self->last_raw != NULL && (raw == self->last_raw ||
-                (PyUnicode_Check(raw) && PyUnicode_GetLength(raw) == PyUnicode_GetLength(self->last_raw) &&
+                (PyUnicode_CheckExact(raw) && PyUnicode_CheckExact(self->last_raw) &&
+                 PyUnicode_GetLength(raw) == PyUnicode_GetLength(self->last_raw) &&
                  PyUnicode_Compare(raw, self->last_raw) == 0));
     if (again) {
         host = Py_NewRef(self->last_host);

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import re
 import subprocess
 import sys
@@ -550,3 +551,20 @@ def test_the_gate_finds_what_in_finds(tails: list[str]) -> None:
 def _gated() -> tuple[Filter, Filter]:
     return pair(FilterDef("gated", "test", (RegexSource(r"^[shdx ]*id <HOST>$", "t:1"),),
                           prefix=RegexSource(r"\s*x "), prefilter=("sshd", "ssh d")))
+
+
+def test_a_connections_stored_text_that_is_not_str_leaves_no_error_behind() -> None:
+    # The Scanner reuses the previous result's host when the text repeats; its test once asked the length of
+    # the previous text without checking it was a str, leaving TypeError set when it was not (a connection's
+    # stored address is whatever the Python side put there), and the next line's memo lookup then failed.
+    nat = compile_filter(FilterDef("mlbytes", "test", (RegexSource(
+        r"^c<F-MLFID>\d+</F-MLFID> (?:from <HOST>|user (?P<user>\w+))$", "t:1"),), prefix=RegexSource(r"\s*x ")))
+    assert nat.scanner.startswith("native"), nat.scanner
+    ctx = MatchContext()
+    assert nat.scan(["Dec  2 09:53:10 x c1 user bob"], NOW, ctx) == []  # remembered: no address yet
+    odd = b"192.0.2.7"  # not a str
+    ctx._conns["1"].ip4 = odd  # type: ignore[assignment]
+    host = ipaddress.IPv4Address("192.0.2.7")
+    nat._hosts[odd] = host  # type: ignore[index]  # the memo answers for it: the Scanner's host is that one
+    got = nat.scan(["Dec  2 09:53:10 x c1 user bob", "Dec  2 09:53:10 x c2 from 192.0.2.1"], NOW, ctx)
+    assert [(i, r.host) for i, r in got] == [(0, host), (1, ipaddress.IPv4Address("192.0.2.1"))]  # type: ignore[union-attr]
