@@ -689,6 +689,11 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
                           &parse_host, &host_memo, &match_type, &rejected_type, &evict, &ipv4_type,
                           &ts_syslog_c, &ipv6_type))
         return NULL;
+    /* by_slots allocates through these as types: anything else would be a bad cast, not an error */
+    if ((ipv4_type != Py_None && !PyType_Check(ipv4_type)) || (ipv6_type != Py_None && !PyType_Check(ipv6_type))) {
+        PyErr_SetString(PyExc_TypeError, "ipv4_type and ipv6_type must be a type or None");
+        return NULL;
+    }
     allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
     ScannerObject *self = (ScannerObject *)alloc(type, 0);
     if (self == NULL)

@@ -568,3 +568,20 @@ def test_a_connections_stored_text_that_is_not_str_leaves_no_error_behind() -> N
     nat._hosts[odd] = host  # type: ignore[index]  # the memo answers for it: the Scanner's host is that one
     got = nat.scan(["Dec  2 09:53:10 x c1 user bob", "Dec  2 09:53:10 x c2 from 192.0.2.1"], NOW, ctx)
     assert [(i, r.host) for i, r in got] == [(0, host), (1, ipaddress.IPv4Address("192.0.2.1"))]  # type: ignore[union-attr]
+
+
+def test_the_scanner_refuses_address_types_that_are_not_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the Scanner builds addresses by allocating through ipv4_type / ipv6_type: anything but a type (or None)
+    # is refused when it is built, not cast and called on the first address line
+    made: list[tuple[object, ...]] = []
+    real = native._scan.Scanner
+    monkeypatch.setattr(native._scan, "Scanner", lambda *a: made.append(a) or real(*a))
+    compile_filter(FilterDef("ids", "test", (RegexSource(r"^id <F-ID/>$", "t:1"),), prefix=RegexSource(r"\s*x ")))
+    (args,) = made
+    assert args[-1] is native.IPV6_BY_SLOT and args[-3] is native.IPV4_BY_SLOT
+    real(*args[:-1], None)  # None: parse_host builds them
+    for odd in (42, "IPv6Address", ipaddress.IPv6Address("::1")):
+        with pytest.raises(TypeError, match="must be a type or None"):
+            real(*args[:-1], odd)
+        with pytest.raises(TypeError, match="must be a type or None"):
+            real(*args[:-3], odd, *args[-2:])
