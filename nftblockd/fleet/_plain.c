@@ -239,9 +239,20 @@ static struct PyModuleDef module = {
     methods, NULL, NULL, NULL, NULL,
 };
 
+/* The locale is made once per process and kept for its life (the module, single-phase, is never unloaded);
+ * a second init keeps the first one instead of leaking it, and a failed init frees what it made. */
 PyMODINIT_FUNC PyInit__plain(void) {
-    c_numeric = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
-    if (c_numeric == (locale_t)0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    return PyModule_Create(&module);
+    int made = 0;
+    if (c_numeric == (locale_t)0) {
+        c_numeric = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+        if (c_numeric == (locale_t)0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        made = 1;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL && made) {
+        freelocale(c_numeric);
+        c_numeric = (locale_t)0;
+    }
+    return m;
 }
