@@ -23,6 +23,22 @@
  * Scanner refuses to be re-entered.
  *
  * Built against the stable ABI (Py_LIMITED_API 3.11): one binary for every CPython >= 3.11.
+ *
+ * Ownership rules the code follows (reviewed s10; tests/unit/test_native.py runs the paths):
+ *  - A function returning PyObject * returns a new reference or NULL; NULL with an error set is an error
+ *    (propagated: the scan raises), NULL without one means "not this path" (ipv4_fast, ipv6_fast, text_of,
+ *    text_again: the caller tries the next way). Every PyErr_Occurred() after such a NULL tells them apart,
+ *    so no call may leave an error set and still return a value (see `again` in result()).
+ *  - Helpers that take an object to consume say "stolen" (by_slots, append, append_new in fleet/_plain.c)
+ *    and release it on every path, error included.
+ *  - Borrowed references (PyList_GetItem, PyDict_GetItemWithError, the line's UTF-8 buffer) are used only
+ *    until the next call that can run Python code (a callback, a dict store, a decref of an object with a
+ *    finalizer); the scan holds a reference to each line for its whole step, and INCREFs what it keeps.
+ *  - The Scanner's caches (last_raw/last_host, last_text[], the host memo, the hour slots) own one
+ *    reference each, replaced new-before-old (the old one released last), and are visited/cleared by GC.
+ *  - Reads stay inside the lengths PCRE2 and CPython give (memchr/memcmp/memmem bounded by them); a C string
+ *    function (inet_pton) only sees a NUL-terminated text checked to hold no other NUL: a str's own UTF-8
+ *    (ipv4_fast) or a bounded copy (ipv6_fast). Checked with -fsanitize=address,undefined (s10).
  */
 
 #define _GNU_SOURCE /* memmem */

@@ -24,6 +24,15 @@
  * What it must not do: raise on a peer's bytes (None instead; only MemoryError propagates), keep a borrowed
  * reference beyond the list that owns it (every value stays in `raw`, which the caller holds), or touch
  * anything but its arguments. Built against the stable ABI (Py_LIMITED_API 3.11).
+ *
+ * Ownership rules (reviewed s10): every value in the answer is either new (ms, keys, ends: made here) or the
+ * read's own bytes object with one reference added per place it appears (origins, ts, srcs); the loop runs
+ * no Python code (exact bytes only: their hash and comparison are C), so the borrowed entries of `raw` stay
+ * valid throughout. Any failure releases the six containers, once, and returns NULL (MemoryError) or None.
+ * Lengths bound every read: strtod_l alone reads up to a NUL, which a bytes object always has after its
+ * last byte, and only after the field was checked to be digits and one dot. The C-numeric locale is made
+ * once per process and kept. tests/unit/test_fleet_rawread.py checks the references of the inputs over every
+ * path, and fails each allocation in turn.
  */
 
 #define _GNU_SOURCE 1 /* strtod_l */
