@@ -575,7 +575,12 @@ def test_the_scanner_refuses_address_types_that_are_not_types(monkeypatch: pytes
     # is refused when it is built, not cast and called on the first address line
     made: list[tuple[object, ...]] = []
     real = native._scan.Scanner
-    monkeypatch.setattr(native._scan, "Scanner", lambda *a: made.append(a) or real(*a))
+
+    def recording(*a: object) -> object:
+        made.append(a)
+        return real(*a)
+
+    monkeypatch.setattr(native._scan, "Scanner", recording)
     compile_filter(FilterDef("ids", "test", (RegexSource(r"^id <F-ID/>$", "t:1"),), prefix=RegexSource(r"\s*x ")))
     (args,) = made
     assert args[-1] is native.IPV6_BY_SLOT and args[-3] is native.IPV4_BY_SLOT
