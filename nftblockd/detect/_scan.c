@@ -23,6 +23,22 @@
  * Scanner refuses to be re-entered.
  *
  * Built against the stable ABI (Py_LIMITED_API 3.11): one binary for every CPython >= 3.11.
+ *
+ * Ownership rules the code follows (reviewed s10; tests/unit/test_native.py runs the paths):
+ *  - A function returning PyObject * returns a new reference or NULL; NULL with an error set is an error
+ *    (propagated: the scan raises), NULL without one means "not this path" (ipv4_fast, ipv6_fast, text_of,
+ *    text_again: the caller tries the next way). Every PyErr_Occurred() after such a NULL tells them apart,
+ *    so no call may leave an error set and still return a value (see `again` in result()).
+ *  - Helpers that take an object to consume say "stolen" (by_slots, append, append_new in fleet/_plain.c)
+ *    and release it on every path, error included.
+ *  - Borrowed references (PyList_GetItem, PyDict_GetItemWithError, the line's UTF-8 buffer) are used only
+ *    until the next call that can run Python code (a callback, a dict store, a decref of an object with a
+ *    finalizer); the scan holds a reference to each line for its whole step, and INCREFs what it keeps.
+ *  - The Scanner's caches (last_raw/last_host, last_text[], the host memo, the hour slots) own one
+ *    reference each, replaced new-before-old (the old one released last), and are visited/cleared by GC.
+ *  - Reads stay inside the lengths PCRE2 and CPython give (memchr/memcmp/memmem bounded by them); a C string
+ *    function (inet_pton) only sees a NUL-terminated text checked to hold no other NUL: a str's own UTF-8
+ *    (ipv4_fast) or a bounded copy (ipv6_fast). Checked with -fsanitize=address,undefined (s10).
  */
 
 #define _GNU_SOURCE /* memmem */
@@ -689,6 +705,11 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
                           &parse_host, &host_memo, &match_type, &rejected_type, &evict, &ipv4_type,
                           &ts_syslog_c, &ipv6_type))
         return NULL;
+    /* by_slots allocates through these as types: anything else would be a bad cast, not an error */
+    if ((ipv4_type != Py_None && !PyType_Check(ipv4_type)) || (ipv6_type != Py_None && !PyType_Check(ipv6_type))) {
+        PyErr_SetString(PyExc_TypeError, "ipv4_type and ipv6_type must be a type or None");
+        return NULL;
+    }
     allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
     ScannerObject *self = (ScannerObject *)alloc(type, 0);
     if (self == NULL)
@@ -1126,8 +1147,11 @@ static PyObject *result(ScannerObject *self, PyObject *raw, PyObject *when, int 
      * taken again without the memo's lookup, which misses the CPU caches on a large memo (it was ~6 % of
      * a brute-force log's matching; the text is the same as last time for ~55 % of results there). */
     PyObject *host = NULL;
+    /* Both exact str, checked before the lengths: PyUnicode_GetLength of anything else sets an error this
+     * test would leave behind (a connection's stored text can be whatever the Python side put there). */
     int again = self->last_raw != NULL && (raw == self->last_raw ||
-                (PyUnicode_Check(raw) && PyUnicode_GetLength(raw) == PyUnicode_GetLength(self->last_raw) &&
+                (PyUnicode_CheckExact(raw) && PyUnicode_CheckExact(self->last_raw) &&
+                 PyUnicode_GetLength(raw) == PyUnicode_GetLength(self->last_raw) &&
                  PyUnicode_Compare(raw, self->last_raw) == 0));
     if (again) {
         host = Py_NewRef(self->last_host);

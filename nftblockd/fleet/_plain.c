@@ -24,6 +24,15 @@
  * What it must not do: raise on a peer's bytes (None instead; only MemoryError propagates), keep a borrowed
  * reference beyond the list that owns it (every value stays in `raw`, which the caller holds), or touch
  * anything but its arguments. Built against the stable ABI (Py_LIMITED_API 3.11).
+ *
+ * Ownership rules (reviewed s10): every value in the answer is either new (ms, keys, ends: made here) or the
+ * read's own bytes object with one reference added per place it appears (origins, ts, srcs); the loop runs
+ * no Python code (exact bytes only: their hash and comparison are C), so the borrowed entries of `raw` stay
+ * valid throughout. Any failure releases the six containers, once, and returns NULL (MemoryError) or None.
+ * Lengths bound every read: strtod_l alone reads up to a NUL, which a bytes object always has after its
+ * last byte, and only after the field was checked to be digits and one dot. The C-numeric locale is made
+ * once per process and kept. tests/unit/test_fleet_rawread.py checks the references of the inputs over every
+ * path, and fails each allocation in turn.
  */
 
 #define _GNU_SOURCE 1 /* strtod_l */
@@ -239,9 +248,20 @@ static struct PyModuleDef module = {
     methods, NULL, NULL, NULL, NULL,
 };
 
+/* The locale is made once per process and kept for its life (the module, single-phase, is never unloaded);
+ * a second init keeps the first one instead of leaking it, and a failed init frees what it made. */
 PyMODINIT_FUNC PyInit__plain(void) {
-    c_numeric = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
-    if (c_numeric == (locale_t)0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    return PyModule_Create(&module);
+    int made = 0;
+    if (c_numeric == (locale_t)0) {
+        c_numeric = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+        if (c_numeric == (locale_t)0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        made = 1;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL && made) {
+        freelocale(c_numeric);
+        c_numeric = (locale_t)0;
+    }
+    return m;
 }

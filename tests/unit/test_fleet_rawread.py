@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 from typing import Any
 
 import pytest
@@ -250,3 +251,86 @@ def test_good_ids_keeps_the_entries_whose_ids_parse_and_counts_the_others() -> N
             parse_id(bad[0])
     assert rawread.good_ids(read) == ([((5, 0), {b"k": b"v"}), ((6, 2), {})], 4)
     assert rawread.good_ids([((1, 0), {})]) == ([((1, 0), {})], 0)
+
+
+# hostile bytes in any one place of an entry (a field's name or value, the id): digits, dots, dashes, NULs,
+# blanks, high bytes, at any length up to past the loop's bounds; the C loop answers the reference or None
+_hostile = st.one_of(st.binary(max_size=24),
+                     st.lists(st.sampled_from([b"0", b"1", b"9", b".", b"-", b"\x00", b" ", b"\xff", b":", b"e",
+                                               b"255", b"256", b"4102444800"]), max_size=40).map(b"".join))
+
+
+@native
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 3), st.integers(-1, 15), _hostile)
+def test_the_c_loop_on_hostile_bytes_is_the_reference_or_none(at: int, field: int, value: bytes) -> None:
+    raw = jail_read(4, own_every=3)
+    if field < 0:
+        raw[at][0] = value
+    else:
+        raw[at][1][field] = value
+    try:
+        want = reference(by_entry(raw), ME)
+    except ValueError:  # an id the server could not have sent: reading raises, the C loop must not answer
+        want = None
+    got = _native_or_none(raw)
+    assert got is None or got == want, (at, field, value)
+
+
+def _refcounts(raw: list[Any]) -> list[int]:
+    """The reference counts of a read's every object (the lists, the ids, the fields' names and values)."""
+    objs = [raw, *raw, *(y for entry in raw for x in entry for y in (x, *(x if isinstance(x, list) else ())))]
+    return [sys.getrefcount(o) for o in objs]
+
+
+@native
+def test_the_c_loop_leaves_its_inputs_references_as_they_were() -> None:
+    # each answer (a result, None at each kind of refusal) run many times: a reference taken and not given
+    # back (or given back twice) on any path shows in the inputs' counts; the answer's origins and ts are
+    # the read's own bytes objects (borrowed from it, each appended once per entry)
+    reads = [jail_read(8, own_every=3), jail_read(3)]
+    for field, value in ((5, b"::1"), (7, b"inf"), (3, b"unban"), (0, b"x"), (15, "text"), (11, b"1" * 20)):
+        odd = jail_read(4)
+        odd[2][1][field] = value
+        reads.append(odd)
+    odd_id = jail_read(3)
+    odd_id[1][0] = b"1-2-3"
+    reads += [odd_id, [[b"1-1"]], [[b"1-1", [b"v"] * 16]], []]
+    plain = sys.modules["nftblockd.fleet._plain"]
+    for raw in reads:
+        before = _refcounts(raw)
+        for _ in range(50):
+            got = plain.columns(raw, ME)
+            if got is not None:
+                origins, tss = got[6], got[8]
+                assert all(o is e[1][9] for o, e in zip(origins, (e for e in raw if e[1][9] != ME), strict=True))
+                assert all(t is e[1][15] for t, e in zip(tss, (e for e in raw if e[1][9] != ME), strict=True))
+                del origins, tss
+            del got
+        assert _refcounts(raw) == before, raw[:1]
+
+
+@native
+def test_the_c_loop_under_failing_allocations_raises_memoryerror_and_leaks_nothing() -> None:
+    # every allocation of one call made to fail in turn (CPython's _testcapi hooks): each of the loop's error
+    # paths runs; it answers or raises MemoryError, and the read's references are as they were
+    testcapi = pytest.importorskip("_testcapi")
+    plain = sys.modules["nftblockd.fleet._plain"]
+    raw = jail_read(6, own_every=4)
+    want = plain.columns(raw, ME)
+    before = _refcounts(raw)
+    failed = 0
+    for k in range(1, 60):
+        got = None
+        testcapi.set_nomemory(k, k + 1)
+        try:
+            got = plain.columns(raw, ME)
+        except MemoryError:
+            failed += 1
+        else:
+            assert got == want
+        finally:
+            testcapi.remove_mem_hooks()
+    del got
+    assert failed > 10  # the sweep reached the loop's allocations, not only the call's
+    assert _refcounts(raw) == before

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import re
 import subprocess
 import sys
@@ -550,3 +551,42 @@ def test_the_gate_finds_what_in_finds(tails: list[str]) -> None:
 def _gated() -> tuple[Filter, Filter]:
     return pair(FilterDef("gated", "test", (RegexSource(r"^[shdx ]*id <HOST>$", "t:1"),),
                           prefix=RegexSource(r"\s*x "), prefilter=("sshd", "ssh d")))
+
+
+def test_a_connections_stored_text_that_is_not_str_leaves_no_error_behind() -> None:
+    # The Scanner reuses the previous result's host when the text repeats; its test once asked the length of
+    # the previous text without checking it was a str, leaving TypeError set when it was not (a connection's
+    # stored address is whatever the Python side put there), and the next line's memo lookup then failed.
+    nat = compile_filter(FilterDef("mlbytes", "test", (RegexSource(
+        r"^c<F-MLFID>\d+</F-MLFID> (?:from <HOST>|user (?P<user>\w+))$", "t:1"),), prefix=RegexSource(r"\s*x ")))
+    assert nat.scanner.startswith("native"), nat.scanner
+    ctx = MatchContext()
+    assert nat.scan(["Dec  2 09:53:10 x c1 user bob"], NOW, ctx) == []  # remembered: no address yet
+    odd = b"192.0.2.7"  # not a str
+    ctx._conns["1"].ip4 = odd  # type: ignore[assignment]
+    host = ipaddress.IPv4Address("192.0.2.7")
+    nat._hosts[odd] = host  # type: ignore[index]  # the memo answers for it: the Scanner's host is that one
+    got = nat.scan(["Dec  2 09:53:10 x c1 user bob", "Dec  2 09:53:10 x c2 from 192.0.2.1"], NOW, ctx)
+    assert [(i, r.host) for i, r in got] == [(0, host), (1, ipaddress.IPv4Address("192.0.2.1"))]  # type: ignore[union-attr]
+
+
+def test_the_scanner_refuses_address_types_that_are_not_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the Scanner builds addresses by allocating through ipv4_type / ipv6_type: anything but a type (or None)
+    # is refused when it is built, not cast and called on the first address line
+    made: list[tuple[object, ...]] = []
+    real = native._scan.Scanner
+
+    def recording(*a: object) -> object:
+        made.append(a)
+        return real(*a)
+
+    monkeypatch.setattr(native._scan, "Scanner", recording)
+    compile_filter(FilterDef("ids", "test", (RegexSource(r"^id <F-ID/>$", "t:1"),), prefix=RegexSource(r"\s*x ")))
+    (args,) = made
+    assert args[-1] is native.IPV6_BY_SLOT and args[-3] is native.IPV4_BY_SLOT
+    real(*args[:-1], None)  # None: parse_host builds them
+    for odd in (42, "IPv6Address", ipaddress.IPv6Address("::1")):
+        with pytest.raises(TypeError, match="must be a type or None"):
+            real(*args[:-1], odd)
+        with pytest.raises(TypeError, match="must be a type or None"):
+            real(*args[:-3], odd, *args[-2:])
