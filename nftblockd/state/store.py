@@ -45,7 +45,9 @@ Expired rows are filtered out, and deleted by `prune`.
 Durability: WAL journal. `synchronous="full"` (the default) fsyncs the WAL at each commit, so an acknowledged
 write survives power loss, at ~0.3-1 ms per commit on SSD/virtio (batched calls make that negligible);
 `"normal"` survives a crash of the process (SIGKILL) but may lose the last commits on power loss. Either way
-a crash never leaves a half-applied call or a duplicate row.
+a crash never leaves a half-applied call or a duplicate row. The fleet's bookkeeping (`fleet_round`,
+`fleet_mark_published`, `set_fleet_cursor`) commits without an fsync even under "full" (`_unsynced`): the next
+fsync'd commit carries it to the disk, and losing it in a power cut only republishes or replays.
 
 Growth: `prune(now, history_horizon)` deletes expired bans, old history and unused labels, then returns free
 pages to the filesystem (`auto_vacuum=INCREMENTAL`) once they exceed `VACUUM_SHARE` of the file; the WAL file

@@ -178,7 +178,7 @@ def test_fleet_bookkeeping_commits_skip_the_fsync_and_the_ban_saves_keep_it(tmp_
     # them to the disk); every other write keeps synchronous=FULL, and a failed round restores it too
     item: OutboxItem = ("ban", "203.0.113.1", NOW + 100, "jail:sshd", NOW)
     with Store.open(tmp_path / "s.db") as st:
-        conn = st._conn  # noqa: SLF001 (the statements the store sends are what is tested)
+        conn = st._conn  # (the statements the store sends are what is tested)
         assert conn is not None
         seen: list[str] = []
         conn.set_trace_callback(seen.append)
@@ -202,7 +202,7 @@ def test_fleet_bookkeeping_commits_skip_the_fsync_and_the_ban_saves_keep_it(tmp_
         conn.set_trace_callback(None)
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     with Store.open(tmp_path / "n.db", synchronous="normal") as st:
-        conn = st._conn  # noqa: SLF001
+        conn = st._conn
         assert conn is not None
         seen = []
         conn.set_trace_callback(seen.append)
