@@ -45,7 +45,9 @@ Expired rows are filtered out, and deleted by `prune`.
 Durability: WAL journal. `synchronous="full"` (the default) fsyncs the WAL at each commit, so an acknowledged
 write survives power loss, at ~0.3-1 ms per commit on SSD/virtio (batched calls make that negligible);
 `"normal"` survives a crash of the process (SIGKILL) but may lose the last commits on power loss. Either way
-a crash never leaves a half-applied call or a duplicate row.
+a crash never leaves a half-applied call or a duplicate row. The fleet's bookkeeping (`fleet_round`,
+`fleet_mark_published`, `set_fleet_cursor`) commits without an fsync even under "full" (`_unsynced`): the next
+fsync'd commit carries it to the disk, and losing it in a power cut only republishes or replays.
 
 Growth: `prune(now, history_horizon)` deletes expired bans, old history and unused labels, then returns free
 pages to the filesystem (`auto_vacuum=INCREMENTAL`) once they exceed `VACUUM_SHARE` of the file; the WAL file
@@ -410,6 +412,24 @@ class Store:
             except sqlite3.Error as exc:
                 raise self._error(classify(exc), what, exc) from None
 
+    @contextlib.contextmanager
+    def _unsynced(self, conn: sqlite3.Connection) -> Iterator[None]:
+        """A transaction that does not fsync at its commit (`PRAGMA synchronous = NORMAL` for it alone): for the
+        fleet's bookkeeping, which the next fsync'd commit (the ban saves) makes durable with it, since WAL frames
+        reach the disk in order. A process crash loses none of it; a power cut may lose what was committed since
+        the last fsync (at worst: an event not yet acknowledged by the server is not published, a published one
+        is published again). At 1,000 bans/s these commits' fsyncs held the ban saves an own ban's publication
+        waits for (the store's lock; docs/fleet.md, round three)."""
+        if self.synchronous != "full":
+            yield
+            return
+        conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("PRAGMA synchronous = FULL")
+
     def _error(self, kind: ProblemKind, what: str, exc: BaseException) -> StoreError:
         return StoreError(kind, str(self.path), f"state database {self.path} {WHAT[kind]} ({exc});"
                                                 f" could not {what}; nothing of this call was stored")
@@ -761,7 +781,7 @@ class Store:
         keys = [(o,) for o in oseqs]
 
         def run(conn: sqlite3.Connection) -> None:
-            with transaction(conn):
+            with self._unsynced(conn), transaction(conn):  # (lost in a power cut: published again, harmless)
                 _fleet_mark_published(conn, keys)
 
         self._run("mark fleet events published", run)
@@ -771,12 +791,12 @@ class Store:
                     noted_first: int | None = None) -> list[OutboxRow]:
         """A publish round's store work in ONE transaction (one commit, one call on the store thread):
         `fleet_mark_published(published)`, then `fleet_enqueue(items, first, noted, noted_first)`, then
-        `fleet_pending(now, limit)`."""
+        `fleet_pending(now, limit)`. Its commit does not fsync (`_unsynced`): the bans' own saves do, right after."""
         keys = [(o,) for o in published]
         rows = list(items)
 
         def run(conn: sqlite3.Connection) -> list[OutboxRow]:
-            with transaction(conn):
+            with self._unsynced(conn), transaction(conn):
                 if keys:
                     _fleet_mark_published(conn, keys)
                 if rows:
@@ -847,7 +867,7 @@ class Store:
 
     def set_fleet_cursor(self, fleet: str, run_id: str, last_id: str) -> None:
         def run(conn: sqlite3.Connection) -> None:
-            with transaction(conn):
+            with self._unsynced(conn), transaction(conn):  # (lost in a power cut: a little replayed, harmless)
                 conn.execute("INSERT INTO fleet_cursor(fleet, run_id, last_id) VALUES (?, ?, ?) ON CONFLICT(fleet)"
                              " DO UPDATE SET run_id = excluded.run_id, last_id = excluded.last_id",
                              (fleet, run_id, last_id))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +167,58 @@ def test_the_publisher_numbers_rows_above_every_oseq_used_and_never_reuses_one(t
     with Store.open(path) as st:
         assert st.fleet_next_oseq() == first + 2
         assert st.fleet_enqueue([("ban", "203.0.113.5", NOW + 1, "cli", NOW)]) == [first + 2]  # drawn: next
+
+
+def _syncs(statements: list[str]) -> list[str]:
+    return [s for s in statements if s.startswith(("PRAGMA synchronous", "BEGIN", "COMMIT", "ROLLBACK"))]
+
+
+def test_fleet_bookkeeping_commits_skip_the_fsync_and_the_ban_saves_keep_it(tmp_path: Path) -> None:
+    # the publisher's round, its marks and the cursor commit without an fsync (the next ban save's fsync takes
+    # them to the disk); every other write keeps synchronous=FULL, and a failed round restores it too
+    item: OutboxItem = ("ban", "203.0.113.1", NOW + 100, "jail:sshd", NOW)
+    with Store.open(tmp_path / "s.db") as st:
+        conn = st._conn  # (the statements the store sends are what is tested)
+        assert conn is not None
+        seen: list[str] = []
+        conn.set_trace_callback(seen.append)
+        unsynced = ["PRAGMA synchronous = NORMAL", "BEGIN IMMEDIATE", "COMMIT", "PRAGMA synchronous = FULL"]
+        first = st.fleet_next_oseq()
+        rows = st.fleet_round([], [item], NOW, first=first)
+        assert _syncs(seen) == unsynced and [r.oseq for r in rows] == [first]
+        seen.clear()
+        st.fleet_mark_published([first])
+        st.set_fleet_cursor("lab", "run1", "1-0")
+        assert _syncs(seen) == unsynced * 2
+        seen.clear()
+        with pytest.raises(StoreError):  # a number used already: refused, rolled back, FULL again
+            st.fleet_round([], [item], NOW, first=first)
+        assert _syncs(seen) == ["PRAGMA synchronous = NORMAL", "BEGIN IMMEDIATE", "ROLLBACK",
+                                "PRAGMA synchronous = FULL"]
+        seen.clear()
+        st.fleet_enqueue([item])  # the offline queue: the only copy of events not yet out, fsync'd
+        st.set_positions({"k": "v"})
+        assert _syncs(seen) == ["BEGIN IMMEDIATE", "COMMIT"] * 2
+        conn.set_trace_callback(None)
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    with Store.open(tmp_path / "n.db", synchronous="normal") as st:
+        conn = st._conn
+        assert conn is not None
+        seen = []
+        conn.set_trace_callback(seen.append)
+        st.fleet_round([], [item], NOW)
+        assert _syncs(seen) == ["BEGIN IMMEDIATE", "COMMIT"]
+        conn.set_trace_callback(None)
+
+
+def test_an_unsynced_round_survives_the_process_dying(tmp_path: Path) -> None:
+    # synchronous=NORMAL in WAL mode loses nothing when the process dies (only a power cut can): a child
+    # writes a round and exits without closing anything
+    path = tmp_path / "s.db"
+    code = ("import os, sys\nfrom nftblockd.state.store import Store\n"
+            f"st = Store.open({str(path)!r})\n"
+            f"st.fleet_round([], [('ban', '203.0.113.9', {NOW + 100}, 'cli', {NOW})], {NOW}, first=1)\n"
+            "sys.stdout.flush()\nos._exit(0)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    with Store.open(path) as st:
+        assert [(r.oseq, r.target) for r in st.fleet_pending(NOW)] == [(1, "203.0.113.9")]
