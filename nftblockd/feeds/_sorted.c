@@ -119,22 +119,27 @@ fail:
     return NULL;
 }
 
-/* diff_packed(old, new) -> (added, removed, packed_new) or None.
+/* diff_packed(old_packed, old, new) -> (added, removed, packed_new) or None.
  *
- * `old` is the bytes this returned as `packed_new` last time (native-endian int64s, strictly increasing):
+ * `old_packed` is the bytes this returned as `packed_new` last time for the list `old` (native-endian int64s, strictly increasing):
  * the keys last applied, read from one contiguous buffer instead of tens of thousands of int objects that
  * went cold in memory since the last refresh. `new` is a list of exact ints. Returns None, before anything
  * else, when an item of `new` is not an exact int in int64 range (IPv6 net keys: the caller diffs lists).
- * Removed keys are made again from their packed values (equal ints, not the same objects). */
+ * Removed keys are taken from `old` (the same objects the ban state holds: its dict finds them by identity,
+ * without reading them); `old` must be as long as `old_packed` says. */
 static PyObject *diff_packed(PyObject *Py_UNUSED(module), PyObject *args) {
-    PyObject *old, *new;
-    if (!PyArg_ParseTuple(args, "O!O!:diff_packed", &PyBytes_Type, &old, &PyList_Type, &new))
+    PyObject *oldp, *old, *new;
+    if (!PyArg_ParseTuple(args, "O!O!O!:diff_packed", &PyBytes_Type, &oldp, &PyList_Type, &old, &PyList_Type, &new))
         return NULL;
-    Py_ssize_t n_old = PyBytes_Size(old) / (Py_ssize_t)sizeof(long long);
+    Py_ssize_t n_old = PyBytes_Size(oldp) / (Py_ssize_t)sizeof(long long);
+    if (PyList_Size(old) != n_old || PyBytes_Size(oldp) % (Py_ssize_t)sizeof(long long)) {
+        PyErr_SetString(PyExc_ValueError, "diff_packed: old_packed is not old packed");
+        return NULL;
+    }
     Py_ssize_t n_new = PyList_Size(new);
     if (n_new < 0)
         return NULL;
-    const char *ob = PyBytes_AsString(old);
+    const char *ob = PyBytes_AsString(oldp);
     if (ob == NULL)
         return NULL;
     PyObject *packed = PyBytes_FromStringAndSize(NULL, n_new * (Py_ssize_t)sizeof(long long));
@@ -177,12 +182,8 @@ static PyObject *diff_packed(PyObject *Py_UNUSED(module), PyObject *args) {
             i++;
             j++;
         } else if (j >= n_new || (i < n_old && x < y)) {
-            PyObject *k = PyLong_FromLongLong(x);
-            if (k == NULL || PyList_Append(removed, k) < 0) {
-                Py_XDECREF(k);
+            if (PyList_Append(removed, PyList_GetItem(old, i)) < 0)
                 goto fail;
-            }
-            Py_DECREF(k);
             i++;
         } else {
             if (PyList_Append(added, PyList_GetItem(new, j)) < 0)
@@ -208,7 +209,7 @@ static PyMethodDef methods[] = {
     {"diff_sorted", diff_sorted, METH_VARARGS,
      "diff_sorted(old, new) -> (added, removed): two strictly increasing lists compared in one walk."},
     {"diff_packed", diff_packed, METH_VARARGS,
-     "diff_packed(old_packed, new) -> (added, removed, new_packed) or None: diff_sorted against packed int64s."},
+     "diff_packed(old_packed, old, new) -> (added, removed, new_packed) or None: diff_sorted, old read packed."},
     {NULL, NULL, 0, NULL},
 };
 

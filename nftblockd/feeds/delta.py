@@ -99,13 +99,16 @@ def _fits(sorted_keys: list[int]) -> bool:
     return -(1 << 63) <= sorted_keys[0] and sorted_keys[-1] < 1 << 63
 
 
-def diff_packed_py(old: bytes, new: list[int]) -> tuple[list[int], list[int], bytes] | None:
-    """`diff_sorted(old's keys, new)` and `new` packed, `old` being what `pack` or this returned; None when a key
-    of `new` does not fit in 64 bits. (`diff_packed` is this, in C when it was built.)"""
+def diff_packed_py(old_packed: bytes, old: list[int], new: list[int]) -> tuple[list[int], list[int], bytes] | None:
+    """`diff_sorted(old, new)` and `new` packed, `old_packed` being `old` as `pack` or this returned it (the C
+    version reads the keys from there, and takes only the removed ones from `old`); None when a key of `new`
+    does not fit in 64 bits. (`diff_packed` is this, in C when it was built.)"""
+    if len(old_packed) != 8 * len(old):
+        raise ValueError("diff_packed: old_packed is not old packed")
     packed = pack(new)
     if packed is None:
         return None
-    added, removed = diff_sorted_py(array.array("q", old).tolist(), new)
+    added, removed = diff_sorted_py(old, new)
     return added, removed, packed
 
 
@@ -124,7 +127,7 @@ _mod = _native()
 NATIVE = _mod is not None
 diff_sorted: Callable[[list[int], list[int]], tuple[list[int], list[int]]] = (
     getattr(_mod, "diff_sorted") if _mod is not None else diff_sorted_py)  # noqa: B009
-diff_packed: Callable[[bytes, list[int]], tuple[list[int], list[int], bytes] | None] = (
+diff_packed: Callable[[bytes, list[int], list[int]], tuple[list[int], list[int], bytes] | None] = (
     getattr(_mod, "diff_packed") if _mod is not None else diff_packed_py)  # noqa: B009
 
 
@@ -184,7 +187,7 @@ class AppliedSets:
             if applied.packed is None:
                 applied.packed = pack(applied.keys)  # once after a full sync or a `forget`
             if applied.packed is not None:
-                res = diff_packed(applied.packed, keys)
+                res = diff_packed(applied.packed, applied.keys, keys)
                 if res is not None:
                     self._planned[name] = (keys, res[2])
                     return res[0], res[1]

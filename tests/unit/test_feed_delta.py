@@ -68,7 +68,7 @@ def test_the_native_diff_refuses_what_is_not_two_lists_and_passes_comparison_err
     assert untyped([(1, 1), (2, 0)], [(1, 1), (3, 0)]) == ([(3, 0)], [(2, 0)])
 
 
-PackedDiff = Callable[[bytes, list[int]], tuple[list[int], list[int], bytes] | None]
+PackedDiff = Callable[[bytes, list[int], list[int]], tuple[list[int], list[int], bytes] | None]
 PACKED = [pytest.param(diff_packed_py, id="python"),
           pytest.param(diff_packed, id="native",
                        marks=pytest.mark.skipif(not delta.NATIVE, reason="feeds/_sorted.c not built"))]
@@ -82,7 +82,7 @@ def test_the_packed_diff_equals_the_list_diff_or_declines_keys_past_64_bits(diff
                                                                            new: list[int]) -> None:
     old_packed = pack(old)
     assert old_packed is not None
-    res = diff(old_packed, new)
+    res = diff(old_packed, old, new)
     if any(not -(1 << 63) <= k < 1 << 63 for k in new):
         assert res is None and pack(new) is None
         return
@@ -91,6 +91,10 @@ def test_the_packed_diff_equals_the_list_diff_or_declines_keys_past_64_bits(diff
     assert (added, removed) == diff_sorted_py(old, new)
     assert new_packed == pack(new)
     assert all(type(k) is int for k in added + removed)
+    old_ids = {id(k) for k in old}
+    assert all(id(k) in old_ids for k in removed)  # the ban state's own key objects: found by identity
+    with pytest.raises(ValueError):
+        diff(old_packed, old + [1 << 64], new)
 
 
 @given(steps=st.lists(st.tuples(_wide_keys, st.lists(st.sampled_from(range(0, 200)), max_size=3)), max_size=6))
