@@ -96,7 +96,7 @@ def pack(keys: list[int]) -> bytes | None:
 
 
 def _fits(sorted_keys: list[int]) -> bool:
-    return -(1 << 63) <= sorted_keys[0] and sorted_keys[-1] < 1 << 63
+    return sorted_keys[0] >= -(1 << 63) and sorted_keys[-1] < 1 << 63
 
 
 def diff_packed_py(old_packed: bytes, old: list[int], new: list[int]) -> tuple[list[int], list[int], bytes] | None:

@@ -94,7 +94,7 @@ def test_the_packed_diff_equals_the_list_diff_or_declines_keys_past_64_bits(diff
     old_ids = {id(k) for k in old}
     assert all(id(k) in old_ids for k in removed)  # the ban state's own key objects: found by identity
     with pytest.raises(ValueError):
-        diff(old_packed, old + [1 << 64], new)
+        diff(old_packed, [*old, 1 << 64], new)
 
 
 @given(steps=st.lists(st.tuples(_wide_keys, st.lists(st.sampled_from(range(0, 200)), max_size=3)), max_size=6))
