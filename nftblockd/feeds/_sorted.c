@@ -19,6 +19,7 @@
 #define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <string.h>
 
 /* Append list[i:] to out; 0 on success. */
 static int push_rest(PyObject *out, PyObject *list, Py_ssize_t i) {
@@ -118,9 +119,97 @@ fail:
     return NULL;
 }
 
+/* diff_packed(old_packed, old, new) -> (added, removed, packed_new) or None.
+ *
+ * `old_packed` is the bytes this returned as `packed_new` last time for the list `old` (native-endian int64s, strictly increasing):
+ * the keys last applied, read from one contiguous buffer instead of tens of thousands of int objects that
+ * went cold in memory since the last refresh. `new` is a list of exact ints. Returns None, before anything
+ * else, when an item of `new` is not an exact int in int64 range (IPv6 net keys: the caller diffs lists).
+ * Removed keys are taken from `old` (the same objects the ban state holds: its dict finds them by identity,
+ * without reading them); `old` must be as long as `old_packed` says. */
+static PyObject *diff_packed(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *oldp, *old, *new;
+    if (!PyArg_ParseTuple(args, "O!O!O!:diff_packed", &PyBytes_Type, &oldp, &PyList_Type, &old, &PyList_Type, &new))
+        return NULL;
+    Py_ssize_t n_old = PyBytes_Size(oldp) / (Py_ssize_t)sizeof(long long);
+    if (PyList_Size(old) != n_old || PyBytes_Size(oldp) % (Py_ssize_t)sizeof(long long)) {
+        PyErr_SetString(PyExc_ValueError, "diff_packed: old_packed is not old packed");
+        return NULL;
+    }
+    Py_ssize_t n_new = PyList_Size(new);
+    if (n_new < 0)
+        return NULL;
+    const char *ob = PyBytes_AsString(oldp);
+    if (ob == NULL)
+        return NULL;
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, n_new * (Py_ssize_t)sizeof(long long));
+    if (packed == NULL)
+        return NULL;
+    char *pb = PyBytes_AsString(packed);
+    if (pb == NULL) {
+        Py_DECREF(packed);
+        return NULL;
+    }
+    /* pack `new` first: nothing below runs Python code, so the borrowed items stay valid */
+    for (Py_ssize_t j = 0; j < n_new; j++) {
+        PyObject *b = PyList_GetItem(new, j);
+        if (b == NULL || !PyLong_CheckExact(b)) {
+            Py_DECREF(packed);
+            if (b == NULL)
+                return NULL;
+            Py_RETURN_NONE;
+        }
+        int of;
+        long long y = PyLong_AsLongLongAndOverflow(b, &of);
+        if (of) {
+            Py_DECREF(packed);
+            Py_RETURN_NONE;
+        }
+        memcpy(pb + j * (Py_ssize_t)sizeof y, &y, sizeof y);
+    }
+    PyObject *added = PyList_New(0);
+    PyObject *removed = PyList_New(0);
+    if (added == NULL || removed == NULL)
+        goto fail;
+    Py_ssize_t i = 0, j = 0;
+    while (i < n_old || j < n_new) {
+        long long x = 0, y = 0;
+        if (i < n_old)
+            memcpy(&x, ob + i * (Py_ssize_t)sizeof x, sizeof x);
+        if (j < n_new)
+            memcpy(&y, pb + j * (Py_ssize_t)sizeof y, sizeof y);
+        if (i < n_old && j < n_new && x == y) {
+            i++;
+            j++;
+        } else if (j >= n_new || (i < n_old && x < y)) {
+            if (PyList_Append(removed, PyList_GetItem(old, i)) < 0)
+                goto fail;
+            i++;
+        } else {
+            if (PyList_Append(added, PyList_GetItem(new, j)) < 0)
+                goto fail;
+            j++;
+        }
+    }
+    PyObject *out = PyTuple_New(3);
+    if (out == NULL)
+        goto fail;
+    PyTuple_SetItem(out, 0, added); /* steals */
+    PyTuple_SetItem(out, 1, removed);
+    PyTuple_SetItem(out, 2, packed);
+    return out;
+fail:
+    Py_XDECREF(added);
+    Py_XDECREF(removed);
+    Py_DECREF(packed);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"diff_sorted", diff_sorted, METH_VARARGS,
      "diff_sorted(old, new) -> (added, removed): two strictly increasing lists compared in one walk."},
+    {"diff_packed", diff_packed, METH_VARARGS,
+     "diff_packed(old_packed, old, new) -> (added, removed, new_packed) or None: diff_sorted, old read packed."},
     {NULL, NULL, 0, NULL},
 };
 

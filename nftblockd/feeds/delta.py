@@ -24,16 +24,20 @@ Rules
   answers None too (a full sync), as on the first one.
 
 Memory: per set, the sorted key list last applied (shared with the aggregate, not copied) and its cohorts'
-key lists: about 16 bytes per element on top of the ban state.
+key lists: about 16 bytes per element on top of the ban state, and 8 for the packed IPv4 keys.
 
 The diff runs in C when the optional extension `_sorted` was built (feeds/_sorted.c; `NATIVE` says so,
 NFTBLOCK_NATIVE=0 in the environment turns it off as it does the matcher's core): ~0.8 ms for the 1 % refresh
 of bench_feeds_kernel.py's 54,000 keys against ~1.5 ms for the Python walk, whose answers it gives exactly
-(tests/unit/test_feeds_delta.py). Both are bound by reading every key object of both lists.
+(tests/unit/test_feeds_delta.py). Both are bound by reading every key object of both lists. With the
+extension, a set whose keys all fit in 64 bits (IPv4) also keeps the keys last applied packed (`diff_packed`:
+8 bytes a key, one contiguous buffer, made in the same walk), so a refresh reads the old keys from there and
+not from the previous aggregate's int objects, cold in memory by then.
 """
 
 from __future__ import annotations
 
+import array
 import importlib
 import operator
 import os
@@ -41,7 +45,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-__all__ = ["NATIVE", "AppliedSets", "SetDelta", "diff_sorted", "diff_sorted_py"]
+__all__ = ["NATIVE", "AppliedSets", "SetDelta", "diff_packed", "diff_packed_py", "diff_sorted", "diff_sorted_py",
+           "pack"]
 
 
 def diff_sorted_py(old: list[int], new: list[int]) -> tuple[list[int], list[int]]:
@@ -82,20 +87,48 @@ def diff_sorted_py(old: list[int], new: list[int]) -> tuple[list[int], list[int]
     return added, removed
 
 
-def _native() -> Callable[[list[int], list[int]], tuple[list[int], list[int]]] | None:
+def pack(keys: list[int]) -> bytes | None:
+    """`keys` as native-endian int64s (what `diff_packed` takes as `old`); None when one does not fit."""
+    try:
+        return array.array("q", keys).tobytes()
+    except OverflowError:
+        return None
+
+
+def _fits(sorted_keys: list[int]) -> bool:
+    return sorted_keys[0] >= -(1 << 63) and sorted_keys[-1] < 1 << 63
+
+
+def diff_packed_py(old_packed: bytes, old: list[int], new: list[int]) -> tuple[list[int], list[int], bytes] | None:
+    """`diff_sorted(old, new)` and `new` packed, `old_packed` being `old` as `pack` or this returned it (the C
+    version reads the keys from there, and takes only the removed ones from `old`); None when a key of `new`
+    does not fit in 64 bits. (`diff_packed` is this, in C when it was built.)"""
+    if len(old_packed) != 8 * len(old):
+        raise ValueError("diff_packed: old_packed is not old packed")
+    packed = pack(new)
+    if packed is None:
+        return None
+    added, removed = diff_sorted_py(old, new)
+    return added, removed, packed
+
+
+def _native() -> object | None:
     if os.environ.get("NFTBLOCK_NATIVE", "1") == "0":
         return None
     try:
-        return importlib.import_module("nftblockd.feeds._sorted").diff_sorted  # type: ignore[no-any-return]
+        return importlib.import_module("nftblockd.feeds._sorted")
     except ModuleNotFoundError as exc:  # not built (no C compiler when this copy was installed): the Python walk
         if exc.name != "nftblockd.feeds._sorted":
             raise
         return None
 
 
-_diff_native = _native()
-NATIVE = _diff_native is not None
-diff_sorted: Callable[[list[int], list[int]], tuple[list[int], list[int]]] = _diff_native or diff_sorted_py
+_mod = _native()
+NATIVE = _mod is not None
+diff_sorted: Callable[[list[int], list[int]], tuple[list[int], list[int]]] = (
+    getattr(_mod, "diff_sorted") if _mod is not None else diff_sorted_py)  # noqa: B009
+diff_packed: Callable[[bytes, list[int], list[int]], tuple[list[int], list[int], bytes] | None] = (
+    getattr(_mod, "diff_packed") if _mod is not None else diff_packed_py)  # noqa: B009
 
 
 class SetDelta(NamedTuple):
@@ -115,6 +148,7 @@ class _Applied:
     # (end in ms, keys written with it); only for ending bans. Keys may have been removed since: they are
     # filtered out when their cohort is renewed.
     cohorts: list[tuple[int, list[int]]] = field(default_factory=list)
+    packed: bytes | None = None  # `keys` packed (diff_packed), with the extension and while they fit in 64 bits
 
 
 @dataclass(slots=True)
@@ -123,6 +157,8 @@ class AppliedSets:
 
     sets: dict[str, _Applied] = field(default_factory=dict)
     ttl_ms: int | None = None  # ban_timeout of the last sync (None: permanent)
+    # set name -> (the keys planned, them packed): made by `plan`'s walk, kept by `record` for those same keys
+    _planned: dict[str, tuple[list[int], bytes]] = field(default_factory=dict, repr=False, compare=False)
 
     def plan(self, desired: Mapping[str, list[int]], until_ms: int | None, now_ms: int) -> dict[str, SetDelta] | None:
         """The delta from the last applied sets to `desired` (set name -> sorted keys), elements to add or renew
@@ -131,9 +167,10 @@ class AppliedSets:
         if not self.sets or set(desired) != set(self.sets) or (ttl is None) != (self.ttl_ms is None):
             return None
         out: dict[str, SetDelta] = {}
+        self._planned.clear()
         for name, keys in desired.items():
             applied = self.sets[name]
-            added, removed = diff_sorted(applied.keys, keys)
+            added, removed = self._diff(name, applied, keys)
             renewed: list[int] = []
             if ttl is not None:
                 due = [c for c in applied.cohorts if (c[0] - now_ms) * 2 < ttl]
@@ -142,6 +179,19 @@ class AppliedSets:
                     renewed = sorted({k for _end, ks in due for k in ks if k in want})
             out[name] = SetDelta(added, removed, renewed)
         return out
+
+    def _diff(self, name: str, applied: _Applied, keys: list[int]) -> tuple[list[int], list[int]]:
+        # the packed walk is worth it only in C (the Python one unpacks `old`), and only while both sorted lists
+        # fit in 64 bits, which their ends say (IPv6 sets never do: no packing tried and given up each time)
+        if NATIVE and applied.keys and _fits(applied.keys) and (not keys or _fits(keys)):
+            if applied.packed is None:
+                applied.packed = pack(applied.keys)  # once after a full sync or a `forget`
+            if applied.packed is not None:
+                res = diff_packed(applied.packed, applied.keys, keys)
+                if res is not None:
+                    self._planned[name] = (keys, res[2])
+                    return res[0], res[1]
+        return diff_sorted(applied.keys, keys)
 
     def record(self, desired: Mapping[str, list[int]], until_ms: int | None, now_ms: int,
                deltas: Mapping[str, SetDelta] | None) -> None:
@@ -156,6 +206,8 @@ class AppliedSets:
             applied = self.sets[name]
             delta = deltas[name]
             applied.keys = keys
+            planned = self._planned.get(name)
+            applied.packed = planned[1] if planned is not None and planned[0] is keys else None
             if until_ms is None:
                 applied.cohorts = []
                 continue
@@ -165,6 +217,7 @@ class AppliedSets:
             fresh = delta.added + delta.renewed
             if fresh:
                 applied.cohorts.append((until_ms, fresh))
+        self._planned.clear()
 
     def forget(self, refused: Iterable[tuple[str, int]]) -> None:
         """The kernel refused these (set name, key): they are not applied, so the next refresh adds them."""
@@ -175,3 +228,4 @@ class AppliedSets:
             applied = self.sets.get(name)
             if applied is not None:
                 applied.keys = [k for k in applied.keys if k not in keys]
+                applied.packed = None

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nftblockd.allowlist import EMPTY
 from nftblockd.config import parse_config
 from nftblockd.feeds import delta
-from nftblockd.feeds.delta import AppliedSets, SetDelta, diff_sorted, diff_sorted_py
+from nftblockd.feeds.delta import AppliedSets, SetDelta, diff_packed, diff_packed_py, diff_sorted, diff_sorted_py, pack
 from nftblockd.feeds.manager import apply_desired
 from nftblockd.kernel.enforcer import Enforcer
 from nftblockd.kernel.ruleset import plan_ruleset
@@ -66,6 +66,56 @@ def test_the_native_diff_refuses_what_is_not_two_lists_and_passes_comparison_err
         diff_sorted([1, "a"], [1, 2])  # type: ignore[list-item]  # "a" < 2 raises, as in Python
     untyped: Any = diff_sorted  # any totally ordered items work, as in Python
     assert untyped([(1, 1), (2, 0)], [(1, 1), (3, 0)]) == ([(3, 0)], [(2, 0)])
+
+
+PackedDiff = Callable[[bytes, list[int], list[int]], tuple[list[int], list[int], bytes] | None]
+PACKED = [pytest.param(diff_packed_py, id="python"),
+          pytest.param(diff_packed, id="native",
+                       marks=pytest.mark.skipif(not delta.NATIVE, reason="feeds/_sorted.c not built"))]
+_int64_keys = st.lists(st.one_of(st.integers(0, 1 << 40), st.integers(-(1 << 63), (1 << 63) - 1)),
+                       max_size=60, unique=True).map(sorted)
+
+
+@pytest.mark.parametrize("diff", PACKED)
+@given(old=_int64_keys, new=_wide_keys)
+def test_the_packed_diff_equals_the_list_diff_or_declines_keys_past_64_bits(diff: PackedDiff, old: list[int],
+                                                                           new: list[int]) -> None:
+    old_packed = pack(old)
+    assert old_packed is not None
+    res = diff(old_packed, old, new)
+    if any(not -(1 << 63) <= k < 1 << 63 for k in new):
+        assert res is None and pack(new) is None
+        return
+    assert res is not None
+    added, removed, new_packed = res
+    assert (added, removed) == diff_sorted_py(old, new)
+    assert new_packed == pack(new)
+    assert all(type(k) is int for k in added + removed)
+    old_ids = {id(k) for k in old}
+    assert all(id(k) in old_ids for k in removed)  # the ban state's own key objects: found by identity
+    with pytest.raises(ValueError):
+        diff(old_packed, [*old, 1 << 64], new)
+
+
+@given(steps=st.lists(st.tuples(_wide_keys, st.lists(st.sampled_from(range(0, 200)), max_size=3)), max_size=6))
+def test_applied_sets_plan_the_same_with_and_without_the_packed_keys(steps: list[tuple[list[int], list[int]]]) -> None:
+    # refreshes (with refusals forgotten in between) planned by the packed walk and by the list walk alone
+    plain, packed = AppliedSets(), AppliedSets()
+    plain.record({"s": [1, 5]}, None, 0, None)
+    packed.record({"s": [1, 5]}, None, 0, None)
+    for keys, refused in steps:
+        plans = []
+        for a, native in ((plain, False), (packed, True)):
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(delta, "NATIVE", native)
+                plan = a.plan({"s": keys}, None, 0)
+            a.record({"s": keys}, None, 0, plan)
+            a.forget(("s", k) for k in refused)
+            plans.append(plan)
+        assert plans[0] == plans[1]
+        assert plain.sets["s"].keys == packed.sets["s"].keys
+        held = packed.sets["s"]
+        assert held.packed is None or held.packed == pack(held.keys)
 
 
 def test_applied_sets_diff_the_previous_aggregate_and_renew_at_half_life() -> None:
