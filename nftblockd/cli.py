@@ -780,7 +780,9 @@ def _cmd_test_filter(ctx: _Context, ns: Any) -> int:
         if exc.name != "nftblockd.detect.testfilter":
             raise
         raise Failed("test-filter is not available in this build") from None
-    if (ns.logfile is None) == (not ns.journal):
+    if ns.logfile is None and not ns.journal:
+        raise Failed("test-filter: give a LOGFILE or --journal FIELD=VALUE to read lines from")
+    if ns.logfile is not None and ns.journal:
         raise Failed("test-filter: give a LOGFILE or --journal FIELD=VALUE, not both")
     if ns.journal_dir is not None and not ns.journal:
         raise Failed("test-filter: --journal-dir needs --journal FIELD=VALUE")

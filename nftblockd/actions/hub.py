@@ -95,6 +95,8 @@ class ActionHub:
         self.memories: dict[str, MatchMemory] = {}  # per jail with actions: its offenders' recent lines
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._retiring: set[asyncio.Task[None]] = set()  # replaced or removed runners running their actionstop
+        self._draining: set[ActionRunner] = set()  # of those, the ones still running what they had queued
+        self._hurry = asyncio.Event()  # set by `shutdown`: a reload's drain ends now, not after RELOAD_DRAIN
         self._tg: asyncio.TaskGroup | None = None
         self.configure(cfg, f2b)
 
@@ -170,12 +172,19 @@ class ActionHub:
         task.add_done_callback(self._retiring.discard)
         return task
 
-    @staticmethod
-    async def _stop_after(t: asyncio.Task[None], r: ActionRunner, drain: float) -> None:
+    async def _stop_after(self, t: asyncio.Task[None], r: ActionRunner, drain: float) -> None:
         if not t.done():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(r.idle(), drain)
-            t.cancel()
+            self._draining.add(r)
+            idle = asyncio.ensure_future(r.idle())
+            hurry = asyncio.ensure_future(self._hurry.wait())
+            try:
+                await asyncio.wait({idle, hurry}, timeout=drain, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                self._draining.discard(r)
+                idle.cancel()
+                hurry.cancel()
+                await asyncio.gather(idle, hurry, return_exceptions=True)
+            t.cancel()  # what is still queued is counted as skipped ("stopping") by the runner
         await asyncio.wait({t})
         await r.stop()
 
@@ -197,9 +206,13 @@ class ActionHub:
     async def shutdown(self, grace: float, budget: float) -> None:
         """The daemon's stop, once the last bans were offered: the queues get `grace` seconds to drain (what is
         left then is counted as skipped), then every fail2ban action runs its actionstop, all in parallel within
-        `budget` seconds (a buffered mail action mails what its buffer holds)."""
+        `budget` seconds (a buffered mail action mails what its buffer holds). A runner a reload retired just
+        before and still draining gets the same `grace` (not what is left of RELOAD_DRAIN), so its actionstop
+        runs beside the others within `budget`."""
+        retiring = set(self._retiring)  # the done callbacks shrink the live set while we wait
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.idle(), grace)
+            await asyncio.wait_for(asyncio.gather(self.idle(), *(r.idle() for r in self._draining)), grace)
+        self._hurry.set()
         workers = list(self._tasks.values())
         self._tasks.clear()
         for t in workers:
@@ -207,14 +220,15 @@ class ActionHub:
         await asyncio.gather(*workers, return_exceptions=True)
         end = asyncio.get_running_loop().time() + budget
         await asyncio.gather(*(r.stop(budget=budget) for r in self.runners.values()))
-        if self._retiring:  # a reload's actionstop still running: it gets what is left of the budget
-            await asyncio.wait(self._retiring, timeout=max(0.0, end - asyncio.get_running_loop().time()))
+        if retiring:  # a reload's actionstop still running: it gets what is left of the budget
+            await asyncio.wait(retiring, timeout=max(0.0, end - asyncio.get_running_loop().time()))
 
     async def run(self) -> None:
         """Run every action's workers until cancelled; then the HTTP session is closed."""
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
+                self._hurry.clear()
                 for r in self.runners.values():
                     self._start(r)
                 await asyncio.Event().wait()  # the runners live in tg; this task only keeps it open

@@ -51,10 +51,15 @@ def _journal_lines(matches: Sequence[tuple[str, str]], path: str | None, err: Te
     try:
         src = JournalSource("test-filter", matches, MemoryPositionStore(), path=path, syslog_format=True)
         lines: list[str] = []
-        times: list[float] = []
+        times: list[float] | None = []
         for batch in src.read_all():
             lines += batch.texts
-            times += batch.times or ()
+            # a batch without times would shift every later time onto the wrong line; its lines are in
+            # syslog format (date in the text), so the whole run falls back to unstamped matching instead
+            if times is not None and batch.times is not None:
+                times += batch.times
+            else:
+                times = None
     except (ValueError, SourceError) as exc:
         print(f"test-filter: {exc}", file=err)
         return None

@@ -715,7 +715,7 @@ class Tracker:
             if until is not None:
                 # Never end before an earlier ban of the same offender (only possible after a clock step back).
                 until = max([until] + [u for _, u in past if u is not None])
-        target = host_net4_at(host) if host is not None else host_net4(key) if key <= _ALL32 else tagged_net(key)
+        target = host_net4_at(host) if host is not None else tagged_net(key)  # its first test: an IPv4 host
         reason = j.reasons.get(failures)
         if reason is None:
             what = "bans" if p.recidive else "failures"

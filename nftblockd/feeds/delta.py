@@ -115,6 +115,8 @@ def diff_packed_py(old_packed: bytes, old: list[int], new: list[int]) -> tuple[l
 def _native() -> object | None:
     if os.environ.get("NFTBLOCK_NATIVE", "1") == "0":
         return None
+    # not `from nftblockd.feeds import _sorted` / `except ImportError`: that would also hide a core that is
+    # built but broken (an undefined symbol is an ImportError) behind the slow walk; only "not built" falls back
     try:
         return importlib.import_module("nftblockd.feeds._sorted")
     except ModuleNotFoundError as exc:  # not built (no C compiler when this copy was installed): the Python walk

@@ -271,3 +271,20 @@ async def test_a_reloads_drain_is_bounded_and_what_is_left_is_counted(tmp_path: 
     assert fake.runs == ["stop sshd m", "stop web m", f"start sshd {h.host}", f"start web {h.host}"]
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_stop_cuts_a_reloads_drain_short_and_never_stops_what_never_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import nftblockd.actions.hub as hub_module
+
+    monkeypatch.setattr(hub_module, "RELOAD_DRAIN", 3600.0)  # were the drain not cut, the stop would wait it out
+    fake, h, task, old = await reload_with_three_queued(tmp_path)  # the action hangs: nothing can drain
+    stopping = asyncio.create_task(h.shutdown(0.0, 5.0))
+    # the grace is over at once: the old runner's queue is counted as at a stop (one was running: cancelled)
+    await until(lambda: old.stats.skipped.get("stopping", 0) == 2)
+    fake.gate.set()
+    await stopping
+    # the old runner's actionstop ran; its replacement, cancelled while waiting for it, never started: no stop
+    assert fake.runs == ["stop sshd m", "stop web m"]
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

@@ -324,6 +324,16 @@ def test_tagged_keys_round_trip_and_never_collide(a: IPNet, b: IPNet) -> None:
     assert (ka >= V6_TAG) == (a.version == 6)
 
 
+@given(_nets)
+def test_tagged_net_equals_the_plain_construction(net: IPNet) -> None:
+    # the tracker's bans take tagged_net for every key (its IPv4-host fast path is tagged_net's first test)
+    got = tagged_net(tagged_key(net.version, int(net.network_address), net.prefixlen))
+    plain = ipaddress.ip_network((int(net.network_address) if net.version == 4 else net.network_address,
+                                  net.prefixlen))
+    assert type(got) is type(plain) and got == plain and str(got) == str(plain)
+    assert got.num_addresses == plain.num_addresses and hash(got) == hash(plain)
+
+
 # -- packed bytes -----------------------------------------------------------------------------------------
 
 

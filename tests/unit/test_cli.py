@@ -407,12 +407,13 @@ async def test_test_filter_reads_the_journal_with_matches(monkeypatch: pytest.Mo
                        "_SYSTEMD_UNIT=sshd.service", "--journal-dir", "/x")
     assert r.code == 0
     assert seen == [("sshd", None, [("_SYSTEMD_UNIT", "ssh.service"), ("_SYSTEMD_UNIT", "sshd.service")], "/x")]
-    for args, why in ((("sshd",), "give a LOGFILE or --journal"),
+    for args, why in ((("sshd",), "--journal FIELD=VALUE to read lines from"),
                       (("sshd", "/var/log/auth.log", "--journal", "A=b"), "not both"),
                       (("sshd", "/var/log/auth.log", "--journal-dir", "/x"), "--journal-dir needs --journal"),
                       (("sshd", "--journal", "_SYSTEMD_UNIT"), "expected FIELD=VALUE")):
         r = await nftblock("test-filter", *args)
         assert r.code == 1 and why in one_line(r.err), args
+        assert ("not both" in r.err) == ("--journal" in args and "/var/log/auth.log" in args)
     assert len(seen) == 1
 
 

@@ -169,3 +169,25 @@ def test_an_explicit_datepattern_changes_nothing_for_stamped_lines() -> None:
     texts = journal_shaped(generated_lines())
     assert with_pattern.scan(texts, NOW, MatchContext(), stamped=True) == \
         plain.scan(texts, NOW, MatchContext(), stamped=True)
+
+
+def _fake_journal(monkeypatch: pytest.MonkeyPatch, batches: list[LineBatch]) -> None:
+    class FakeJournal:
+        def __init__(self, *_a: object, **_k: object) -> None: ...
+        def read_all(self) -> list[LineBatch]:
+            return batches
+        def missing(self) -> list[str]:
+            return []
+    monkeypatch.setitem(sys.modules, "nftblockd.sources.journal", SimpleNamespace(JournalSource=FakeJournal))
+
+
+def test_test_filter_never_puts_a_journal_time_on_the_wrong_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from io import StringIO
+
+    from nftblockd.detect.testfilter import _journal_lines
+    stamped = [LineBatch("j", ["a", "b"], [1.0, 2.0]), LineBatch("j", ["c"], [3.0])]
+    _fake_journal(monkeypatch, stamped)
+    assert _journal_lines([("A", "b")], None, StringIO()) == (["a", "b", "c"], [1.0, 2.0, 3.0])
+    # a batch without times in the middle: the later times would shift onto earlier lines; unstamped instead
+    _fake_journal(monkeypatch, [stamped[0], LineBatch("j", ["x"]), stamped[1]])
+    assert _journal_lines([("A", "b")], None, StringIO()) == (["a", "b", "x", "c"], None)

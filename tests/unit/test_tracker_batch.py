@@ -120,15 +120,16 @@ def _runner(per_hit: bool) -> tuple[JailRunner, list[object]]:
     return r, seen
 
 
-def test_process_batch_path_gives_what_the_per_hit_loop_gives() -> None:
+@pytest.mark.parametrize("stamped", [False, True])  # True: journal batches, the time in LineBatch.times
+def test_process_batch_path_gives_what_the_per_hit_loop_gives(stamped: bool) -> None:
     now = 1_800_000_000.0
-    stamp = "Dec  4 09:00:00"
+    stamp = "" if stamped else "Dec  4 09:00:00 "
     lines = []
     for i in range(40):
         host = "192.0.2.200" if i % 9 == 0 else ("0.0.0.0" if i % 11 == 0 else f"198.51.100.{i % 13}")
-        lines.append(f"{stamp} h sshd[{3 * i}]: Failed password for root from {host} port 22 ssh2")
-        lines.append(f"{stamp} h sshd[{3 * i + 1}]: Invalid user x from 2001:db8::{i % 5} port 22")
-        lines.append(f"{stamp} h sshd[{3 * i + 2}]: Failed password for root from bad.example port 22 ssh2")
+        lines.append(f"{stamp}h sshd[{3 * i}]: Failed password for root from {host} port 22 ssh2")
+        lines.append(f"{stamp}h sshd[{3 * i + 1}]: Invalid user x from 2001:db8::{i % 5} port 22")
+        lines.append(f"{stamp}h sshd[{3 * i + 2}]: Failed password for root from bad.example port 22 ssh2")
         lines.append("not a log line")
     results = []
     for per_hit in (True, False):
@@ -136,7 +137,8 @@ def test_process_batch_path_gives_what_the_per_hit_loop_gives() -> None:
         out: list[tuple[list[Ban], object]] = []
         for part in (lines[:50], lines[50:]):
             for live in (False, True):
-                bans, records = r.process(LineBatch("sshd", list(part)), now, live, 0.0)
+                times = [now - 300 + i for i in range(len(part))] if stamped else None
+                bans, records = r.process(LineBatch("sshd", list(part), times), now, live, 0.0)
                 out.append((bans, records))
         results.append((out, r.stats))
     assert results[0] == results[1]
