@@ -17,24 +17,36 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from nftblockd.actions.f2baction import F2bAction, check_action, load_action
+from nftblockd.actions.f2baction import F2bAction
 from nftblockd.actions.hub import ActionHub
-from nftblockd.addr import IPAddr, IPNet, host_net, unpack_hosts, unpack_target
+from nftblockd.addr import IPNet, host_net, unpack_hosts, unpack_target
 from nftblockd.allowlist import Allowlist, build_allowlist
-from nftblockd.config import Config, ConfigError, FeedConfig, FleetConfig, JailConfig, Problem, load_config
+from nftblockd.config import Config, ConfigError, FeedConfig, FleetConfig, JailConfig, load_config
 from nftblockd.control.api import ControlAPI
 from nftblockd.control.server import ControlServer
-from nftblockd.detect.filterload import load_filter
+from nftblockd.daemon_build import (
+    Overrides,
+    Verdict,
+    _origin,
+    apply_overrides,
+    build_actions,
+    build_filters,
+    device_names,
+    guarded,
+    ingress_warnings,
+    own_addresses,
+)
+from nftblockd.daemon_fleet import FleetWiring
 from nftblockd.detect.jails import JailRunner
-from nftblockd.detect.matcher import Filter, FilterError
+from nftblockd.detect.matcher import Filter
 from nftblockd.detect.subnet import SubnetEscalator
 from nftblockd.detect.subnetrun import SubnetRunner
 from nftblockd.detect.tracker import JailPolicy, Tracker
-from nftblockd.events import Ban, Decision, Origin, Unban
+from nftblockd.events import Ban, Decision, Unban
 from nftblockd.kernel import links, ownaddr
 from nftblockd.kernel.bans import BanOutcome
 from nftblockd.kernel.enforcer import DecisionResult, Enforcer
@@ -44,7 +56,6 @@ from nftblockd.kernel.sink import JailBanSink
 from nftblockd.kernel.writer import KernelWriter
 from nftblockd.service.loops import every
 from nftblockd.service.metrics import Metrics, MetricsServer
-from nftblockd.service.restart import Backoff, keep_running
 from nftblockd.service.sdnotify import Notifier, watchdog_loop
 from nftblockd.sources.base import MemoryPositionStore, PositionStore
 from nftblockd.state.change import StateChange
@@ -67,11 +78,8 @@ T = TypeVar("T")
 if TYPE_CHECKING:
     from nftblockd.feeds.manager import FeedManager
     from nftblockd.fleet.counter import FleetCounter
-    from nftblockd.fleet.counting import Decided
     from nftblockd.fleet.service import FleetService
 
-FLEET_RESTART_BASE = 1.0  # seconds before a fleet service that failed unexpectedly starts again; doubling
-FLEET_RESTART_MAX = 300.0  # per failure in a row up to this (service/restart.py)
 
 SHUTDOWN_GRACE = 10.0
 ACTIONS_STOP_GRACE = 5.0  # seconds queued actions may still run at a stop (systemd waits 30 s)
@@ -81,144 +89,8 @@ ACTIONS_STOP_BUDGET = 15.0
 STUCK_AFTER = 30.0  # seconds: kernel ops pending this long, or no successful kernel check, is unhealthy
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What became of a reload: `message` is one sentence (or a config error list) for the operator."""
-
-    ok: bool
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Overrides:
-    socket: str | None = None
-    state_dir: str | None = None
-    metrics: str | None = None
-
-
-def apply_overrides(cfg: Config, o: Overrides) -> Config:
-    if o.socket:
-        cfg = replace(cfg, control=replace(cfg.control, socket=o.socket))
-    if o.state_dir:
-        cfg = replace(cfg, state_dir=o.state_dir)
-    if o.metrics:
-        cfg = replace(cfg, metrics_listen=o.metrics)
-    return cfg
-
-
-def own_addresses() -> list[IPAddr]:
-    """The machine's own addresses (never banned when allowlist_self is on), read over rtnetlink."""
-    try:
-        return ownaddr.own_addresses()
-    except (OSError, ownaddr.DumpError) as exc:
-        log.warning("could not read the machine's own addresses: %s", exc)
-        return []
-
-
-def device_names() -> set[str] | None:
-    """The network devices of this namespace (None when they cannot be read: then nothing is warned)."""
-    try:
-        lk = links.Links()
-    except OSError as exc:
-        log.warning("could not list network devices: %s", exc)
-        return None
-    try:
-        return lk.names()
-    except (OSError, links.DumpError) as exc:
-        log.warning("could not list network devices: %s", exc)
-        return None
-    finally:
-        lk.close()
-
-
-def ingress_warnings(cfg: Config, present: set[str] | None) -> list[Problem]:
-    """A warning for each `chain.ingress` device that does not exist now: its chain is attached when it
-    appears (a misspelt name never appears, which is why it is said at --check-config and at start)."""
-    if present is None:
-        return []
-    return [Problem(cfg.file, cfg.lines.get(("chain", "ingress", i), 0), "chain.ingress",
-                    f"device {dev!r} does not exist now (its ingress chain is attached when it appears)",
-                    warning=True)
-            for i, dev in enumerate(cfg.chain.ingress) if dev not in present]
-
-
-def _origin(text: str) -> Origin:
-    return text if text in ("cli", "jail", "feed", "fail2ban", "store", "remote") else "store"  # type: ignore
-
-
-def guarded(fn: Callable[..., None], *args: Any) -> None:
-    """Offer events to the actions from the ban path: a bug there is logged, never raised into the path that
-    enforces (the ban is in the kernel already)."""
-    try:
-        fn(*args)
-    except Exception:
-        log.exception("offering events to the actions failed; the bans stand")
-
-
-def compile_filters(cfg: Config) -> tuple[dict[str, Filter], list[Problem]]:
-    """Compile every enabled jail's filter; a bad one is a problem with the jail's file and line."""
-    out: dict[str, Filter] = {}
-    problems = []
-    for j in cfg.jails:
-        if not j.enabled or j.recidive or not j.filter:
-            continue
-        try:
-            out[j.name] = load_filter(j.filter, search_dirs=(Path(cfg.file).parent / "filter.d",
-                                                             Path("/etc/nftblockd/filter.d")))
-        except FilterError as exc:
-            problems.append(Problem(cfg.file, j.filter_line or j.line, f"jails.{j.name}.filter", str(exc)))
-    return out, problems
-
-
-def compile_actions(cfg: Config) -> tuple[dict[str, F2bAction], list[Problem]]:
-    """Read every fail2ban action file; a file that cannot serve is a problem at the action's `file:` line."""
-    out: dict[str, F2bAction] = {}
-    problems = []
-    for a in cfg.actions:
-        if a.type != "fail2ban" or not a.file.startswith("/"):  # a relative file: refused by the config
-            continue
-        why = check_action(a.file, dict(a.options), a.on)
-        if why:
-            problems += [Problem(cfg.file, a.file_line or a.line, f"actions.{a.name}.file", w) for w in why]
-        else:
-            out[a.name] = load_action(a.file, dict(a.options))
-    return out, problems
-
-
-def build_filters(cfg: Config) -> dict[str, Filter]:
-    """compile_filters, raising ConfigError for any problem."""
-    out, problems = compile_filters(cfg)
-    if problems:
-        raise ConfigError(problems)
-    return out
-
-
-def build_actions(cfg: Config) -> dict[str, F2bAction]:
-    """compile_actions, raising ConfigError for any problem."""
-    out, problems = compile_actions(cfg)
-    if problems:
-        raise ConfigError(problems)
-    return out
-
-
-def log_file_warnings(cfg: Config) -> list[Problem]:
-    """A warning for each log file (or glob) of an enabled jail that names nothing now: the daemon follows it
-    once it appears, but until then the jail reads nothing from it."""
-    from nftblockd.sources.tail import missing_files
-
-    out = []
-    for j in cfg.jails:
-        if not j.enabled:
-            continue
-        for i, pattern in enumerate(j.files):
-            for why in missing_files([pattern]):
-                out.append(Problem(cfg.file, cfg.lines.get(("jails", j.name, "files", i), j.line),
-                                   f"jails.{j.name}.files", why + " (followed once it appears)", warning=True))
-    return out
-
-
-class Daemon:
-    def __init__(self, cfg: Config, config_path: str | None = None, overrides: Overrides = Overrides(),
+class Daemon(FleetWiring):
+    def __init__(self, cfg: Config, config_path: str | None = None, overrides: Overrides = Overrides(),  # noqa: B008 (frozen)
                  notifier: Notifier | None = None) -> None:
         self.cfg = cfg
         self.config_path = config_path
@@ -496,29 +368,6 @@ class Daemon:
         log.info("stopped; %d bans stay in the kernel and expire there", len(self.enforcer.state))
         return 0
 
-    # -- fleet -----------------------------------------------------------------------------------------
-
-    def _build_fleet(self) -> None:
-        """The fleet service, only with a `fleet:` block: without one, `redis` is never imported."""
-        fc = self.cfg.fleet
-        if fc is None or self.fleet_sink is None or self.store is None:
-            return
-        from nftblockd.fleet.link import RedisLink
-        from nftblockd.fleet.service import FleetService
-
-        self.fleet = FleetService(fc, RedisLink(fc), self.store, self.fleet_sink, self.allow,
-                                  on_lag=self.metrics.fleet_lag.observe, saved=self.persister.saved)
-        mx = self.metrics
-        st = self.fleet.stats
-        mx.fleet_events.read = lambda: [((op, result), n) for (op, result), n in st.received.items()]
-        mx.fleet_publish_failures.read = lambda: [((), st.publish_failures)]
-        mx.fleet_outbox.read = lambda: [((), st.outbox)]
-        mx.fleet_snapshots.read = lambda: [((), st.snapshots)]
-        mx.fleet_connected.read = lambda: [((), 1 if st.connected else 0)]
-        self._build_counter(fc)
-        log.info("fleet %s: this host is %s, sharing through %s", fc.name, fc.host_id,
-                 fc.url or f"Sentinels {', '.join(f'{h}:{p}' for h, p in fc.sentinel_hosts)}")
-
     def _start_optional(self, tg: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
         """Subnet escalation's and fleet counting's tasks, when configured."""
         out = []
@@ -534,115 +383,6 @@ class Daemon:
         await asyncio.gather(*tasks, *self._counted_tasks, return_exceptions=True)
         if self.fleet_counter is not None:
             await self.fleet_counter.link.close()
-
-    def _build_counter(self, fc: FleetConfig) -> None:
-        """Fleet counting (fleet/counter.py), when some jail sets fleet_maxretry."""
-        from nftblockd.fleet.counter import FleetCounter
-        from nftblockd.fleet.counting import CountPolicy
-        from nftblockd.fleet.countlink import CountLink
-
-        policies = {j.name: CountPolicy(j.fleet_maxretry, j.fleet_findtime or j.findtime,
-                                        min(fc.max_ban, j.bantime if isinstance(j.bantime, float) else fc.max_ban),
-                                        j.ipv6_prefix)
-                    for j in self.cfg.jails if j.enabled and j.fleet_maxretry is not None}
-        if not policies:
-            return
-        self.fleet_counter = counter = FleetCounter(fc, CountLink(fc), policies, self._fleet_counted)
-        st = counter.stats
-        self.metrics.fleet_count_failures.read = lambda: [((k,), getattr(st, k)) for k in (
-            "sent", "accepted", "limited", "skipped", "lost", "dropped", "malformed")]
-        self.metrics.fleet_count_decisions.read = lambda: [((), st.decided)]
-
-    def _fleet_counted(self, decided: list[Decided]) -> None:
-        """Bans this host's count calls decided (the server already put them in the fleet's stream): apply them
-        here, with the jail's blocklist, and tell the tracker (the offender's next failures are ALREADY_BANNED)."""
-        jails = {j.name: j for j in self.cfg.jails}
-        bans = [Ban(d.net, jails[d.jail].blocklist, d.until, "jail", d.reason(), d.jail) for d in decided
-                if d.jail in jails]
-        task = asyncio.ensure_future(self._apply_counted(bans))
-        self._counted_tasks.add(task)
-        task.add_done_callback(self._counted_tasks.discard)
-
-    async def _apply_counted(self, bans: list[Ban]) -> None:
-        now = time.time()
-        try:
-            results = await self.enforcer.apply(bans, now=now)
-        except Exception:
-            log.exception("applying %d fleet-counted bans failed", len(bans))
-            return
-        applied = [b for b, r in zip(bans, results, strict=True) if r.code is None]
-        for b in applied:
-            self.tracker.note_ban(b, now)
-        if self.fleet_sink is not None:
-            self.fleet_sink.note_local([b.target for b in applied if b.blocklist == self.fleet_sink.blocklist], now)
-        if self.subnets is not None:
-            self.subnets.jail_bans(applied, now)
-        if self.fleet is not None and applied:  # re-asserted like own bans if the server loses them
-            self.fleet.note_counted([(b.target, b.until, f"count:{b.jail}") for b in applied])
-
-    async def _run_counter(self) -> None:
-        counter = self.fleet_counter
-        assert counter is not None
-        await keep_running(counter.run, self.stop, what="fleet counting stopped after an unexpected error; "
-                           "local detection goes on", failures=self.metrics.fleet_service_failures, logger=log)
-
-    async def _run_fleet(self) -> None:
-        """The fleet service under the daemon's TaskGroup. It handles the server going away itself; anything
-        else it raises (a bug, a state database that fails) is logged, counted and shown in status, and it is
-        started again after a backoff (1 s, doubling to 5 min): local detection and enforcement never depend
-        on it."""
-        fleet = self.fleet
-        assert fleet is not None
-
-        def failed(exc: Exception, _delay: float) -> None:
-            self.fleet_failure = fleet.stats.last_error = f"{type(exc).__name__}: {exc}"
-
-        await keep_running(fleet.run, self.stop, what="fleet mode stopped after an unexpected error; this host "
-                           "keeps enforcing its own bans", backoff=Backoff(FLEET_RESTART_BASE, FLEET_RESTART_MAX),
-                           failures=self.metrics.fleet_service_failures, on_failure=failed, logger=log)
-
-    async def _close_fleet(self) -> None:
-        """Save the cursor and close the server connections (shutdown)."""
-        if self.fleet is None:
-            return
-        try:
-            await self.fleet.close()
-        except Exception:
-            log.exception("closing fleet mode failed; the next start replays a little more")
-
-    def _fleet_status(self) -> dict[str, Any]:
-        if self.fleet is None:
-            fc = self.cfg.fleet
-            return {"fleet": fc.name if fc else None, "connected": False, "last_error": "not started"}
-        out = self.fleet.status()
-        out["blocklist"] = self.fleet.cfg.blocklist
-        if self.fleet_sink is not None:
-            out["kernel"] = {"applied": self.fleet_sink.applied, "removed": self.fleet_sink.removed,
-                             "refused": self.fleet_sink.refused}
-        if self.fleet_failure:
-            out["failure"] = self.fleet_failure
-        if self.fleet_counter is not None:
-            out["counting"] = self.fleet_counter.status()
-        return out
-
-    async def _check_fleet_count(self, target: IPNet) -> dict[str, Any]:
-        """`nftblock check`: which hosts saw failures of `target` (fleet counting)."""
-        if self.fleet_counter is None:
-            return {}
-        return {"fleet_count": await self.fleet_counter.seen(target)}
-
-    def _fleet_removed(self, nets: list[IPNet]) -> None:
-        """A fleet-wide unban lifted these here: a jail ban among them ends, so new failures can ban again."""
-        for n in nets:
-            self.tracker.forget_ban(n)
-
-    def _fleet_applied(self, n: int, nth: Callable[[int], tuple[str, float | None, str]], gone: list[IPNet],
-                       now: float) -> None:
-        """Received fleet bans and unbans are in the kernel: the `fleet: actions:` run for them."""
-        if self.actions is not None and self.cfg.fleet is not None:
-            guarded(self.actions.fleet_bans, n, nth, self.cfg.fleet.blocklist, now)
-            if gone:
-                guarded(self.actions.fleet_unbans, gone, self.cfg.fleet.blocklist, now)
 
     def _jail_bans_applied(self, bans: Sequence[Ban], now: float) -> None:
         """The ban sink committed these jail bans: their actions are offered, and the shared ones published

@@ -7,7 +7,8 @@ import sys
 
 from nftblockd import __version__
 from nftblockd.config import Config, ConfigError, Problem, examine_config, in_file_order, load_config
-from nftblockd.daemon import (
+from nftblockd.daemon import run
+from nftblockd.daemon_build import (
     Overrides,
     apply_overrides,
     compile_actions,
@@ -15,7 +16,6 @@ from nftblockd.daemon import (
     device_names,
     ingress_warnings,
     log_file_warnings,
-    run,
 )
 from nftblockd.detect import native
 from nftblockd.service.logsetup import setup_logging

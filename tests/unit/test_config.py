@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nftblockd.config import ConfigError, examine_text, load_config, parse_config
-from nftblockd.daemon import build_filters
+from nftblockd.daemon_build import build_filters
 
 REPO = Path(__file__).resolve().parents[2]
 

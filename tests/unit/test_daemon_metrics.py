@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-import nftblockd.daemon as daemon_mod
+import nftblockd.daemon_fleet as daemon_fleet
 from nftblockd.config import parse_config
 from nftblockd.daemon import Daemon
 from nftblockd.detect.jails import JailRunner, JailStats
@@ -72,7 +72,7 @@ async def test_a_fleet_service_that_fails_is_counted_shown_and_started_again(tmp
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     # (a fake service in place of the fleet: the restart loop is service/restart.py's, tested there with a
     # fake clock; here a zero backoff keeps it from waiting at all)
-    monkeypatch.setattr(daemon_mod, "FLEET_RESTART_BASE", 0.0)
+    monkeypatch.setattr(daemon_fleet, "FLEET_RESTART_BASE", 0.0)
     d = daemon(tmp_path)
     runs: list[int] = []
 

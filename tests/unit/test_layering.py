@@ -6,7 +6,7 @@ Layers, lowest first (a module may import its own package and anything in a lowe
   2  detect/, kernel/
   3  feeds/, fleet/, actions/
   4  control/, migrate/
-  5  the entry points and the composition root (cli.py, daemon_main.py, daemon.py)
+  5  the entry points and the composition root (cli.py, daemon_main.py, daemon.py and its daemon_*.py parts)
 
 And no import cycle anywhere inside nftblockd/, counting imports under TYPE_CHECKING and inside functions.
 """
@@ -20,7 +20,8 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "nftblockd"
 
-ENTRY = {"nftblockd.cli", "nftblockd.daemon_main", "nftblockd.daemon"}
+ENTRY = {"nftblockd.cli", "nftblockd.daemon_main", "nftblockd.daemon", "nftblockd.daemon_build",
+         "nftblockd.daemon_fleet"}
 RANK = {"service": 0, "sources": 1, "state": 1, "detect": 2, "kernel": 2, "feeds": 3, "fleet": 3, "actions": 3,
         "control": 4, "migrate": 4}
 
