@@ -21,7 +21,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "nftblockd"
 
 ENTRY = {"nftblockd.cli", "nftblockd.daemon_main", "nftblockd.daemon", "nftblockd.daemon_build",
-         "nftblockd.daemon_fleet"}
+         "nftblockd.daemon_fleet", "nftblockd.daemon_reload"}
 RANK = {"service": 0, "sources": 1, "state": 1, "detect": 2, "kernel": 2, "feeds": 3, "fleet": 3, "actions": 3,
         "control": 4, "migrate": 4}
 
