@@ -17,7 +17,8 @@ The rules:
   message with newlines stays one line), `time` is _SOURCE_REALTIME_TIMESTAMP in seconds where journald
   recorded it (the kernel's receive time of a syslog datagram, kept through journal-remote), else
   __REALTIME_TIMESTAMP (when journald wrote the entry), as fail2ban's systemd backend takes it: a journald
-  that fell behind must not move a burst of failures later than it happened. Entries without MESSAGE
+  that fell behind must not move a burst of failures later than it happened; a source time that is not a
+  number (journal-remote passes on what a remote sent) is counted in `bad_time`. Entries without MESSAGE
   are passed over; messages longer than `max_line` bytes are skipped and counted in `overlong`.
 - Rotation and vacuum: `process()` says INVALIDATE; sd-journal has already re-read its list of files, and it
   keeps its location by sequence number and time, not by file, so reading continues after the last entry
@@ -295,10 +296,13 @@ class JournalSource:
             if self._syslog_format:
                 text = _syslog_prefix(reader) + text
             texts.append(text)
-            try:  # a trusted field (leading _): no client can set it
+            try:  # a trusted field (leading _): no local client can set it, but journal-remote carries any value
                 times.append(int(reader._get("_SOURCE_REALTIME_TIMESTAMP")) / 1e6)
-            except (KeyError, ValueError):
+            except KeyError:
                 times.append(reader._get_realtime() / 1e6)
+            except (ValueError, TypeError):
+                times.append(reader._get_realtime() / 1e6)
+                stats.bad_time += 1
         return LineBatch(self.name, texts, times), more, (reader._get_cursor() if read else None)
 
     # ------------------------------------------------------------ positions
