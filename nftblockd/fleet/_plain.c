@@ -6,8 +6,9 @@
  * knows: ask the Python path") or a tuple
  *     (own bans, own unbans, own others, ms, keys, ends, origins, srcs, ts)
  * where, for every entry not this host's own, in order: `ms` is its stream id's millisecond part (int),
- * `keys` its IPv4 address as an int, `ends` its until field as a float, `origins` and `ts` the field values
- * themselves (bytes, not copied), and `srcs` the set of distinct src values. Python checks each distinct
+ * `keys` its IPv4 address as an int, `ends` its until field as a float, `ts` its ts field as an int (`int()`
+ * of its digits), `origins` the field values themselves (bytes, not copied), and `srcs` the set of distinct
+ * src values. Python checks each distinct
  * origin and src once, as `_columns` does; tests/unit/test_fleet_rawread.py holds this loop to `_columns`
  * with hypothesis (same answer wherever this one answers).
  *
@@ -65,6 +66,14 @@ static int as_bytes(PyObject *o, const char **p, Py_ssize_t *n) {
     }
     *p = s;
     return 1;
+}
+
+/* The value of `n` digits (at most 19: below 2**64), checked by is_digits first. */
+static unsigned long long digits(const char *p, Py_ssize_t n) {
+    unsigned long long v = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        v = v * 10 + (unsigned long long)(p[i] - '0');
+    return v;
 }
 
 static int is_digits(const char *p, Py_ssize_t n, Py_ssize_t most) {
@@ -218,7 +227,7 @@ static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *args) {
         if (append_new(ms, PyLong_FromLongLong(at)) < 0 || append_new(keys, PyLong_FromUnsignedLong(key)) < 0
             || append_new(ends, PyFloat_FromDouble(end)) < 0
             || PyList_Append(origins, PyList_GetItem(fields, 9)) < 0
-            || PySet_Add(srcs, PyList_GetItem(fields, 13)) < 0 || PyList_Append(ts, PyList_GetItem(fields, 15)) < 0)
+            || PySet_Add(srcs, PyList_GetItem(fields, 13)) < 0 || append_new(ts, PyLong_FromUnsignedLongLong(digits(p[7], n[7]))) < 0)
             goto fail;
         plain = 1;
     }

@@ -858,7 +858,7 @@ class FleetService:
         for op, n in plain.own.items():
             received[(op, "own")] += n
         versions, keys, origins = plain.versions, plain.keys, plain.origins
-        ts_ms = list(map(int, plain.ts))
+        ts_ms = plain.ts
         decided = list(map(operator.truediv, ts_ms, itertools.repeat(1000)))
         ends, refused = self.gate.check_hosts(origins, plain.ats, versions, keys, plain.untils, now, decided)
         n = len(keys)
@@ -899,7 +899,7 @@ class FleetService:
                 if last[versions[i] == 6].get(keys[i], -1) > i:
                     continue
                 self._defer((int(plain.ats[i] * 1000), 0), FleetEvent(
-                    "ban", host_net(keys[i], versions[i]), plain.untils[i], origins[i], 0, "fleet", int(plain.ts[i])))
+                    "ban", host_net(keys[i], versions[i]), plain.untils[i], origins[i], 0, "fleet", plain.ts[i]))
                 continue
             self.stats.received[("ban", rej.reason)] += 1
             log.debug("fleet: refused ban %s from %s: %s", format_host(keys[i], versions[i]), origins[i],
