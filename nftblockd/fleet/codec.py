@@ -193,7 +193,7 @@ def decode(fields: Mapping[Any, Any]) -> FleetEvent | Rejection:
 
 class PlainBans(NamedTuple):
     """`plain_bans`' answer: entry i of the read that is not this host's own is (versions[i], keys[i]) banned
-    until untils[i] by origins[i], published at ts[i] (milliseconds, digits as sent), received at ats[i] (the
+    until untils[i] by origins[i], published at ts[i] (milliseconds), received at ats[i] (the
     server's entry id time, seconds)."""
 
     own: dict[str, int]  # entries of this host's own, by op ("ban", "unban", "?")
@@ -202,7 +202,7 @@ class PlainBans(NamedTuple):
     untils: list[float]
     origins: list[str]
     ats: list[float]
-    ts: list[bytes]
+    ts: list[int]
 
 
 class _NotPlain(Exception):
@@ -239,7 +239,7 @@ def plain_bans(entries: Iterable[tuple[tuple[int, int], Mapping[Any, Any]]], own
     untils: list[float] = []
     origins: list[str] = []
     ats: list[float] = []
-    tss: list[bytes] = []
+    tss: list[int] = []
     names: dict[Any, str] = {}  # origin field -> text, once checked
     srcs: set[Any] = set()
     ends: dict[Any, float] = {}
@@ -279,7 +279,7 @@ def plain_bans(entries: Iterable[tuple[tuple[int, int], Mapping[Any, Any]]], own
             untils.append(end)
             origins.append(origin)
             ats.append(sid[0] / 1000)
-            tss.append(t)
+            tss.append(int(t))
         parsed = _hosts(nets)
     except Exception:  # not plain, or odd (unhashable values, non-ASCII bytes, ...): `decode` says what it is
         return None

@@ -24,15 +24,35 @@ The gate is pure: time is an argument, the only state is the per-origin buckets 
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from nftblockd.addr import IPNet, host_net
 from nftblockd.allowlist import Allowlist
 from nftblockd.fleet.codec import FleetEvent, Rejection
 from nftblockd.neverban import never_ban_keys, never_ban_range
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def _native_take() -> Callable[..., tuple[int, float, float]] | None:
+    """`_plain.take_live`, where the optional C module was built (NFTBLOCK_NATIVE=0: the Python loop alone)."""
+    if os.environ.get("NFTBLOCK_NATIVE", "1") == "0":
+        return None
+    try:
+        return importlib.import_module("nftblockd.fleet._plain").take_live  # type: ignore[no-any-return]
+    except ModuleNotFoundError as exc:
+        if exc.name != "nftblockd.fleet._plain":
+            raise
+        return None
+
+
+_take_live = _native_take()
 
 
 def span(net: IPNet) -> tuple[int, int]:
@@ -201,7 +221,16 @@ class Gate:
         origin: str | None = None
         o_b = _Origin(0.0, 0.0)
         b = o_b.live
-        for i, (o, at) in enumerate(zip(origins, ats, strict=True)):
+        n = len(origins)
+        if len(ats) != n:
+            raise ValueError("origins and ats differ in length")
+        # the live runs in C where it was built (`_plain.take_live`: the same float steps, bit for bit)
+        run = _take_live if _take_live is not None and type(origins) is list and type(ats) is list and (
+            decided is None or type(decided) is list) else None
+        skipped: list[int] = []
+        i = 0
+        while i < n:
+            o, at = origins[i], ats[i]
             if o != origin:  # a batch is a few long runs of one origin: one bucket look-up per run
                 o_b = self._bucket(o, at)
                 b = o_b.live
@@ -209,14 +238,21 @@ class Gate:
             if decided is not None and at - decided[i] > REPLAY_AGE and decided[i] > 0:
                 if not _take(o_b, at, decided[i], rate, burst):
                     refused[i] = Rejection("rate", o)
-                continue
-            if at > b.at:
-                b.tokens = min(burst, b.tokens + (at - b.at) * rate)
-                b.at = at
-            if b.tokens < 1.0:
-                refused[i] = Rejection("rate", o)
-                continue
-            b.tokens -= 1.0
+            else:
+                if at > b.at:
+                    b.tokens = min(burst, b.tokens + (at - b.at) * rate)
+                    b.at = at
+                if b.tokens < 1.0:
+                    refused[i] = Rejection("rate", o)
+                else:
+                    b.tokens -= 1.0
+            i += 1
+            if run is not None and i < n and type(b.at) is float:  # the rest of this live run, up to what C leaves
+                i, b.tokens, b.at = run(origins, ats, decided, i, o, b.tokens, b.at, rate, burst, REPLAY_AGE,
+                                        skipped)
+                for j in skipped:
+                    refused[j] = Rejection("rate", o)
+                skipped.clear()
         return refused
 
     def _net_candidates(self, versions: Sequence[int], keys: Sequence[int]) -> list[int]:

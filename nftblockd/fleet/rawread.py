@@ -214,7 +214,8 @@ def _columns(read: RawEntries, own: bytes) -> PlainBans | None:
     if parsed is None:
         return None
     ats = list(map(operator.truediv, ms, itertools.repeat(1000)))
-    return PlainBans(owned, parsed[0], parsed[1], ends, list(map(text.__getitem__, origins)), ats, list(tss))
+    return PlainBans(owned, parsed[0], parsed[1], ends, list(map(text.__getitem__, origins)), ats,
+                      list(map(int, tss)))
 
 
 __all__ = ["LAYOUT", "NATIVE", "RawEntries", "good_ids", "plain_bans"]

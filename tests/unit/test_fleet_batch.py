@@ -155,7 +155,7 @@ def test_plain_bans_agrees_with_decode(fields: list[dict[bytes, Any]]) -> None:
         assert isinstance(ev, FleetEvent) and ev.op == "ban"
         assert ev.net.prefixlen == ev.net.max_prefixlen
         assert (plain.versions[i], plain.keys[i]) == (ev.net.version, int(ev.net.network_address))
-        assert (plain.untils[i], plain.origins[i], int(plain.ts[i])) == (ev.until, ev.origin, ev.ts)
+        assert (plain.untils[i], plain.origins[i], plain.ts[i]) == (ev.until, ev.origin, ev.ts)
 
 
 def test_a_read_of_plain_bans_reaches_the_sink_as_host_keys_and_a_mixed_read_entry_by_entry() -> None:

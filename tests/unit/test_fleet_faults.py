@@ -15,7 +15,7 @@ import pytest
 from nftblockd.addr import parse_target
 from nftblockd.allowlist import build_allowlist
 from nftblockd.fleet import service as service_mod
-from nftblockd.fleet.catchup import ServerView, StreamId, format_id, parse_id
+from nftblockd.fleet.catchup import FleetChange, ServerView, StreamId, format_id, parse_id
 from nftblockd.fleet.codec import FleetEvent, encode
 from nftblockd.fleet.link import Entry, LinkError, SnapshotData
 from nftblockd.fleet.rawread import RawEntries
@@ -361,5 +361,42 @@ async def test_an_entry_with_a_stream_id_the_server_could_not_send_is_counted_an
         await until(lambda: sink.has(later.net), 5.0, "the loop goes on")
         assert not sink.has(evs[bad_at].net) and not task.done()
         assert svc.stats.received[("ban", "applied")] == 3
+    finally:
+        await stop(task)
+
+
+class LoggingEngine(MemoryEngine):
+    """Logs each read as it is asked for (its task has started: with a server, the request is sent)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, StreamId]] = []
+
+    async def read(self, after: StreamId, count: int, block_ms: int | None = None) -> Sequence[Entry]:
+        self.log.append(("read", after))
+        return await super().read(after, count, block_ms)
+
+
+async def test_the_next_read_is_asked_for_before_a_batch_is_applied() -> None:
+    """The receive loop sends the read after a batch before applying it, so the server prepares the next reply
+    while this host applies (sent only at the apply's first wait, the read waited behind the apply's own work:
+    ~15 ms of every 10k batch of a catch-up)."""
+    engine, clock = LoggingEngine(), Clock()
+    svc, sink = make(engine, clock)
+    applied = sink.apply_fleet
+
+    async def apply_fleet(change: FleetChange) -> None:
+        engine.log.append(("apply", engine.entries[-1][0]))
+        await applied(change)
+
+    sink.apply_fleet = apply_fleet  # type: ignore[method-assign]
+    task = await run(svc)
+    try:
+        ms = int(NOW * 1000)
+        engine.add(FleetEvent("ban", parse_target("198.51.100.1"), NOW + 600, "b", 1, "cli", ms), ms)
+        await until(lambda: sink.has(parse_target("198.51.100.1")), 5.0, "the batch applied")
+        last = engine.entries[-1][0]
+        assert ("apply", last) in engine.log
+        assert engine.log.index(("read", last)) < engine.log.index(("apply", last))
     finally:
         await stop(task)

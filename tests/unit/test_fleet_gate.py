@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nftblockd.allowlist import build_allowlist
+from nftblockd.fleet import gate as gate_mod
 from nftblockd.fleet.codec import FleetEvent, Rejection
 from nftblockd.fleet.gate import FLOOD_FACTOR, REPLAY_AGE, Accepted, Gate, TrustLimits
 
@@ -188,3 +189,50 @@ def test_check_hosts_refuses_an_end_at_now_when_now_plus_a_second_rounds_to_now(
     assert now + 1.0 == now and isinstance(gate.clamp(now, now), Rejection)
     got = gate.check_hosts(["h"], [now], [4], [0x08080808], [now], now)
     assert got.refused[0].reason == "expired"
+
+
+def _buckets(g: Gate) -> dict[str, tuple[float, float, tuple[float, float] | None, float, float]]:
+    return {o: (b.live.tokens, b.live.at, None if b.replay is None else (b.replay.tokens, b.replay.at),
+                b.ceiling.tokens, b.ceiling.at) for o, b in g._buckets.items()}
+
+
+_event = st.tuples(st.sampled_from(["a", "b", "c"]), st.floats(0.0, 5.0), st.sampled_from([0.0, 1.0, 20.0, 600.0]))
+
+
+@pytest.mark.skipif(gate_mod._take_live is None, reason="the optional C module was not built")
+@given(st.lists(_event, max_size=60), st.floats(0.5, 50.0), st.integers(1, 8), st.booleans(), st.booleans())
+def test_take_tokens_in_c_leaves_what_the_python_loop_leaves(events: list[tuple[str, float, float]], rate: float,
+                                                            burst: int, with_decided: bool, float_ats: bool) -> None:
+    """`_take_tokens` with its live runs in C (`_plain.take_live`) against the Python loop alone: the same
+    refusals, in the same order, and every bucket the same to the bit, over runs of origins, replays among
+    live events (decided long before), unknown decision times (0), times going back, and `at`s that are ints
+    (which C leaves to Python)."""
+    origins = [o for o, _t, _age in events]
+    clock = NOW
+    ats: list[float] = []
+    decided: list[float] = []
+    for _o, step, age in events:
+        clock += step - 1.0  # now and then back in time
+        ats.append(clock if float_ats else int(clock))
+        decided.append(0.0 if age == 1.0 else clock - age)
+    limits = TrustLimits(rate=rate, burst=burst)
+    py, c = Gate(limits, build_allowlist([])), Gate(limits, build_allowlist([]))
+    for _ in range(2):  # twice: the second pass starts from the buckets the first left
+        dec = decided if with_decided else None
+        take = gate_mod._take_live
+        try:
+            gate_mod._take_live = None
+            want = py._take_tokens(list(origins), list(ats), None if dec is None else list(dec))
+        finally:
+            gate_mod._take_live = take
+        got = c._take_tokens(list(origins), list(ats), None if dec is None else list(dec))
+        assert list(got.items()) == list(want.items())
+        assert _buckets(c) == _buckets(py)
+
+
+def test_take_tokens_in_c_refuses_beyond_the_burst() -> None:
+    """A run of one origin past its burst: the refusals the C loop makes are counted as Python's (a rate refusal
+    each, in order)."""
+    g = Gate(TrustLimits(rate=1.0, burst=3), build_allowlist([]))
+    got = g._take_tokens(["h"] * 6, [NOW] * 6, [NOW] * 6)
+    assert list(got) == [3, 4, 5] and {r.reason for r in got.values()} == {"rate"}
