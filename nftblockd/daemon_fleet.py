@@ -58,6 +58,9 @@ class FleetWiring:
     fleet_failure: str
     _counted_tasks: set[asyncio.Task[None]]
 
+    if TYPE_CHECKING:
+        async def store_call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any: ...
+
     def _build_fleet(self) -> None:
         """The fleet service, only with a `fleet:` block: without one, `redis` is never imported."""
         fc = self.cfg.fleet
@@ -67,7 +70,8 @@ class FleetWiring:
         from nftblockd.fleet.service import FleetService
 
         self.fleet = FleetService(fc, RedisLink(fc), self.store, self.fleet_sink, self.allow,
-                                  on_lag=self.metrics.fleet_lag.observe, saved=self.persister.saved)
+                                  on_lag=self.metrics.fleet_lag.observe, saved=self.persister.saved,
+                                  run_store=self.store_call)
         mx = self.metrics
         st = self.fleet.stats
         mx.fleet_events.read = lambda: [((op, result), n) for (op, result), n in st.received.items()]

@@ -46,9 +46,9 @@ import math
 import operator
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from nftblockd.addr import IPNet, format_host, format_target, host_net
 from nftblockd.allowlist import Allowlist
@@ -107,6 +107,15 @@ class FleetSink(Protocol):
         """Wait until what `apply_fleet` applied so far is saved (`apply_fleet` may return once the kernel holds
         a change, its database write still queued)."""
         ...
+
+
+T = TypeVar("T")
+
+
+class StoreRunner(Protocol):
+    """Runs a store call off the event loop (the daemon's store thread; `asyncio.to_thread` by default)."""
+
+    def __call__(self, fn: Callable[..., T], /, *args: Any) -> Awaitable[T]: ...
 
 
 class FleetState(Protocol):
@@ -247,7 +256,8 @@ class FleetService:
                  clock: Callable[[], float] = time.time, cursor_interval: float = 1.0,
                  on_lag: Callable[[float], None] | None = None, read_count: int = READ_COUNT,
                  catchup_count: int = CATCHUP_COUNT, batch: bool = True,
-                 saved: Callable[[], asyncio.Future[bool]] | None = None) -> None:
+                 saved: Callable[[], asyncio.Future[bool]] | None = None, run_store: StoreRunner | None = None
+                 ) -> None:
         self.cfg = cfg
         self.link = link
         self.state = state
@@ -275,6 +285,10 @@ class FleetService:
         # whether everything the daemon saved so far is written (its persister): an own ban is published from
         # memory only after its local save (`_fast_round`); None: nothing to wait for (tests, tools)
         self.saved = saved
+        # where the publisher's store calls run: the daemon passes its store thread, the one its ban saves (the
+        # persister) run on, so a round's bookkeeping queues behind the saves instead of a second thread taking
+        # the store's lock (and the GIL) between them (docs/fleet.md, round three)
+        self._run_store: StoreRunner = asyncio.to_thread if run_store is None else run_store
         self._next_oseq: int | None = None  # the next event's oseq, when known (`_take` numbers rows)
         self._requeues = 0  # re-asserts queued: rows pending that no round of this publisher queued
         self._wake = asyncio.Event()
@@ -389,10 +403,10 @@ class FleetService:
         items, first, noted, noted_first = taken
         try:
             if sent is None:
-                await asyncio.to_thread(self.state.fleet_enqueue, items, first, noted, noted_first)
+                await self._run_store(self.state.fleet_enqueue, items, first, noted, noted_first)
                 return []
-            return await asyncio.to_thread(self.state.fleet_round, sent, items, now, PUBLISH_BATCH, first, noted,
-                                           noted_first)
+            return await self._run_store(self.state.fleet_round, sent, items, now, PUBLISH_BATCH, first, noted,
+                                         noted_first)
         except BaseException:
             self._put_back(taken)
             raise
@@ -587,7 +601,7 @@ class FleetService:
         sent, self._unmarked = self._unmarked, []
         if sent:
             try:
-                await asyncio.to_thread(self.state.fleet_mark_published, sent)
+                await self._run_store(self.state.fleet_mark_published, sent)
             except BaseException:
                 self._unmarked = sent
                 raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from nftblockd.allowlist import build_allowlist
 from nftblockd.fleet import service as service_module
 from nftblockd.fleet.codec import FleetEvent
 from nftblockd.fleet.link import LinkError
-from nftblockd.fleet.service import FleetService
+from nftblockd.fleet.service import FleetService, StoreRunner
 from nftblockd.state.store import OutboxItem, OutboxRow, Store, StoreError
 from tests.helpers.fleet import FakeSink, fleet_config
 from tests.helpers.store import memory_store
@@ -92,10 +93,11 @@ class CountingStore:
         return counted
 
 
-def service(saved: Callable[[], asyncio.Future[bool]] | None = None) -> tuple[FleetService, Engine, CountingStore]:
+def service(saved: Callable[[], asyncio.Future[bool]] | None = None, run_store: StoreRunner | None = None
+            ) -> tuple[FleetService, Engine, CountingStore]:
     engine, store = Engine(), CountingStore(memory_store())
     svc = FleetService(fleet_config("prod", "a", "redis://127.0.0.1:1"), engine,  # type: ignore[arg-type]
-                       store, FakeSink(), build_allowlist([]), clock=lambda: NOW, saved=saved)
+                       store, FakeSink(), build_allowlist([]), clock=lambda: NOW, saved=saved, run_store=run_store)
     return svc, engine, store
 
 
@@ -452,3 +454,40 @@ async def test_a_failed_store_call_puts_back_its_counted_bans_in_order_ahead_of_
     assert [r.oseq for r in own] == sorted({r.oseq for r in own})
     assert sorted(r.target for r in own if r.src == "count:sshd") == ["192.0.2.2", "192.0.2.3", "192.0.2.4"]
     assert not svc._noted and store.store.fleet_outbox_size() == 0
+
+
+async def test_the_publishers_store_calls_run_on_the_one_thread_it_is_given_in_round_order() -> None:
+    """The daemon gives its store thread (one worker, where the persister's ban saves run): every store call of
+    the publisher runs there, one at a time, and rounds chained behind a held MULTI still publish in order,
+    write every row and mark every one (a chained round waits for the call before it on the event loop, never
+    on that thread, so one worker cannot deadlock)."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="test-store")
+    names: list[str] = []
+
+    async def on_pool(fn: Callable[..., Any], /, *args: Any) -> Any:
+        def call() -> Any:
+            names.append(threading.current_thread().name)
+            return fn(*args)
+
+        return await asyncio.get_running_loop().run_in_executor(pool, call)
+
+    try:
+        svc, engine, store = service(run_store=on_pool)
+        svc._online.set()
+        svc._next_oseq = 1
+        svc.submit_bans(bans("203.0.113.1"))
+        engine.hold = asyncio.Event()
+        task = asyncio.create_task(svc._publish_pending())
+        await engine.entered.wait()  # round 1's MULTI is out: what comes now goes in fast rounds behind it
+        svc.submit_bans(bans("203.0.113.2"))
+        await until(lambda: store.calls == ["round", "round"])
+        svc.submit_bans(bans("203.0.113.3", "203.0.113.4"))
+        release(engine)
+        await task
+        assert [oseq for p in published(engine) for _net, oseq in p] == [1, 2, 3, 4]
+        assert engine.most_out == 1 and store.calls[-1] == "mark_published"
+        assert store.store.fleet_outbox_size() == 0 and svc.stats.published == 4
+        assert [r.oseq for r in store.store.fleet_own_active(NOW, NOW - 1)] == [1, 2, 3, 4]
+        assert len(names) == len(store.calls) and all(n.startswith("test-store") for n in names)
+    finally:
+        pool.shutdown()
