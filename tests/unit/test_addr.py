@@ -14,6 +14,7 @@ from nftblockd.addr import (
     V6_TAG,
     AddressError,
     IPNet,
+    addr_int,
     first_octets,
     flagged,
     format_host,
@@ -253,6 +254,16 @@ def test_fast_host_networks_equal_the_real_constructor() -> None:
         fast6, real6 = host_net6(y), ipaddress.IPv6Network((y, 128))
         assert fast6 == real6 and hash(fast6) == hash(real6) and str(fast6) == str(real6)
         assert list(fast6.hosts()) == list(real6.hosts())
+
+
+@given(st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)), st.sampled_from(["", "%eth0"]))
+def test_addr_int_is_int(a: ipaddress.IPv4Address | ipaddress.IPv6Address, scope: str) -> None:
+    """The tracker's `int(address)` fast path, for plain, scoped and IPv4-mapped addresses alike."""
+    if scope and a.version == 6:
+        a = ipaddress.IPv6Address(f"{a}{scope}")
+    assert type(addr_int(a)) is int and addr_int(a) == int(a)
+    assert addr_int(ipaddress.IPv6Address(f"::ffff:{ipaddress.IPv4Address(int(a) & 0xFFFFFFFF)}")) == \
+        0xFFFF << 32 | int(a) & 0xFFFFFFFF
 
 
 def _host_keys(version: int) -> st.SearchStrategy[tuple[int, int]]:
