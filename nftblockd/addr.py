@@ -146,7 +146,7 @@ def format_target(net: IPNet) -> str:
     # In C (inet_ntoa, inet_ntop where it spells IPv6 as ipaddress does: see format_host), not ipaddress's
     # join of four str() (0.5 us) or its hextet compression (4 us): every saved ban's history row comes here.
     plen = net.prefixlen
-    if type(net) is ipaddress.IPv4Network:
+    if isinstance(net, ipaddress.IPv4Network):
         text = _NTOA(addr_int(net.network_address).to_bytes(4, "big"))
         return text if plen == 32 else f"{text}/{plen}"
     a = net.network_address
