@@ -348,6 +348,23 @@ def _fast_addr_int() -> Callable[[IPAddr], int]:
 addr_int: Callable[[IPAddr], int] = _fast_addr_int()
 """`int(a)` for an IPv4Address or IPv6Address, fast."""
 
+
+def _fast_prefixlen() -> Callable[[IPNet], int]:
+    """`net.prefixlen` without the property's Python-level call: the value is the `_prefixlen` attribute the
+    fast host networks above set too. Used only if that still holds on this Python, checked at import."""
+    get = operator.attrgetter("_prefixlen")
+    probes = (ipaddress.IPv4Network("192.0.2.0/24"), ipaddress.IPv6Network("2001:db8::/64"),
+              ipaddress.IPv4Network("192.0.2.1/32"), ipaddress.IPv6Network("::/0"))
+    try:
+        same = all(type(get(n)) is int and get(n) == n.prefixlen for n in probes)
+    except AttributeError:
+        same = False
+    return get if same else operator.attrgetter("prefixlen")
+
+
+prefixlen_of: Callable[[IPNet], int] = _fast_prefixlen()
+"""`net.prefixlen`, fast."""
+
 _NET4 = _fast_host_net(ipaddress.IPv4Network, 32)
 host_net4: Callable[[int], ipaddress.IPv4Network] = _NET4[0]
 """`IPv4Network((x, 32))`, fast."""

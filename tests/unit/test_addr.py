@@ -33,6 +33,7 @@ from nftblockd.addr import (
     parse_key,
     parse_target,
     parse_v4,
+    prefixlen_of,
     split_hosts,
     split_packed6,
     tagged_key,
@@ -138,6 +139,12 @@ def test_parse_target_rules() -> None:
             parse_target(bad)
     with pytest.raises(AddressError, match="host bits"):
         parse_target("10.0.0.5/8", strict=True)
+
+
+@given(_nets)
+def test_prefixlen_of_is_prefixlen(net: IPNet) -> None:
+    assert prefixlen_of(net) == net.prefixlen
+    assert prefixlen_of(host_net4(int(net.network_address) & 0xFFFFFFFF)) == 32
 
 
 # IPv6 values made of hextets that are often zero: runs of zeros to compress, ties between runs, ::a.b.c.d forms
