@@ -145,7 +145,7 @@ def format_target(net: IPNet) -> str:
     """`1.2.3.4/32` prints as `1.2.3.4`; ranges keep their prefix."""
     # In C (inet_ntoa, inet_ntop where it spells IPv6 as ipaddress does: see format_host), not ipaddress's
     # join of four str() (0.5 us) or its hextet compression (4 us): every saved ban's history row comes here.
-    plen = net.prefixlen
+    plen = prefixlen_of(net)
     if isinstance(net, ipaddress.IPv4Network):
         text = _NTOA(addr_int(net.network_address).to_bytes(4, "big"))
         return text if plen == 32 else f"{text}/{plen}"
