@@ -114,6 +114,7 @@ from nftblockd.addr import (
     V6_TAG,
     IPAddr,
     IPNet,
+    addr_int,
     format_target,
     host_net4,
     host_net4_at,
@@ -136,6 +137,8 @@ HistoryRow: TypeAlias = tuple[str, str, float, float | None]
 # address never collide. IPv4 networks wider than /32 come only via observe_ban / note_ban / load_history.
 _ALL32 = 0xFFFFFFFF
 _IPv4 = ipaddress.IPv4Address
+_IPv6 = ipaddress.IPv6Address
+_addr_int = addr_int
 
 
 class Kind(enum.Enum):
@@ -526,18 +529,33 @@ class Tracker:
         rotated = False
         cur = old = j.cur
         observe = self.observe
+        a6_starts, a6_ends = j.a6_starts, j.a6_ends
+        v6_shift, v6_tag, v6_low = j.v6_shift, j.v6_tag, j.v6_low
+        v4: _IPv4 | None
         for host, t in zip(hosts, times, strict=True):
-            if type(host) is not _IPv4:  # IPv6 (and IPv4-mapped): the general path
+            if type(host) is _IPv4:
+                v4 = host
+                key = _addr_int(host)
+            elif type(host) is _IPv6 and (x := _addr_int(host)) >> 32 != 0xFFFF:  # IPv6, not IPv4-mapped
+                # counted by its range's key, as `observe` does; a range that meets protected space (never-ban,
+                # the allowlist) goes to `observe`, which sorts out an allowed neighbour sharing the range
+                v4 = None
+                first = x >> v6_shift << v6_shift
+                i = bisect_right(a6_starts, first | v6_low) - 1
+                key = -1 if i >= 0 and a6_ends[i] >= first else v6_tag | first << 8
+            else:  # IPv4-mapped IPv6: the general path
+                v4 = None
+                key = -1
+            if key < 0:
                 out = observe(_new(Hit, (jail, host, t, "")), now, live=live)
             else:
-                key = int(host)
                 b = get_banned(key)
                 if b is not None:
                     if b.since - skew <= now < b.until:
                         already += 1
                         continue
                     del banned[key]
-                i = bisect_right(a4_starts, key) - 1
+                i = bisect_right(a4_starts, key) - 1 if v4 is not None else -1
                 if i >= 0 and a4_ends[i] >= key:
                     out = _protected(a4_nets[i])
                 else:
@@ -567,11 +585,25 @@ class Tracker:
                                 self._tracked += 1
                                 counted += 1
                                 continue
-                        elif maxretry > 2 and type(rec) is float and too_old <= rec <= ahead:
-                            cur[key] = (rec, t) if t >= rec else (t, rec)  # a second failure, short of a ban
-                            counted += 1
+                        elif type(rec) is float:
+                            if maxretry > 2 and too_old <= rec <= ahead:
+                                cur[key] = (rec, t) if t >= rec else (t, rec)  # a second failure, short of a ban
+                                counted += 1
+                                continue
+                        elif type(rec) is tuple and too_old <= rec[0] and rec[-1] <= t <= ahead:
+                            # a later failure of a record whose times are all in the window, in order: what
+                            # `_count` does with it, without the call, its lookups again and the outcome
+                            if len(rec) + 1 >= maxretry:
+                                del cur[key]
+                                self._tracked -= 1
+                                ban, record = self._decide(j, key, len(rec) + 1, now, v4)
+                                bans.append(ban)
+                                records.append(record)
+                            else:
+                                cur[key] = (*rec, t)
+                                counted += 1
                             continue
-                    out = self._count(j, key, t, now, host)
+                    out = self._count(j, key, t, now, v4)
             kind = out.kind
             if kind is _COUNTED_KIND:
                 counted += 1
@@ -703,6 +735,13 @@ class Tracker:
         return len(victims)
 
     def _ban(self, j: _Jail, key: int, failures: int, now: float, host: _IPv4 | None = None) -> TrackOutcome:
+        ban, record = self._decide(j, key, failures, now, host)
+        out: TrackOutcome = _new(TrackOutcome, (_BANNED, ban, None, record))
+        return out
+
+    def _decide(self, j: _Jail, key: int, failures: int, now: float, host: _IPv4 | None = None
+                ) -> tuple[Ban, BanRecord]:
+        """`key` is banned in `j` now, after `failures`: the ban and its history record (the state is updated)."""
         p = j.policy
         earlier = j.history.get(key)
         if earlier is None:  # a first offence, as nearly every ban of a burst is
@@ -727,8 +766,7 @@ class Tracker:
         ban = _make_ban(target, p.blocklist, until, "jail", reason, p.name)
         j.history[key] = (*past, (now, until))
         j.banned[key] = _Banned(ban, now)
-        out: TrackOutcome = _new(TrackOutcome, (_BANNED, ban, None, _new(BanRecord, (p.name, target, now, until))))
-        return out
+        return ban, _new(BanRecord, (p.name, target, now, until))
 
     # -- bans from elsewhere, unbans, the allowlist -------------------------------------------------------
 

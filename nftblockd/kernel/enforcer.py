@@ -703,18 +703,34 @@ class Enforcer:
     def _count(self, decisions: Sequence[Decision], results: Sequence[DecisionResult], latency: float) -> None:
         mx = self.metrics
         assert mx is not None
+        # Counted per label set, one increment each: a child lookup per decision (labels() takes a lock and
+        # builds its key) was most of this loop for the 1,000 IPv6 ranges of a 10k-attacker burst.
         banned: dict[str, int] = {}  # origin -> bans applied: each ban is one latency observation
+        by_jail: dict[tuple[str, str], int] = {}
+        unbans: dict[str, int] = {}
+        refused: dict[str, int] = {}
+        allowlisted = 0
         for d, r in zip(decisions, results, strict=False):
             if r.code == "allowlisted":
-                mx.allowlist_hits.inc()
+                allowlisted += 1
             elif r.code is None and isinstance(d, Ban) and r.outcome in (BanOutcome.ADDED, BanOutcome.EXTENDED,
                                                                           BanOutcome.ABSORBED):
-                mx.bans.labels(d.jail or "", d.origin).inc()
+                key = (d.jail or "", d.origin)
+                by_jail[key] = by_jail.get(key, 0) + 1
                 banned[d.origin] = banned.get(d.origin, 0) + 1
             elif r.code is None and isinstance(d, Unban) and r.outcome is BanOutcome.REMOVED:
-                mx.unbans.labels(d.origin).inc()
+                unbans[d.origin] = unbans.get(d.origin, 0) + 1
             if r.code is not None and isinstance(d, Ban):
-                mx.bans_refused.labels(refusal_reason(r)).inc()
+                why = refusal_reason(r)
+                refused[why] = refused.get(why, 0) + 1
+        if allowlisted:
+            mx.allowlist_hits.inc(allowlisted)
+        for (jail, origin), n in by_jail.items():
+            mx.bans.labels(jail, origin).inc(n)
+        for origin, n in unbans.items():
+            mx.unbans.labels(origin).inc(n)
+        for why, n in refused.items():
+            mx.bans_refused.labels(why).inc(n)
         for origin, n in banned.items():
             mx.ban_latency.observe((origin,), latency, n)
 

@@ -47,6 +47,7 @@ Shutdown: `close()` queues an end marker behind everything submitted; `run()` re
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: a task drains the jails' bounded queue of bans)
+import ipaddress
 import logging
 import time
 from collections import deque
@@ -54,7 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from nftblockd.addr import IPNet
+from nftblockd.addr import IPNet, addr_int, prefixlen_of
 from nftblockd.events import Ban
 from nftblockd.kernel.enforcer import DecisionResult, Enforcer
 
@@ -104,6 +105,47 @@ MAX_UNSAVED = 4  # applied batches whose saves may still be in flight before the
 
 async def _no_results() -> list[DecisionResult]:
     return []
+
+
+GroupKey = tuple[str, float | None, str, str, str]  # (blocklist, until, origin, reason, jail)
+_NET4 = ipaddress.IPv4Network
+
+
+def split_bans(bans: Sequence[Ban]) -> tuple[dict[GroupKey, dict[int, list[Ban]]], list[Ban]]:
+    """A batch's bans of single addresses grouped by GroupKey and then IP version (in order), and its ranges.
+
+    Per ban on the event loop, so without ipaddress's properties (prefixlen, max_prefixlen, version: a
+    Python-level call each): for the 10,000 bans of a burst this and `host_keys` took 8.9 ms that way.
+    """
+    groups: dict[GroupKey, dict[int, list[Ban]]] = {}
+    ranges: list[Ban] = []
+    plen = prefixlen_of
+    for b in bans:
+        t = b.target
+        if type(t) is _NET4:
+            if plen(t) != 32:
+                ranges.append(b)
+                continue
+            v = 4
+        elif plen(t) == t.max_prefixlen:
+            v = t.version
+        else:
+            ranges.append(b)
+            continue
+        by_version = groups.get(key := (b.blocklist, b.until, b.origin, b.reason, b.jail))
+        if by_version is None:
+            by_version = groups[key] = {}
+        same = by_version.get(v)
+        if same is None:
+            by_version[v] = [b]
+        else:
+            same.append(b)
+    return groups, ranges
+
+
+def host_keys(by_version: dict[int, list[Ban]]) -> dict[int, list[int]]:
+    """The host keys (address values) of a group's single-address bans, per IP version."""
+    return {v: [addr_int(b.target.network_address) for b in bs] for v, bs in by_version.items()}
 
 
 class JailBanSink:
@@ -210,15 +252,7 @@ class JailBanSink:
 
     async def _apply_once(self, bans: list[Ban], history: list[HistoryRow], now: float, arrival: float,
                           saves: list[asyncio.Future[None]]) -> list[Ban]:
-        groups: dict[tuple[str, float | None, str, str, str], dict[int, list[Ban]]] = {}
-        ranges: list[Ban] = []
-        for b in bans:
-            t = b.target
-            if t.prefixlen == t.max_prefixlen:
-                by_version = groups.setdefault((b.blocklist, b.until, b.origin, b.reason, b.jail), {})
-                by_version.setdefault(t.version, []).append(b)
-            else:
-                ranges.append(b)
+        groups, ranges = split_bans(bans)
         applied: list[Ban] = []
         # The groups and the ranges go to the enforcer together, not one after another: bans decided moments
         # apart have different ends, so a merged batch holds many groups, and the batcher and the persister
@@ -255,12 +289,12 @@ class JailBanSink:
         st.applied += len(applied)
         return applied
 
-    async def _ban_group(self, key: tuple[str, float | None, str, str, str], by_version: dict[int, list[Ban]],
+    async def _ban_group(self, key: GroupKey, by_version: dict[int, list[Ban]],
                          history: list[HistoryRow], now: float, arrival: float,
                          saves: list[asyncio.Future[None]]) -> set[tuple[int, int]]:
         """One group's single addresses through `Enforcer.ban_hosts`: the (version, key)s refused."""
         blocklist, until, origin, reason, jail = key
-        keys = {v: [int(b.target.network_address) for b in bs] for v, bs in by_version.items()}
+        keys = host_keys(by_version)
         refused: set[tuple[int, int]] = set()
         try:
             res = await self.enforcer.ban_hosts(blocklist, keys, until, origin=origin, reason=reason, jail=jail,

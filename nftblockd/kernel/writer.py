@@ -404,7 +404,7 @@ class KernelWriter:
         del_type = m.NFT_MSG_DESTROYSETELEM if self.features.destroy else m.NFT_MSG_DELSETELEM
         # deletes first, as in the general path (a delete and an add of one key never share a batch here:
         # the batcher coalesces them)
-        ordered = sorted(groups, key=lambda g: bool(g.specs and g.specs[0].add))
+        ordered = sorted(self._ranges_by_spec(groups), key=lambda g: bool(g.specs and g.specs[0].add))
         for g in ordered:
             if not g.keys:
                 continue
@@ -448,6 +448,31 @@ class KernelWriter:
         if not out.committed:
             return None
         return WriteResult(committed_ops=n, transactions=1, elements_sent=n)
+
+    def _ranges_by_spec(self, groups: Sequence[Group]) -> list[Group]:
+        """Each interval-set group whose ops differ cut into one group per distinct op (in first-seen order,
+        keys in order), so that they too take the uniform path: the IPv6 /64 bans of a burst's merged batches
+        have a few different ends, and one such range group sent every op of the write, the burst's IPv4
+        hosts included, through the general path's per-element encoding (10k ops: ~10 ms of the kernel
+        thread's Python on this VM, holding the GIL the event loop needs). A refused transaction still ends
+        in the general path, which finds the offenders."""
+        out: list[Group] = []
+        for g in groups:
+            spec = self._specs.get(g.set_name)
+            specs = g.specs
+            if spec is None or not spec.interval or not specs or isinstance(specs, TimedSpecs) or \
+                    specs.count(specs[0]) == len(specs):
+                out.append(g)
+                continue
+            parts: dict[OpSpec, list[int]] = {}
+            for k, op in zip(g.keys, specs, strict=True):
+                same = parts.get(op)
+                if same is None:
+                    parts[op] = [k]
+                else:
+                    same.append(k)
+            out += [Group(g.set_name, ks, [op] * len(ks)) for op, ks in parts.items()]
+        return out
 
     def _mixed_hash_adds(self, g: Group, spec: rs.SetSpec, now_ms: int) -> list[bytes] | None:
         """Hash-set adds whose ends differ (restored bans, a fleet catch-up's jail bans): `timed_hash_messages`,

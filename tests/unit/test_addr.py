@@ -14,6 +14,7 @@ from nftblockd.addr import (
     V6_TAG,
     AddressError,
     IPNet,
+    addr_int,
     first_octets,
     flagged,
     format_host,
@@ -32,6 +33,7 @@ from nftblockd.addr import (
     parse_key,
     parse_target,
     parse_v4,
+    prefixlen_of,
     split_hosts,
     split_packed6,
     tagged_key,
@@ -140,6 +142,22 @@ def test_parse_target_rules() -> None:
 
 
 @given(_nets)
+def test_prefixlen_of_is_prefixlen(net: IPNet) -> None:
+    assert prefixlen_of(net) == net.prefixlen
+    assert prefixlen_of(host_net4(int(net.network_address) & 0xFFFFFFFF)) == 32
+
+
+# IPv6 values made of hextets that are often zero: runs of zeros to compress, ties between runs, ::a.b.c.d forms
+_zero_runs = st.lists(st.one_of(st.just(0), st.just(0), st.integers(0, 0xFFFF)), min_size=8, max_size=8).map(
+    lambda hs: sum(h << (16 * (7 - i)) for i, h in enumerate(hs)))
+
+
+@given(st.one_of(_nets, st.builds(lambda x, p: ipaddress.IPv6Network((x, p), strict=False), _zero_runs,
+                                  st.sampled_from([48, 64, 127, 128]))))
+@example(ipaddress.IPv6Network("2001:db8::/64"))
+@example(ipaddress.IPv6Network("1:0:0:1::/64"))
+@example(ipaddress.IPv6Network("1:0:0:1:0:0:1:0/128"))
+@example(ipaddress.IPv6Network("::ffff:0:0/96"))
 def test_format_target_fast_path_agrees_with_str(net: IPNet) -> None:
     plain = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
     assert format_target(net) == plain
@@ -253,6 +271,16 @@ def test_fast_host_networks_equal_the_real_constructor() -> None:
         fast6, real6 = host_net6(y), ipaddress.IPv6Network((y, 128))
         assert fast6 == real6 and hash(fast6) == hash(real6) and str(fast6) == str(real6)
         assert list(fast6.hosts()) == list(real6.hosts())
+
+
+@given(st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)), st.sampled_from(["", "%eth0"]))
+def test_addr_int_is_int(a: ipaddress.IPv4Address | ipaddress.IPv6Address, scope: str) -> None:
+    """The tracker's `int(address)` fast path, for plain, scoped and IPv4-mapped addresses alike."""
+    if scope and a.version == 6:
+        a = ipaddress.IPv6Address(f"{a}{scope}")
+    assert type(addr_int(a)) is int and addr_int(a) == int(a)
+    assert addr_int(ipaddress.IPv6Address(f"::ffff:{ipaddress.IPv4Address(int(a) & 0xFFFFFFFF)}")) == \
+        0xFFFF << 32 | int(a) & 0xFFFFFFFF
 
 
 def _host_keys(version: int) -> st.SearchStrategy[tuple[int, int]]:

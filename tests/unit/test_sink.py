@@ -12,13 +12,16 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from nftblockd.addr import host_net4
 from nftblockd.allowlist import build_allowlist
 from nftblockd.config import parse_config
 from nftblockd.detect.tracker import JailPolicy, Kind, Tracker
 from nftblockd.events import Ban, Hit
 from nftblockd.kernel.ruleset import plan_ruleset
-from nftblockd.kernel.sink import JailBanSink
+from nftblockd.kernel.sink import JailBanSink, host_keys, split_bans
 from nftblockd.state.change import StateChange
 from tests.helpers.fakekernel import FakeSetWriter, running_enforcer
 
@@ -224,3 +227,42 @@ async def test_a_group_with_nothing_applied_is_not_counted(rig: Rig) -> None:
     bans = [Ban(ipaddress.ip_network("10.1.2.3/32"), "default", T0 + 3600, "jail", "x", "sshd")]
     await run_sink(rig, bans)
     assert rig.sink.stats.applied_by_jail == {} and rig.sink.stats.refused_by_jail == {"sshd": 1}
+
+
+# -- split_bans / host_keys: the per-ban grouping held to the plain loop over ipaddress's properties --------
+
+def _plain_split(bans: list[Ban]) -> tuple[dict[Any, dict[int, list[Ban]]], list[Ban]]:
+    groups: dict[Any, dict[int, list[Ban]]] = {}
+    ranges: list[Ban] = []
+    for b in bans:
+        t = b.target
+        if t.prefixlen == t.max_prefixlen:
+            groups.setdefault((b.blocklist, b.until, b.origin, b.reason, b.jail), {}).setdefault(
+                t.version, []).append(b)
+        else:
+            ranges.append(b)
+    return groups, ranges
+
+
+_targets = st.one_of(
+    st.builds(lambda i, p: ipaddress.IPv4Network((i, p), strict=False), st.integers(0, 2**32 - 1),
+              st.sampled_from([32, 32, 24, 0])),
+    st.builds(lambda i: host_net4(i), st.integers(0, 2**32 - 1)),
+    st.builds(lambda i, p: ipaddress.IPv6Network((i, p), strict=False), st.integers(0, 2**128 - 1),
+              st.sampled_from([128, 128, 64, 0])),
+)
+_bans = st.lists(st.builds(lambda t, bl, u, j: Ban(t, bl, u, "jail", f"3 failures ({j})", j), _targets,
+                           st.sampled_from(["default", "long"]), st.sampled_from([None, T0, T0 + 60]),
+                           st.sampled_from(["sshd", "web"])), max_size=30)
+
+
+@given(_bans)
+def test_split_bans_is_the_plain_grouping(bans: list[Ban]) -> None:
+    groups, ranges = split_bans(bans)
+    plain_groups, plain_ranges = _plain_split(bans)
+    assert ranges == plain_ranges
+    assert list(groups) == list(plain_groups)  # the same groups in the same order ...
+    assert [list(g.items()) for g in groups.values()] == [list(g.items()) for g in plain_groups.values()]
+    for by_version in groups.values():  # ... and their keys are the addresses' values
+        assert host_keys(by_version) == {v: [int(b.target.network_address) for b in bs]
+                                         for v, bs in by_version.items()}

@@ -55,16 +55,17 @@ def state(tr: Tracker, now: float) -> tuple[object, ...]:
     maxretry=st.integers(1, 4),
     max_tracked=st.sampled_from([2, 5, 1000]),
     allowed=st.lists(st.sampled_from(_ALLOW), max_size=2),
+    prefix=st.sampled_from([64, 128]),
     batches=st.lists(st.tuples(
         st.floats(0, 700),  # time since the previous batch (findtime is 600: generations rotate)
         st.booleans(),  # live
         st.lists(st.tuples(st.sampled_from(_POOL), st.floats(-800, 120)), max_size=25),  # host, time - now
     ), max_size=8),
 )
-def test_property_batch_is_observe_hit_by_hit(maxretry: int, max_tracked: int, allowed: list[str],
+def test_property_batch_is_observe_hit_by_hit(maxretry: int, max_tracked: int, allowed: list[str], prefix: int,
                                               batches: list[tuple[float, bool, list[tuple[str, float]]]]) -> None:
     def build() -> Tracker:
-        return Tracker([JailPolicy("sshd", maxretry=maxretry, findtime=600.0, bantime=300.0, ipv6_prefix=64)],
+        return Tracker([JailPolicy("sshd", maxretry=maxretry, findtime=600.0, bantime=300.0, ipv6_prefix=prefix)],
                        Allowlist.from_networks([N(a) for a in allowed]), max_tracked=max_tracked)
 
     one, many = build(), build()

@@ -4,6 +4,7 @@ path encodes for the same ops: deletions first, the same elements with the same 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from nftblockd.config import parse_config
 from nftblockd.kernel import nfmsg as m
@@ -96,3 +97,37 @@ def test_renewals_and_old_kernels_keep_the_general_path() -> None:
     w, sock = _writer(timeout_update=False)
     w.write([Group("feeds_net4", [1 << 8 | 32], [kept])], NOW_MS)
     assert len(sock.sent) == 1 and len(_elements(sock.sent[0])) == 2  # destroy + add, as the general path does
+
+
+def test_ranges_with_different_ends_take_the_fast_path_too() -> None:
+    # a burst's merged batches: IPv6 /64 bans with a few different ends (and a delete of a range they absorb)
+    # next to hosts with one end; the general path's per-element encoding is not used, the elements are its own
+    w, sock = _writer()
+    ends = [OpSpec(True, NOW_MS + 3_600_000 + 1000 * (i % 3), "") for i in range(7)]
+    net6 = [(0x2001_0DB8 << 96 | i << 64) << 8 | 64 for i in range(7)]
+    groups = [Group("feeds_net6", net6, ends), Group("feeds_net6", [(0x2001_0DB9 << 96 | 5) << 8 | 128], [DELETE]),
+              Group("feeds_net4", [(203 << 24 | i) << 8 | 32 for i in range(5)], [ends[0]] * 5)]
+    general_encode = w._encode
+
+    def refuse(*a: object, **k: object) -> Any:
+        raise AssertionError("the general path was taken")
+
+    w._encode = refuse  # type: ignore[method-assign]
+    res = w.write(groups, NOW_MS)
+    assert res.committed_ops == 13 and res.transactions == 1 and not res.failed and len(sock.sent) == 1
+    names: list[str] = []
+    keys: list[int] = []
+    specs: list[OpSpec] = []
+    for g in groups:
+        names += [g.set_name] * len(g.keys)
+        keys += g.keys
+        specs += g.specs
+    general, _where = general_encode(names, keys, specs, range(len(keys)), NOW_MS, set())
+    fast = _elements(sock.sent[0])
+    # the same elements, each whole (the messages are cut per end now, so compared element by element)
+    assert sorted(_each(fast)) == sorted(_each(_elements([sm.data for sm in general])))
+    assert [t for t, _s, _e in fast] == sorted((t for t, _s, _e in fast), key=lambda t: t == m.NFT_MSG_NEWSETELEM)
+
+
+def _each(msgs: list[tuple[int, str, bytes]]) -> list[tuple[int, str, bytes]]:
+    return [(t, s, elem) for t, s, elems in msgs for _kind, elem in m.iter_attrs(elems)]
