@@ -38,12 +38,12 @@ not from the previous aggregate's int objects, cold in memory by then.
 from __future__ import annotations
 
 import array
-import importlib
 import operator
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from nftblockd import optional_c
 
 __all__ = ["NATIVE", "AppliedSets", "SetDelta", "diff_packed", "diff_packed_py", "diff_sorted", "diff_sorted_py",
            "pack"]
@@ -112,20 +112,7 @@ def diff_packed_py(old_packed: bytes, old: list[int], new: list[int]) -> tuple[l
     return added, removed, packed
 
 
-def _native() -> object | None:
-    if os.environ.get("NFTBLOCK_NATIVE", "1") == "0":
-        return None
-    # not `from nftblockd.feeds import _sorted` / `except ImportError`: that would also hide a core that is
-    # built but broken (an undefined symbol is an ImportError) behind the slow walk; only "not built" falls back
-    try:
-        return importlib.import_module("nftblockd.feeds._sorted")
-    except ModuleNotFoundError as exc:  # not built (no C compiler when this copy was installed): the Python walk
-        if exc.name != "nftblockd.feeds._sorted":
-            raise
-        return None
-
-
-_mod = _native()
+_mod = optional_c.load("nftblockd.feeds._sorted")  # not built (no C compiler): the Python walk
 NATIVE = _mod is not None
 diff_sorted: Callable[[list[int], list[int]], tuple[list[int], list[int]]] = (
     getattr(_mod, "diff_sorted") if _mod is not None else diff_sorted_py)  # noqa: B009

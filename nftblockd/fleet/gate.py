@@ -24,13 +24,12 @@ The gate is pure: time is an argument, the only state is the per-origin buckets 
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from nftblockd import optional_c
 from nftblockd.addr import IPNet, host_net
 from nftblockd.allowlist import Allowlist
 from nftblockd.fleet.codec import FleetEvent, Rejection
@@ -40,19 +39,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-def _native_take() -> Callable[..., tuple[int, float, float]] | None:
-    """`_plain.take_live`, where the optional C module was built (NFTBLOCK_NATIVE=0: the Python loop alone)."""
-    if os.environ.get("NFTBLOCK_NATIVE", "1") == "0":
-        return None
-    try:
-        return importlib.import_module("nftblockd.fleet._plain").take_live  # type: ignore[no-any-return]
-    except ModuleNotFoundError as exc:
-        if exc.name != "nftblockd.fleet._plain":
-            raise
-        return None
-
-
-_take_live = _native_take()
+_plain_mod = optional_c.load("nftblockd.fleet._plain")  # not built: the Python token loop alone
+_take_live: Callable[..., tuple[int, float, float]] | None = None if _plain_mod is None else _plain_mod.take_live
 
 
 def span(net: IPNet) -> tuple[int, int]:

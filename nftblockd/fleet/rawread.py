@@ -18,14 +18,13 @@ could not have sent, where that id is read: the receive loop then counts and ski
 from __future__ import annotations
 
 import collections
-import importlib
 import itertools
 import math
 import operator
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
+from nftblockd import optional_c
 from nftblockd.fleet.catchup import StreamId, parse_id
 from nftblockd.fleet.codec import (
     _ORIGIN_RE,
@@ -117,18 +116,9 @@ def _ms_of(ids: list[Any]) -> list[int]:
     return [parse_id(i)[0] for i in ids]
 
 
-def _native() -> Callable[[list[Any], bytes], tuple[Any, ...] | None] | None:
-    if os.environ.get("NFTBLOCK_NATIVE", "1") == "0":
-        return None
-    try:
-        return importlib.import_module("nftblockd.fleet._plain").columns  # type: ignore[no-any-return]
-    except ModuleNotFoundError as exc:  # not built (no C compiler when this copy was installed): the columns
-        if exc.name != "nftblockd.fleet._plain":
-            raise
-        return None
-
-
-_plain_c = _native()
+_plain_mod = optional_c.load("nftblockd.fleet._plain")  # not built (no C compiler): the columns in Python
+_plain_c: Callable[[list[Any], bytes], tuple[Any, ...] | None] | None = (
+    None if _plain_mod is None else _plain_mod.columns)
 NATIVE = _plain_c is not None
 
 

@@ -106,7 +106,7 @@ class SourceStats:
 
     Nothing a source drops goes uncounted: an overlong line is skipped (`overlong`), undecodable bytes are
     replaced (`invalid_utf8` counts the lines that needed it), a journal entry whose source time is not a number
-is read with journald's own time instead (`bad_time`), unreadable files are retried (`errors`).
+    is read with journald's own time instead (`bad_time`), unreadable files are retried (`errors`).
     """
 
     lines: int = 0  # lines put into the queue (in batches)
