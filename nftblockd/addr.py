@@ -147,7 +147,7 @@ def format_target(net: IPNet) -> str:
     # compression (4 us): every saved ban's history row comes here.
     plen = prefixlen_of(net)
     a = net.network_address
-    if isinstance(net, ipaddress.IPv4Network):
+    if isinstance(a, ipaddress.IPv4Address):
         text = format_host(addr_int(a), 4)
         return text if plen == 32 else f"{text}/{plen}"
     text = format_host(addr_int(a), 6) if a.scope_id is None else str(a)
