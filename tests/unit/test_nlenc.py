@@ -85,3 +85,49 @@ def test_messages_split_at_the_same_boundaries() -> None:
     keys = [net_key(a << 8, 24) for a in range(0, 6000, 2)]  # several messages' worth
     c, py = both(keys, 4, TAILS[1])
     assert isinstance(c, list) and len(c) > 1 and c == py
+
+
+# --- timed hash elements (timed_hash_messages): each element its own timeout -------------------------------
+
+def both_timed(keys: list[Any], key_len: int, remaining: list[Any]) -> tuple[Any, Any]:
+    """(C path's answer, Python's), each an exception type when it raised."""
+    out: list[Any] = []
+    for fn in (m.timed_hash_messages, m.timed_hash_messages_py):
+        try:
+            out.append(fn(m.NFT_MSG_NEWSETELEM, m.NFPROTO_INET, "nftblock", "jail_v4", keys, key_len, remaining, 3,
+                          m.NLM_F_REQUEST))
+        except Exception as exc:  # the same exception type on both sides is the claim
+            out.append(type(exc))
+    return out[0], out[1]
+
+
+@st.composite
+def timed_cases(draw: st.DrawFn) -> tuple[int, list[int], list[int]]:
+    key_len = draw(st.sampled_from([4, 16]))
+    top = (1 << (8 * key_len)) - 1
+    n = draw(st.integers(0, 40))
+    keys = draw(st.lists(st.one_of(st.integers(0, top), st.sampled_from([0, top])), min_size=n, max_size=n))
+    ms = st.one_of(st.integers(1, 10**10), st.sampled_from([1, 999, 1000, 1001, 2**64 - 1000]))
+    return key_len, keys, draw(st.lists(ms, min_size=n, max_size=n))
+
+
+@settings(max_examples=300, deadline=None)
+@given(timed_cases())
+def test_the_timed_c_loop_gives_the_python_loops_bytes(case: tuple[int, list[int], list[int]]) -> None:
+    key_len, keys, remaining = case
+    c, py = both_timed(keys, key_len, remaining)
+    assert c == py
+
+
+def test_the_timed_c_loop_declines_what_python_treats_otherwise() -> None:
+    timed = m._NLENC.timed_elements  # type: ignore[union-attr]
+    args = (b"H", b"T", b"E")
+    assert timed([1], 4, *args, [1001]) == b"H\x00\x00\x00\x01T" + (2000).to_bytes(8, "big") + b"E" + (
+        1001).to_bytes(8, "big")
+    for key_len, keys, rem in [(4, [1 << 32], [5]), (16, [1 << 128], [5]), (4, [-1], [5]), (16, [-1], [5]),
+                               (4, [True], [5]), (4, [1], [-5]), (4, [1], [2**64 - 999]), (4, [1], [2**64]),
+                               (4, [1], [5.0]), (4, [1, 2], [5]), (8, [1], [5])]:
+        assert timed(keys, key_len, *args, rem) is None, (key_len, keys, rem)
+    for key_len, keys, rem in [(4, [1 << 32], [5]), (16, [-1], [5]), (4, [1], [-5]), (4, [1], [2**64 - 999])]:
+        c, py = both_timed(keys, key_len, rem)
+        assert c == py  # declined: Python decides (here: it raises, the same way)
