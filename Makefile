@@ -27,7 +27,7 @@ deps:
 
 # The editable install also builds the native core in place (setup.py); pip hides a failed optional build,
 # so the engine is printed: without the core the matcher runs on its pure-Python path.
-$(STAMP): pyproject.toml setup.py nftblockd/detect/_scan.c nftblockd/feeds/_sorted.c nftblockd/fleet/_plain.c | deps
+$(STAMP): pyproject.toml setup.py nftblockd/detect/_scan.c nftblockd/feeds/_sorted.c nftblockd/fleet/_plain.c nftblockd/kernel/_nlenc.c | deps
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

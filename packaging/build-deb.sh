@@ -168,12 +168,18 @@ chmod 0644 "$LIB/nftblockd/feeds/_sorted.abi3.so"
 "$CC" -O2 -g0 -s -shared -fPIC -Wall -DPy_LIMITED_API=0x030B0000 -I"$PY_INCLUDE" \
     nftblockd/fleet/_plain.c -Wl,--no-as-needed -lc -o "$LIB/nftblockd/fleet/_plain.abi3.so"
 chmod 0644 "$LIB/nftblockd/fleet/_plain.abi3.so"
+# The range encoder of interval-set writes (setup.py's fourth extension; Python's C API alone, libc as above).
+"$CC" -O2 -g0 -s -shared -fPIC -Wall -DPy_LIMITED_API=0x030B0000 -I"$PY_INCLUDE" \
+    nftblockd/kernel/_nlenc.c -Wl,--no-as-needed -lc -o "$LIB/nftblockd/kernel/_nlenc.abi3.so"
+chmod 0644 "$LIB/nftblockd/kernel/_nlenc.abi3.so"
 "$SYSTEM_PYTHON" -I -B -c 'import sys; sys.path.insert(0, sys.argv[1]); from nftblockd.detect import native
 assert native.available(), native.describe()
 from nftblockd.feeds import delta
 assert delta.NATIVE, "nftblockd.feeds._sorted"
 from nftblockd.fleet import rawread
-assert rawread.NATIVE, "nftblockd.fleet._plain"' "$LIB" || die "the native core does not load in $SYSTEM_PYTHON"
+assert rawread.NATIVE, "nftblockd.fleet._plain"
+from nftblockd.kernel import nfmsg
+assert nfmsg._NLENC is not None, "nftblockd.kernel._nlenc"' "$LIB" || die "the native core does not load in $SYSTEM_PYTHON"
 printf 'Source: nftblockd\n\nPackage: nftblockd\nArchitecture: any\n' >"$STAGE/debian/control"
 SHLIBS=$(cd "$STAGE" && dpkg-shlibdeps -O "debian/nftblockd/usr/lib/nftblockd/nftblockd/detect/_scan.abi3.so" \
     | sed -n 's/^shlibs:Depends=//p')

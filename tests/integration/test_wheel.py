@@ -113,7 +113,8 @@ def test_the_sdist_holds_what_a_build_needs(dists: Dists) -> None:
         names = {n.removeprefix(f"{NAME}/") for n in tar.getnames()}
     filters = {f"nftblockd/detect/filters/{p.name}" for p in (ROOT / "nftblockd/detect/filters").glob("*.yaml")}
     assert filters and filters <= names
-    assert {"nftblockd/detect/_scan.c", "nftblockd/feeds/_sorted.c", "nftblockd/py.typed", "README.md", "COPYING",
+    assert {"nftblockd/detect/_scan.c", "nftblockd/feeds/_sorted.c", "nftblockd/kernel/_nlenc.c",
+            "nftblockd/py.typed", "README.md", "COPYING",
             "PKG-INFO", "pyproject.toml", "setup.py", "config/nftblockd.yaml"} <= names
     sources = {str(p.relative_to(ROOT)) for p in (ROOT / "nftblockd").rglob("*.py")}
     assert sources <= names
@@ -124,7 +125,7 @@ def test_the_wheel_carries_the_native_core_for_the_stable_abi(dists: Dists) -> N
         names = set(whl.namelist())
         wheel_meta = whl.read(f"{NAME}.dist-info/WHEEL").decode()
     assert {"nftblockd/detect/_scan.abi3.so", "nftblockd/feeds/_sorted.abi3.so",
-            "nftblockd/fleet/_plain.abi3.so"} <= names
+            "nftblockd/fleet/_plain.abi3.so", "nftblockd/kernel/_nlenc.abi3.so"} <= names
     assert f"Tag: cp311-abi3-linux_{platform.machine()}" in wheel_meta
     assert "nftblockd/py.typed" in names and f"{NAME}.dist-info/licenses/COPYING" in names
     assert not any(n.endswith(".c") for n in names)  # the source stays in the sdist
