@@ -274,23 +274,33 @@ class UnknownJailError(LookupError):
 
 
 class _Banned:
-    """An offender in BANNED: the ready-made ALREADY_BANNED answer, so a storm allocates nothing."""
+    """An offender in BANNED: its ALREADY_BANNED answer, built at its first hit after the ban and kept, so a
+    storm allocates nothing; a burst's 10,000 bans, most never hit again, do not build 10,000 of them."""
 
-    __slots__ = ("outcome", "since", "until")
+    __slots__ = ("_ban", "_made", "since", "until")
 
     def __init__(self, ban: Ban, since: float) -> None:
-        self.outcome: TrackOutcome = _new(TrackOutcome, (_ALREADY, ban, None, None))
+        self._ban: Ban | None = ban
+        self._made: TrackOutcome | None = None
         self.since = since
         self.until = math.inf if ban.until is None else ban.until
+
+    @property
+    def outcome(self) -> TrackOutcome:
+        made = self._made
+        if made is None:
+            made = self._made = _new(TrackOutcome, (_ALREADY, self._ban, None, None))
+        return made
 
 
 class _RestoredBanned(_Banned):
     """A BANNED IPv4 offender restored in bulk after a restart (`Tracker.note_hosts`): its ALREADY_BANNED
     answer, and the Ban in it, are built at its first hit instead of for each of a million restored bans."""
 
-    __slots__ = ("_key", "_label", "_made")
+    __slots__ = ("_key", "_label")
 
     def __init__(self, key: int, until: float | None, label: tuple[str, str, str, str], since: float) -> None:
+        self._ban = None
         self._key = key
         self._label = label  # (blocklist, origin, reason, jail), shared by the whole restore
         self._made: TrackOutcome | None = None
@@ -298,7 +308,7 @@ class _RestoredBanned(_Banned):
         self.until = math.inf if until is None else until
 
     @property
-    def outcome(self) -> TrackOutcome:  # type: ignore[override]  # read-only over the base's slot: never written
+    def outcome(self) -> TrackOutcome:
         if self._made is None:
             blocklist, origin, reason, jail = self._label
             until = None if self.until == math.inf else self.until
@@ -313,7 +323,7 @@ _Past: TypeAlias = tuple[tuple[float, float | None], ...]  # (at, until) of earl
 
 class _Jail:
     __slots__ = ("a4_ends", "a4_nets", "a4_starts", "a6_ends", "a6_nets", "a6_starts", "allow", "banned",
-                 "cur", "findtime", "gen_hi", "gen_lo", "gen_start", "history", "horizon", "live_window",
+                 "cur", "findtime", "first", "gen_hi", "gen_lo", "gen_start", "history", "horizon", "live_window",
                  "max_skew", "maxretry", "name", "old", "policy", "reasons", "recidive", "v6_low", "v6_shift",
                  "v6_tag")
 
@@ -336,6 +346,10 @@ class _Jail:
         self.banned: dict[int, _Banned] = {}
         self.history: dict[int, _Past] = {}
         self.reasons: dict[int, str] = {}  # ban reason by failure count: the same text for most bans
+        # (now, until, history) of a first offence decided at `now`: a burst decides thousands at one `now`,
+        # and they share the end and the history entry (a tuple, never changed in place) instead of
+        # building two tuples and calling ban_end each
+        self.first: tuple[float, float | None, _Past] = (math.nan, None, ())
 
     def anchor(self, now: float) -> None:
         """Start the current generation at `now`; [gen_lo, gen_hi) is when no rotation is due."""
@@ -746,7 +760,11 @@ class Tracker:
         earlier = j.history.get(key)
         if earlier is None:  # a first offence, as nearly every ban of a burst is
             past: _Past = ()
-            until = ban_end(p.bantime, now)
+            first = j.first
+            if first[0] != now:
+                end = ban_end(p.bantime, now)
+                first = j.first = (now, end, ((now, end),))
+            until, entry = first[1], first[2]
         else:
             lo = now - j.horizon
             past = tuple(r for r in earlier if r[0] >= lo)
@@ -754,6 +772,7 @@ class Tracker:
             if until is not None:
                 # Never end before an earlier ban of the same offender (only possible after a clock step back).
                 until = max([until] + [u for _, u in past if u is not None])
+            entry = (*past, (now, until))
         target = host_net4_at(host) if host is not None else tagged_net(key)  # its first test: an IPv4 host
         reason = j.reasons.get(failures)
         if reason is None:
@@ -764,7 +783,7 @@ class Tracker:
             if not isinstance(duration, Permanent) and duration != p.bantime:
                 reason += f"; ban #{len(past) + 1} escalated to {format_duration(duration)}"
         ban = _make_ban(target, p.blocklist, until, "jail", reason, p.name)
-        j.history[key] = (*past, (now, until))
+        j.history[key] = entry
         j.banned[key] = _Banned(ban, now)
         return ban, _new(BanRecord, (p.name, target, now, until))
 
