@@ -479,7 +479,10 @@ class Tracker:
             b = j.banned.get(key)
             if b is not None:
                 if b.since - self.max_skew <= now < b.until:
-                    return b.outcome
+                    # the slot, not the property: a storm asks again and again (`is None`, not `or`: a tuple's
+                    # truth test is the dearer one)
+                    out = b._made
+                    return b.outcome if out is None else out
                 del j.banned[key]
             i = bisect_right(j.a4_starts, x) - 1
             if i >= 0 and j.a4_ends[i] >= x:
@@ -491,7 +494,8 @@ class Tracker:
             b = j.banned.get(key)
             if b is not None:
                 if b.since - self.max_skew <= now < b.until:
-                    return b.outcome
+                    out = b._made
+                    return b.outcome if out is None else out
                 del j.banned[key]
             i = bisect_right(j.a6_starts, first | j.v6_low) - 1
             if i >= 0 and j.a6_ends[i] >= first:
@@ -503,7 +507,8 @@ class Tracker:
                 b = j.banned.get(key)
                 if b is not None:
                     if b.since - self.max_skew <= now < b.until:
-                        return b.outcome
+                        out = b._made
+                        return b.outcome if out is None else out
                     del j.banned[key]
 
         t = hit.time
