@@ -274,33 +274,23 @@ class UnknownJailError(LookupError):
 
 
 class _Banned:
-    """An offender in BANNED: its ALREADY_BANNED answer, built at its first hit after the ban and kept, so a
-    storm allocates nothing; a burst's 10,000 bans, most never hit again, do not build 10,000 of them."""
+    """An offender in BANNED: the ready-made ALREADY_BANNED answer, so a storm allocates nothing."""
 
-    __slots__ = ("_ban", "_made", "since", "until")
+    __slots__ = ("outcome", "since", "until")
 
     def __init__(self, ban: Ban, since: float) -> None:
-        self._ban: Ban | None = ban
-        self._made: TrackOutcome | None = None
+        self.outcome: TrackOutcome = _new(TrackOutcome, (_ALREADY, ban, None, None))
         self.since = since
         self.until = math.inf if ban.until is None else ban.until
-
-    @property
-    def outcome(self) -> TrackOutcome:
-        made = self._made
-        if made is None:
-            made = self._made = _new(TrackOutcome, (_ALREADY, self._ban, None, None))
-        return made
 
 
 class _RestoredBanned(_Banned):
     """A BANNED IPv4 offender restored in bulk after a restart (`Tracker.note_hosts`): its ALREADY_BANNED
     answer, and the Ban in it, are built at its first hit instead of for each of a million restored bans."""
 
-    __slots__ = ("_key", "_label")
+    __slots__ = ("_key", "_label", "_made")
 
     def __init__(self, key: int, until: float | None, label: tuple[str, str, str, str], since: float) -> None:
-        self._ban = None
         self._key = key
         self._label = label  # (blocklist, origin, reason, jail), shared by the whole restore
         self._made: TrackOutcome | None = None
@@ -308,7 +298,7 @@ class _RestoredBanned(_Banned):
         self.until = math.inf if until is None else until
 
     @property
-    def outcome(self) -> TrackOutcome:
+    def outcome(self) -> TrackOutcome:  # type: ignore[override]  # read-only over the base's slot: never written
         if self._made is None:
             blocklist, origin, reason, jail = self._label
             until = None if self.until == math.inf else self.until
@@ -479,10 +469,7 @@ class Tracker:
             b = j.banned.get(key)
             if b is not None:
                 if b.since - self.max_skew <= now < b.until:
-                    # the slot, not the property: a storm asks again and again (`is None`, not `or`: a tuple's
-                    # truth test is the dearer one)
-                    out = b._made
-                    return b.outcome if out is None else out
+                    return b.outcome
                 del j.banned[key]
             i = bisect_right(j.a4_starts, x) - 1
             if i >= 0 and j.a4_ends[i] >= x:
@@ -494,8 +481,7 @@ class Tracker:
             b = j.banned.get(key)
             if b is not None:
                 if b.since - self.max_skew <= now < b.until:
-                    out = b._made
-                    return b.outcome if out is None else out
+                    return b.outcome
                 del j.banned[key]
             i = bisect_right(j.a6_starts, first | j.v6_low) - 1
             if i >= 0 and j.a6_ends[i] >= first:
@@ -507,8 +493,7 @@ class Tracker:
                 b = j.banned.get(key)
                 if b is not None:
                     if b.since - self.max_skew <= now < b.until:
-                        out = b._made
-                        return b.outcome if out is None else out
+                        return b.outcome
                     del j.banned[key]
 
         t = hit.time

@@ -165,7 +165,7 @@ def test_first_offences_at_one_moment_share_nothing_an_escalation_can_change() -
         ("sshd", "192.0.2.1", T0, T0 + 60.0), ("sshd", "192.0.2.2", T0, T0 + 60.0),
         ("sshd", "192.0.2.2", later, later + 120.0), ("sshd", "192.0.2.3", T0, T0 + 60.0),
         ("sshd", "192.0.2.9", later, later + 60.0)])
-    # the ALREADY_BANNED answer, built at the first hit after the ban, carries the ban and is kept
+    # the ALREADY_BANNED answer carries the ban, and a storm gets the same one each time
     out = tr.observe(Hit("sshd", hosts[0], T0 + 1), T0 + 1)
     assert out.kind is Kind.ALREADY_BANNED and out.ban == first.bans[0]
     assert tr.observe(Hit("sshd", hosts[0], T0 + 2), T0 + 2) is out
