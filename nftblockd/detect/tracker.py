@@ -313,7 +313,7 @@ _Past: TypeAlias = tuple[tuple[float, float | None], ...]  # (at, until) of earl
 
 class _Jail:
     __slots__ = ("a4_ends", "a4_nets", "a4_starts", "a6_ends", "a6_nets", "a6_starts", "allow", "banned",
-                 "cur", "findtime", "gen_hi", "gen_lo", "gen_start", "history", "horizon", "live_window",
+                 "cur", "findtime", "first", "gen_hi", "gen_lo", "gen_start", "history", "horizon", "live_window",
                  "max_skew", "maxretry", "name", "old", "policy", "reasons", "recidive", "v6_low", "v6_shift",
                  "v6_tag")
 
@@ -336,6 +336,10 @@ class _Jail:
         self.banned: dict[int, _Banned] = {}
         self.history: dict[int, _Past] = {}
         self.reasons: dict[int, str] = {}  # ban reason by failure count: the same text for most bans
+        # (now, until, history) of a first offence decided at `now`: a burst decides thousands at one `now`,
+        # and they share the end and the history entry (a tuple, never changed in place) instead of
+        # building two tuples and calling ban_end each
+        self.first: tuple[float, float | None, _Past] = (math.nan, None, ())
 
     def anchor(self, now: float) -> None:
         """Start the current generation at `now`; [gen_lo, gen_hi) is when no rotation is due."""
@@ -746,7 +750,11 @@ class Tracker:
         earlier = j.history.get(key)
         if earlier is None:  # a first offence, as nearly every ban of a burst is
             past: _Past = ()
-            until = ban_end(p.bantime, now)
+            first = j.first
+            if first[0] != now:
+                end = ban_end(p.bantime, now)
+                first = j.first = (now, end, ((now, end),))
+            until, entry = first[1], first[2]
         else:
             lo = now - j.horizon
             past = tuple(r for r in earlier if r[0] >= lo)
@@ -754,6 +762,7 @@ class Tracker:
             if until is not None:
                 # Never end before an earlier ban of the same offender (only possible after a clock step back).
                 until = max([until] + [u for _, u in past if u is not None])
+            entry = (*past, (now, until))
         target = host_net4_at(host) if host is not None else tagged_net(key)  # its first test: an IPv4 host
         reason = j.reasons.get(failures)
         if reason is None:
@@ -764,7 +773,7 @@ class Tracker:
             if not isinstance(duration, Permanent) and duration != p.bantime:
                 reason += f"; ban #{len(past) + 1} escalated to {format_duration(duration)}"
         ban = _make_ban(target, p.blocklist, until, "jail", reason, p.name)
-        j.history[key] = (*past, (now, until))
+        j.history[key] = entry
         j.banned[key] = _Banned(ban, now)
         return ban, _new(BanRecord, (p.name, target, now, until))
 

@@ -158,6 +158,8 @@ _zero_runs = st.lists(st.one_of(st.just(0), st.just(0), st.integers(0, 0xFFFF)),
 @example(ipaddress.IPv6Network("1:0:0:1::/64"))
 @example(ipaddress.IPv6Network("1:0:0:1:0:0:1:0/128"))
 @example(ipaddress.IPv6Network("::ffff:0:0/96"))
+@example(ipaddress.IPv4Network("192.0.2.7/32"))
+@example(ipaddress.IPv4Network("10.0.0.0/8"))
 def test_format_target_fast_path_agrees_with_str(net: IPNet) -> None:
     plain = str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
     assert format_target(net) == plain

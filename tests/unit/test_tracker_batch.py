@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from nftblockd.addr import IPAddr
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import parse_config
+from nftblockd.config_model import Escalation
 from nftblockd.detect import tracker as tracker_mod
 from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.jails import JailRunner
@@ -145,3 +146,26 @@ def test_process_batch_path_gives_what_the_per_hit_loop_gives(stamped: bool) -> 
     assert results[0] == results[1]
     stats = results[1][1]
     assert stats.bans and stats.allowlisted and stats.already_banned and stats.rejected and stats.failures
+
+
+def test_first_offences_at_one_moment_share_nothing_an_escalation_can_change() -> None:
+    # a burst's first offences share their end and history entry (one tuple per `now`); an offender who
+    # comes back escalates alone, and the others' history stays what each was given
+    pol = JailPolicy("sshd", maxretry=1, bantime=60.0, escalation=Escalation(enabled=True, factor=2.0, max=3600.0))
+    tr = Tracker([pol])
+    hosts: list[IPAddr] = [A(f"192.0.2.{i}") for i in (1, 2, 3)]
+    first = tr.observe_batch("sshd", hosts, [T0] * 3, T0)
+    assert [b.until for b in first.bans] == [T0 + 60.0] * 3
+    later = T0 + 120.0  # the first bans ended
+    again = tr.observe_batch("sshd", [hosts[1], A("192.0.2.9")], [later] * 2, later)
+    assert [(str(b.target), b.until) for b in again.bans] == [("192.0.2.2/32", later + 120.0),
+                                                              ("192.0.2.9/32", later + 60.0)]
+    assert "escalated" in again.bans[0].reason and "escalated" not in again.bans[1].reason
+    assert sorted(tr.history_snapshot()) == sorted([
+        ("sshd", "192.0.2.1", T0, T0 + 60.0), ("sshd", "192.0.2.2", T0, T0 + 60.0),
+        ("sshd", "192.0.2.2", later, later + 120.0), ("sshd", "192.0.2.3", T0, T0 + 60.0),
+        ("sshd", "192.0.2.9", later, later + 60.0)])
+    # the ALREADY_BANNED answer carries the ban, and a storm gets the same one each time
+    out = tr.observe(Hit("sshd", hosts[0], T0 + 1), T0 + 1)
+    assert out.kind is Kind.ALREADY_BANNED and out.ban == first.bans[0]
+    assert tr.observe(Hit("sshd", hosts[0], T0 + 2), T0 + 2) is out
