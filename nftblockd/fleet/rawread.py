@@ -144,7 +144,7 @@ def _from_native(raw: list[Any], own: bytes) -> PlainBans | None:
     got = _plain_c(raw, own)
     if got is None:
         return None
-    ban, unban, other, ms, keys, ends, origins, srcs, tss = got
+    ban, unban, other, ats, keys, ends, origins, srcs, tss = got
     owned = {op: k for op, k in (("ban", ban), ("unban", unban), ("?", other)) if k}
     n = len(keys)
     if not n:
@@ -152,7 +152,6 @@ def _from_native(raw: list[Any], own: bytes) -> PlainBans | None:
     text = {o: _checked_name(o, _ORIGIN_RE) for o in set(origins)}
     for s in srcs:
         _checked_name(s, _SRC_RE)
-    ats = list(map(operator.truediv, ms, itertools.repeat(1000)))
     return PlainBans(owned, [4] * n, keys, ends, list(map(text.__getitem__, origins)), ats, tss)
 
 
