@@ -4,13 +4,14 @@
  * What it does: `columns(raw, own)` takes an XREAD reply's entries as the RESP parser hands them (a list of
  * `[id, [field, value, ...]]`) and the origin of this host, and answers either None ("not the read this loop
  * knows: ask the Python path") or a tuple
- *     (own bans, own unbans, own others, ats, keys, ends, origins, srcs, ts)
+ *     (own bans, own unbans, own others, ats, keys, ends, origins, srcs, ts, ends_ms)
  * where, for every entry not this host's own, in order: `ats` is its stream id's millisecond part in seconds
  * (a float: the ms divided by 1000 here, which is Python's `ms / 1000` exactly, the ms being below 2**53;
  * the receive loop made that column in a pass of its own, ~3 ms per 100k, after a list of ints made here),
  * `keys` its IPv4 address as an int, `ends` its until field as a float, `ts` its ts field as an int (`int()`
- * of its digits), `origins` the field values themselves (bytes, not copied), and `srcs` the set of distinct
- * src values. Python checks each distinct
+ * of its digits), `origins` the field values themselves (bytes, not copied), `srcs` the set of distinct
+ * src values, and `ends_ms` each end in whole ms, truncated: Python's `int(end * 1000.0)` (`ends.secs_ms`),
+ * the ban state's unit, which the state made in a pass of its own (~7 ms per 100k). Python checks each distinct
  * origin and src once, as `_columns` does; tests/unit/test_fleet_rawread.py holds this loop to `_columns`
  * with hypothesis (same answer wherever this one answers).
  *
@@ -33,10 +34,10 @@
  * reference beyond the list that owns it (every value stays in `raw`, which the caller holds), or touch
  * anything but its arguments. Built against the stable ABI (Py_LIMITED_API 3.11).
  *
- * Ownership rules (reviewed s10): every value in the answer is either new (ms, keys, ends: made here) or the
- * read's own bytes object with one reference added per place it appears (origins, ts, srcs); the loop runs
+ * Ownership rules (reviewed s10): every value in the answer is either new (ats, keys, ends, ends_ms: made
+ * here) or the read's own bytes object with one reference added per place it appears (origins, ts, srcs); the loop runs
  * no Python code (exact bytes only: their hash and comparison are C), so the borrowed entries of `raw` stay
- * valid throughout. Any failure releases the six containers, once, and returns NULL (MemoryError) or None.
+ * valid throughout. Any failure releases the seven containers, once, and returns NULL (MemoryError) or None.
  * Lengths bound every read: strtod_l alone reads up to a NUL, which a bytes object always has after its
  * last byte, and only after the field was checked to be digits and one dot. The C-numeric locale is made
  * once per process and kept. tests/unit/test_fleet_rawread.py checks the references of the inputs over every
@@ -180,10 +181,10 @@ static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *args) {
         Py_RETURN_NONE;
     Py_ssize_t count = PyList_Size(raw);
     PyObject *ats = PyList_New(0), *keys = PyList_New(0), *ends = PyList_New(0), *origins = PyList_New(0);
-    PyObject *srcs = PySet_New(NULL), *ts = PyList_New(0);
+    PyObject *srcs = PySet_New(NULL), *ts = PyList_New(0), *ends_ms = PyList_New(0);
     long own_ban = 0, own_unban = 0, own_other = 0;
     int plain = 1;
-    if (!ats || !keys || !ends || !origins || !srcs || !ts)
+    if (!ats || !keys || !ends || !origins || !srcs || !ts || !ends_ms)
         goto fail;
     for (Py_ssize_t e = 0; e < count && plain; e++) {
         plain = 0;
@@ -229,7 +230,9 @@ static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *args) {
         if (append_new(ats, PyFloat_FromDouble((double)at / 1000.0)) < 0 || append_new(keys, PyLong_FromUnsignedLong(key)) < 0
             || append_new(ends, PyFloat_FromDouble(end)) < 0
             || PyList_Append(origins, PyList_GetItem(fields, 9)) < 0
-            || PySet_Add(srcs, PyList_GetItem(fields, 13)) < 0 || append_new(ts, PyLong_FromUnsignedLongLong(digits(p[7], n[7]))) < 0)
+            || PySet_Add(srcs, PyList_GetItem(fields, 13)) < 0 || append_new(ts, PyLong_FromUnsignedLongLong(digits(p[7], n[7]))) < 0
+            /* end <= MAX_UNTIL: the product is far below 2**63; a double multiply then truncation, as int() */
+            || append_new(ends_ms, PyLong_FromLongLong((long long)(end * 1000.0))) < 0)
             goto fail;
         plain = 1;
     }
@@ -240,9 +243,10 @@ static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *args) {
         Py_DECREF(origins);
         Py_DECREF(srcs);
         Py_DECREF(ts);
+        Py_DECREF(ends_ms);
         Py_RETURN_NONE;
     }
-    return Py_BuildValue("(lllNNNNNN)", own_ban, own_unban, own_other, ats, keys, ends, origins, srcs, ts);
+    return Py_BuildValue("(lllNNNNNNN)", own_ban, own_unban, own_other, ats, keys, ends, origins, srcs, ts, ends_ms);
 fail:
     Py_XDECREF(ats);
     Py_XDECREF(keys);
@@ -250,6 +254,7 @@ fail:
     Py_XDECREF(origins);
     Py_XDECREF(srcs);
     Py_XDECREF(ts);
+    Py_XDECREF(ends_ms);
     return NULL;
 }
 
