@@ -4,18 +4,21 @@
  * What it does: `columns(raw, own)` takes an XREAD reply's entries as the RESP parser hands them (a list of
  * `[id, [field, value, ...]]`) and the origin of this host, and answers either None ("not the read this loop
  * knows: ask the Python path") or a tuple
- *     (own bans, own unbans, own others, ms, keys, ends, origins, srcs, ts)
- * where, for every entry not this host's own, in order: `ms` is its stream id's millisecond part (int),
+ *     (own bans, own unbans, own others, ats, keys, ends, origins, srcs, ts, ends_ms)
+ * where, for every entry not this host's own, in order: `ats` is its stream id's millisecond part in seconds
+ * (a float: the ms divided by 1000 here, which is Python's `ms / 1000` exactly, the ms being below 2**53;
+ * the receive loop made that column in a pass of its own, ~3 ms per 100k, after a list of ints made here),
  * `keys` its IPv4 address as an int, `ends` its until field as a float, `ts` its ts field as an int (`int()`
- * of its digits), `origins` the field values themselves (bytes, not copied), and `srcs` the set of distinct
- * src values. Python checks each distinct
+ * of its digits), `origins` the field values themselves (bytes, not copied), `srcs` the set of distinct
+ * src values, and `ends_ms` each end in whole ms, truncated: Python's `int(end * 1000.0)` (`ends.secs_ms`),
+ * the ban state's unit, which the state made in a pass of its own (~7 ms per 100k). Python checks each distinct
  * origin and src once, as `_columns` does; tests/unit/test_fleet_rawread.py holds this loop to `_columns`
  * with hypothesis (same answer wherever this one answers).
  *
  * It answers only where every entry is exactly what `codec.encode` writes for an IPv4 ban: the 8 fields in
  * order, every value bytes, schema "1", op "ban", a canonical dotted quad (no leading zeros), an until of
  * digits and at most one dot within [0, 4102444800], oseq and ts of 1 to 19 digits, an id "<ms>-<seq>" of
- * digits (ms at most 18 of them). Anything else (IPv6, "inf", a leading zero, a stranger value) is None:
+ * digits (ms at most 18 of them, below 2**53). Anything else (IPv6, "inf", a leading zero, a stranger value) is None:
  * the Python path then decides, so this loop never refuses what Python would accept, and never accepts what
  * it would refuse (glibc's `strtod` of such an until is Python's `float()` of it: both round correctly).
  *
@@ -31,10 +34,10 @@
  * reference beyond the list that owns it (every value stays in `raw`, which the caller holds), or touch
  * anything but its arguments. Built against the stable ABI (Py_LIMITED_API 3.11).
  *
- * Ownership rules (reviewed s10): every value in the answer is either new (ms, keys, ends: made here) or the
- * read's own bytes object with one reference added per place it appears (origins, ts, srcs); the loop runs
+ * Ownership rules (reviewed s10): every value in the answer is either new (ats, keys, ends, ends_ms: made
+ * here) or the read's own bytes object with one reference added per place it appears (origins, ts, srcs); the loop runs
  * no Python code (exact bytes only: their hash and comparison are C), so the borrowed entries of `raw` stay
- * valid throughout. Any failure releases the six containers, once, and returns NULL (MemoryError) or None.
+ * valid throughout. Any failure releases the seven containers, once, and returns NULL (MemoryError) or None.
  * Lengths bound every read: strtod_l alone reads up to a NUL, which a bytes object always has after its
  * last byte, and only after the field was checked to be digits and one dot. The C-numeric locale is made
  * once per process and kept. tests/unit/test_fleet_rawread.py checks the references of the inputs over every
@@ -177,11 +180,11 @@ static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *args) {
     if (!as_bytes(own, &own_p, &own_n))
         Py_RETURN_NONE;
     Py_ssize_t count = PyList_Size(raw);
-    PyObject *ms = PyList_New(0), *keys = PyList_New(0), *ends = PyList_New(0), *origins = PyList_New(0);
-    PyObject *srcs = PySet_New(NULL), *ts = PyList_New(0);
+    PyObject *ats = PyList_New(0), *keys = PyList_New(0), *ends = PyList_New(0), *origins = PyList_New(0);
+    PyObject *srcs = PySet_New(NULL), *ts = PyList_New(0), *ends_ms = PyList_New(0);
     long own_ban = 0, own_unban = 0, own_other = 0;
     int plain = 1;
-    if (!ms || !keys || !ends || !origins || !srcs || !ts)
+    if (!ats || !keys || !ends || !origins || !srcs || !ts || !ends_ms)
         goto fail;
     for (Py_ssize_t e = 0; e < count && plain; e++) {
         plain = 0;
@@ -206,7 +209,7 @@ static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *args) {
         if (!ok)
             break;
         long long at = id_ms(PyList_GetItem(entry, 0));
-        if (at < 0)
+        if (at < 0 || at >= (1LL << 53)) /* beyond 2**53 a double of the ms is not the ms: Python decides */
             break;
         if (n[4] == own_n && memcmp(p[4], own_p, (size_t)own_n) == 0) { /* this host's own: counted by op */
             if (n[1] == 3 && memcmp(p[1], "ban", 3) == 0)
@@ -224,30 +227,34 @@ static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *args) {
             || n[2] > MAX_FIELD || !dotted_quad(p[2], n[2], &key) || !until_value(p[3], n[3], &end)
             || !is_digits(p[5], n[5], 19) || !is_digits(p[7], n[7], 19))
             break;
-        if (append_new(ms, PyLong_FromLongLong(at)) < 0 || append_new(keys, PyLong_FromUnsignedLong(key)) < 0
+        if (append_new(ats, PyFloat_FromDouble((double)at / 1000.0)) < 0 || append_new(keys, PyLong_FromUnsignedLong(key)) < 0
             || append_new(ends, PyFloat_FromDouble(end)) < 0
             || PyList_Append(origins, PyList_GetItem(fields, 9)) < 0
-            || PySet_Add(srcs, PyList_GetItem(fields, 13)) < 0 || append_new(ts, PyLong_FromUnsignedLongLong(digits(p[7], n[7]))) < 0)
+            || PySet_Add(srcs, PyList_GetItem(fields, 13)) < 0 || append_new(ts, PyLong_FromUnsignedLongLong(digits(p[7], n[7]))) < 0
+            /* end <= MAX_UNTIL: the product is far below 2**63; a double multiply then truncation, as int() */
+            || append_new(ends_ms, PyLong_FromLongLong((long long)(end * 1000.0))) < 0)
             goto fail;
         plain = 1;
     }
     if (!plain) {
-        Py_DECREF(ms);
+        Py_DECREF(ats);
         Py_DECREF(keys);
         Py_DECREF(ends);
         Py_DECREF(origins);
         Py_DECREF(srcs);
         Py_DECREF(ts);
+        Py_DECREF(ends_ms);
         Py_RETURN_NONE;
     }
-    return Py_BuildValue("(lllNNNNNN)", own_ban, own_unban, own_other, ms, keys, ends, origins, srcs, ts);
+    return Py_BuildValue("(lllNNNNNNN)", own_ban, own_unban, own_other, ats, keys, ends, origins, srcs, ts, ends_ms);
 fail:
-    Py_XDECREF(ms);
+    Py_XDECREF(ats);
     Py_XDECREF(keys);
     Py_XDECREF(ends);
     Py_XDECREF(origins);
     Py_XDECREF(srcs);
     Py_XDECREF(ts);
+    Py_XDECREF(ends_ms);
     return NULL;
 }
 

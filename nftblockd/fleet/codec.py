@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 from nftblockd.addr import IPNet, format_target, host_net4, host_net6, normalise_network, parse_host_int, split_hosts
+from nftblockd.ends import secs_ms
 
 SCHEMA = "1"
 _SCHEMA_B = SCHEMA.encode()
@@ -194,7 +195,8 @@ def decode(fields: Mapping[Any, Any]) -> FleetEvent | Rejection:
 class PlainBans(NamedTuple):
     """`plain_bans`' answer: entry i of the read that is not this host's own is (versions[i], keys[i]) banned
     until untils[i] by origins[i], published at ts[i] (milliseconds), received at ats[i] (the
-    server's entry id time, seconds)."""
+    server's entry id time, seconds). `ends_ms` is `untils` in whole ms (`ends.secs_ms`), the ban state's
+    unit, made where the ends are read (the C loop makes them beside the floats); None when one is permanent."""
 
     own: dict[str, int]  # entries of this host's own, by op ("ban", "unban", "?")
     versions: list[int]
@@ -203,6 +205,12 @@ class PlainBans(NamedTuple):
     origins: list[str]
     ats: list[float]
     ts: list[int]
+    ends_ms: list[int] | None = None
+
+
+def plain_ends_ms(untils: list[float]) -> list[int] | None:
+    """`PlainBans.ends_ms` of `untils`: each in whole ms (truncated), None when one is permanent (inf)."""
+    return None if math.inf in untils else secs_ms(untils)
 
 
 class _NotPlain(Exception):
@@ -285,7 +293,7 @@ def plain_bans(entries: Iterable[tuple[tuple[int, int], Mapping[Any, Any]]], own
         return None
     if parsed is None:
         return None
-    return PlainBans(owned, parsed[0], parsed[1], untils, origins, ats, tss)
+    return PlainBans(owned, parsed[0], parsed[1], untils, origins, ats, tss, plain_ends_ms(untils))
 
 
 def _hosts(nets: list[bytes]) -> tuple[list[int], list[int]] | None:

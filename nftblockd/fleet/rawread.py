@@ -36,6 +36,7 @@ from nftblockd.fleet.codec import (
     _checked_name,
     _checked_until,
     _hosts,
+    plain_ends_ms,
 )
 from nftblockd.fleet.codec import plain_bans as plain_entries
 
@@ -144,16 +145,15 @@ def _from_native(raw: list[Any], own: bytes) -> PlainBans | None:
     got = _plain_c(raw, own)
     if got is None:
         return None
-    ban, unban, other, ms, keys, ends, origins, srcs, tss = got
+    ban, unban, other, ats, keys, ends, origins, srcs, tss, ends_ms = got
     owned = {op: k for op, k in (("ban", ban), ("unban", unban), ("?", other)) if k}
     n = len(keys)
     if not n:
-        return PlainBans(owned, [], [], [], [], [], [])
+        return PlainBans(owned, [], [], [], [], [], [], [])
     text = {o: _checked_name(o, _ORIGIN_RE) for o in set(origins)}
     for s in srcs:
         _checked_name(s, _SRC_RE)
-    ats = list(map(operator.truediv, ms, itertools.repeat(1000)))
-    return PlainBans(owned, [4] * n, keys, ends, list(map(text.__getitem__, origins)), ats, tss)
+    return PlainBans(owned, [4] * n, keys, ends, list(map(text.__getitem__, origins)), ats, tss, ends_ms)
 
 
 def _columns(read: RawEntries, own: bytes) -> PlainBans | None:
@@ -183,7 +183,7 @@ def _columns(read: RawEntries, own: bytes) -> PlainBans | None:
         names.discard(own)
     n = len(nets)
     if not n:
-        return PlainBans(owned, [], [], [], [], [], [])
+        return PlainBans(owned, [], [], [], [], [], [], [])
     if vs.count(_SCHEMA_B) != n or ops.count(b"ban") != n:
         return None
     text = {o: _checked_name(o, _ORIGIN_RE) for o in names}
@@ -205,7 +205,7 @@ def _columns(read: RawEntries, own: bytes) -> PlainBans | None:
         return None
     ats = list(map(operator.truediv, ms, itertools.repeat(1000)))
     return PlainBans(owned, parsed[0], parsed[1], ends, list(map(text.__getitem__, origins)), ats,
-                      list(map(int, tss)))
+                      list(map(int, tss)), plain_ends_ms(ends))
 
 
 __all__ = ["LAYOUT", "NATIVE", "RawEntries", "good_ids", "plain_bans"]

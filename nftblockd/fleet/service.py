@@ -210,24 +210,28 @@ def _until_text(until: float | None) -> float | None:
     return None if until is None or until == math.inf else until
 
 
-def _host_groups(last: Sequence[Mapping[int, int]], keys: list[int], origins: list[str], ends: list[float]
-                 ) -> dict[tuple[int, str], tuple[list[int], list[float]]]:
+def _host_groups(last: Sequence[Mapping[int, int]], keys: list[int], origins: list[str], ends: list[float],
+                 ends_ms: list[int] | None = None
+                 ) -> dict[tuple[int, str], tuple[list[int], list[float], list[int] | None]]:
     """The accepted entries of a plain read (`last`: per IP version, address -> index of the entry that wins)
-    as one group per IP version and origin host, every address with its own end (`FleetHosts`)."""
-    groups: dict[tuple[int, str], tuple[list[int], list[float]]] = {}
+    as one group per IP version and origin host, every address with its own end (`FleetHosts`); with the ends
+    in ms too where `ends_ms` gives them (a group of one origin: a catch-up's)."""
+    groups: dict[tuple[int, str], tuple[list[int], list[float], list[int] | None]] = {}
     for version, chosen in zip((4, 6), last, strict=True):
         if not chosen:
             continue
         first = next(iter(chosen.values()))
         if len(chosen) == len(keys) and len(set(origins)) == 1:  # the whole read, in order, from one host
-            groups[(version, origins[first])] = (keys, ends)
+            groups[(version, origins[first])] = (keys, ends, ends_ms)
         elif all(origins[i] == origins[first] for i in chosen.values()):  # one origin: the read as it is
-            groups[(version, origins[first])] = (list(chosen), list(map(ends.__getitem__, chosen.values())))
+            groups[(version, origins[first])] = (
+                list(chosen), list(map(ends.__getitem__, chosen.values())),
+                None if ends_ms is None else list(map(ends_ms.__getitem__, chosen.values())))
         else:
             for k, i in chosen.items():
                 grp = groups.get((version, origins[i]))
                 if grp is None:
-                    grp = groups[(version, origins[i])] = ([], [])
+                    grp = groups[(version, origins[i])] = ([], [], None)
                 grp[0].append(k)
                 grp[1].append(ends[i])
     return groups
@@ -889,11 +893,15 @@ class FleetService:
         if self._deferred:  # an accepted newer ban of a target settles its deferred older event (an unban)
             self._settle_deferred(last)
         self._plain_refused(plain, refused, last)
-        groups = _host_groups(last, keys, origins, ends)
+        # the decoder's ends in ms hold while the gate left every end as it was (`check_hosts` clamps none of a
+        # catch-up's: a list equal item for item, the same float objects, so the comparison is a pointer each)
+        ends_ms = plain.ends_ms if plain.ends_ms is not None and ends == plain.untils else None
+        groups = _host_groups(last, keys, origins, ends, ends_ms)
         if not groups:
             return
-        await self.sink.apply_fleet(FleetChange(hosts=tuple(FleetHosts(v, origin, tuple(ks), tuple(es))
-                                                            for (v, origin), (ks, es) in groups.items())))
+        await self.sink.apply_fleet(FleetChange(hosts=tuple(
+            FleetHosts(v, origin, tuple(ks), tuple(es), None if ms is None else tuple(ms))
+            for (v, origin), (ks, es, ms) in groups.items())))
         if sum(map(len, last)) == n:
             newest = max(ts_ms)
         else:

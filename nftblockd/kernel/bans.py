@@ -392,11 +392,12 @@ class BanState:
         return BulkChange(name, new, extended, unchanged, spec_new, spec_ext)
 
     def ban_hosts_each(self, blocklist: str, version: int, keys: Sequence[int], untils: Sequence[float | None],
-                       now: float, *, origin: str, reason: str, jail: str = "", comment: str = ""
-                       ) -> HostsEach | None:
+                       now: float, *, origin: str, reason: str, jail: str = "", comment: str = "",
+                       ends_ms: Sequence[int] | None = None) -> HostsEach | None:
         """`ban_hosts` with an end per key (`untils[i]` for `keys[i]`; None permanent): the same rules, key by
         key, in one pass with one interned meta (a fleet catch-up of jail bans, every ban its own end, made one
-        `ban_hosts` call per address before). Returns None for an unknown blocklist."""
+        `ban_hosts` call per address before). Returns None for an unknown blocklist. `ends_ms`, where the
+        caller has them: `ends.secs_ms(untils)` (none permanent), made already (a fleet catch-up's decoder)."""
         entries = self.sets.get(set_name(blocklist, version, False))
         if entries is None:
             return None
@@ -405,16 +406,20 @@ class BanState:
         now_ms = int(now * 1000)
         d = entries.entries
         due = self.next_due
-        if None not in untils and keys and d.keys().isdisjoint(keys) and len(set(keys)) == len(keys):
+        if keys and (ends_ms is not None or None not in untils) and d.keys().isdisjoint(keys):
             # all new, none permanent (a catch-up into an empty set): the loop below a column at a time
-            ends = secs_ms(cast("Sequence[float]", untils))
+            ends = secs_ms(cast("Sequence[float]", untils)) if ends_ms is None else list(ends_ms)
             first = min(ends)
             if first > now_ms:
                 rep = itertools.repeat
+                held = len(d)
                 d.update(zip(keys, map(operator.or_, map(operator.lshift, ends, rep(META_BITS)), rep(meta)),
                              strict=False))  # (`max(1, ms)` of the loop: every ms is above now_ms here)
-                self.next_due = min(due, first)
-                return HostsEach(entries.spec.name, list(keys), list(untils), [], [], [], ends)
+                if len(d) == held + len(keys):  # the keys were distinct (a set of them cost ~2 ms per 100k)
+                    self.next_due = min(due, first)
+                    return HostsEach(entries.spec.name, list(keys), list(untils), [], [], [], ends)
+                for k in keys:  # a key twice: undone (none was held before), the loop decides each in turn
+                    d.pop(k, None)
         out = HostsEach(entries.spec.name, [], [], [], [], [])
         for k, until in zip(keys, untils, strict=True):
             ms = None if until is None else int(until * 1000)

@@ -174,15 +174,15 @@ class EnforcerFleetSink:
         state = e.state
         ops: list[SetOp] = []
         self._plan_unbans(change, plan, ops)
-        by_group: dict[tuple[int, str], tuple[list[int], list[float]]] = {}
+        by_group: dict[tuple[int, str], _HostGroup] = {}
         for b in change.bans:
             t = b.net
             if t.prefixlen == t.max_prefixlen:
                 grp = by_group.get((t.version, b.origin))
                 if grp is None:
-                    grp = by_group[(t.version, b.origin)] = ([], [])
-                grp[0].append(int(t.network_address))
-                grp[1].append(b.until)
+                    grp = by_group[(t.version, b.origin)] = _HostGroup([], [])
+                grp.keys.append(int(t.network_address))
+                grp.ends.append(b.until)
                 continue
             if e.unbannable(t.version, True, [net_key(t)]):
                 plan.refused += 1
@@ -197,10 +197,12 @@ class EnforcerFleetSink:
         for h in change.hosts:  # already host keys (the receive loop's fast path): no network object each
             grp = by_group.get((h.version, h.origin))
             if grp is None:
-                by_group[(h.version, h.origin)] = (list(h.keys), list(h.ends))
+                by_group[(h.version, h.origin)] = _HostGroup(list(h.keys), list(h.ends),
+                                                             None if h.ends_ms is None else list(h.ends_ms))
             else:
-                grp[0].extend(h.keys)
-                grp[1].extend(h.ends)
+                grp.keys.extend(h.keys)
+                grp.ends.extend(h.ends)
+                grp.ends_ms = None
         self._plan_hosts(by_group, now, plan)
         by_set: dict[str, tuple[list[int], list[OpSpec]]] = {}
         for op in ops:
@@ -227,11 +229,10 @@ class EnforcerFleetSink:
                 ops.extend(ch.ops)
                 plan.gone.append(u.net)
 
-    def _plan_hosts(self, by_group: dict[tuple[int, str], tuple[list[int], list[float]]], now: float,
-                    plan: _Plan) -> None:
+    def _plan_hosts(self, by_group: dict[tuple[int, str], _HostGroup], now: float, plan: _Plan) -> None:
         state = self.enforcer.state
-        for (version, host), (keys, ends) in by_group.items():
-            keys, ends = self._admissible(version, keys, ends, plan)
+        for (version, host), grp in by_group.items():
+            keys, ends, ms = self._admissible(version, grp, plan)
             if not keys:
                 continue
             reason = fleet_reason(host)
@@ -252,8 +253,11 @@ class EnforcerFleetSink:
                     if part:
                         plan.hosts.append((bc.set_name, version, part, [until] * len(part), reason, kind))
                 continue
-            untils = [None if e == math.inf else e for e in ends]
-            each = state.ban_hosts_each(self.blocklist, version, keys, untils, now, origin="remote", reason=reason)
+            # (with the decoder's ms none is permanent: the ends as they are, no pass over them)
+            untils = (cast("list[float | None]", ends) if ms is not None or math.inf not in ends
+                      else [None if e == math.inf else e for e in ends])
+            each = state.ban_hosts_each(self.blocklist, version, keys, untils, now, origin="remote", reason=reason,
+                                        ends_ms=ms)
             if each is None:
                 plan.refused += len(keys)
                 continue
@@ -269,16 +273,18 @@ class EnforcerFleetSink:
             if each.extended:
                 plan.hosts.append((each.set_name, version, each.extended, each.extended_untils, reason, _EXTENDED))
 
-    def _admissible(self, version: int, keys: list[int], ends: list[float], plan: _Plan
-                    ) -> tuple[list[int], list[float]]:
-        """`keys` (and their `ends`) less what no ban may cover (never-ban space, the allowlist: the gate refused
-        them first; the allowlist may have changed since), counted as refused."""
+    def _admissible(self, version: int, grp: _HostGroup, plan: _Plan
+                    ) -> tuple[list[int], list[float], list[int] | None]:
+        """The group's keys (and their ends) less what no ban may cover (never-ban space, the allowlist: the gate
+        refused them first; the allowlist may have changed since), counted as refused."""
+        keys = grp.keys
         drop = self.enforcer.unbannable(version, False, keys)
         if not drop:
-            return keys, ends
+            return keys, grp.ends, grp.ends_ms
         plan.refused += len(drop)
         keep = [k not in drop for k in keys]
-        return list(itertools.compress(keys, keep)), list(itertools.compress(ends, keep))
+        return (list(itertools.compress(keys, keep)), list(itertools.compress(grp.ends, keep)),
+                None if grp.ends_ms is None else list(itertools.compress(grp.ends_ms, keep)))
 
     def _audit(self, ranges: list[tuple[Ban, tuple[IPNet, ...]]], hosts: list[_Hosts], gone: list[IPNet],
                now: float) -> None:
@@ -383,6 +389,16 @@ def _nth_ban(ranges: list[tuple[Ban, tuple[IPNet, ...]]],
         return format_host(keys[i - starts[g]], v), untils[i - starts[g]], reason
 
     return nth
+
+
+@dataclass(slots=True)
+class _HostGroup:
+    """The single-address bans of one (IP version, origin host) of a change: keys, their ends (seconds, inf
+    permanent) and, where the receive loop's decoder made them, the ends in ms (`FleetHosts.ends_ms`)."""
+
+    keys: list[int]
+    ends: list[float]
+    ends_ms: list[int] | None = None
 
 
 @dataclass(slots=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+from typing import cast
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from nftblockd.addr import parse_target
 from nftblockd.config import parse_config
+from nftblockd.ends import secs_ms
 from nftblockd.events import Ban, Unban
 from nftblockd.kernel.bans import BanOutcome, BanState
 from nftblockd.kernel.ruleset import plan_ruleset
@@ -165,16 +167,30 @@ def test_ban_hosts_each_of_new_keys_with_distinct_ends_is_ban_hosts_key_by_key(
     """A catch-up into an empty set (every key new, every end in the future: the column-at-a-time path) and
     the same with a few of its keys already held (the loop)."""
     each_vs_plain(bans, held)
+    each_vs_plain(bans, held, with_ms=True)
 
 
-def each_vs_plain(bans: list[tuple[int, float | None]], held: list[tuple[int, float | None]]) -> None:
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(1, 10**7).map(lambda ms: NOW + ms / 1000)), min_size=1,
+                max_size=30),
+       st.lists(st.tuples(st.integers(30, 60), st.sampled_from([None, NOW + 5])), max_size=2), st.booleans())
+def test_ban_hosts_each_of_new_keys_some_twice_is_ban_hosts_key_by_key(
+        bans: list[tuple[int, float | None]], held: list[tuple[int, float | None]], with_ms: bool) -> None:
+    """New keys with ends ahead, a key possibly twice in one call (the column path undoes its update and the
+    loop decides), with the ends in ms given by the caller or not."""
+    each_vs_plain(bans, held, with_ms=with_ms)
+
+
+def each_vs_plain(bans: list[tuple[int, float | None]], held: list[tuple[int, float | None]],
+                  with_ms: bool = False) -> None:
     base = 0xCB007100
     each, plain = state(), state()
     for s in (each, plain):
         for k, until in held:
             s.ban_hosts("default", 4, [base + k], until, NOW, origin="cli")
-    got = each.ban_hosts_each("default", 4, [base + k for k, _ in bans], [u for _, u in bans], NOW,
-                              origin="remote", reason="fleet:h1")
+    untils = [u for _, u in bans]
+    ms = secs_ms(cast("list[float]", untils)) if with_ms and None not in untils else None  # (as its callers)
+    got = each.ban_hosts_each("default", 4, [base + k for k, _ in bans], untils, NOW,
+                              origin="remote", reason="fleet:h1", ends_ms=ms)
     assert got is not None
     new: list[tuple[int, int | None]] = []
     extended: list[tuple[int, int | None]] = []

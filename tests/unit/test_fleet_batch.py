@@ -134,6 +134,10 @@ def test_the_batch_path_does_what_the_entry_by_entry_path_does(batches: list[lis
             await ref._apply(read, "run")
             await fast._apply(read, "run")
             assert observed(fast) == observed(ref)
+        assert isinstance(fast.sink, FakeSink)
+        for call in fast.sink.calls:  # the decoder's ends in ms travel only where they are the ends', in ms
+            for h in call.hosts:
+                assert h.ends_ms is None or h.ends_ms == tuple(int(e * 1000) for e in h.ends)
 
     asyncio.run(run())
 
@@ -173,8 +177,8 @@ def test_a_read_of_plain_bans_reaches_the_sink_as_host_keys_and_a_mixed_read_ent
 
     sink = asyncio.run(run())
     first, second = sink.calls
-    assert not first.bans and [(h.version, h.origin, h.keys, h.ends) for h in first.hosts] == [
-        (4, "h1", (0x0A000001, 0x0A000002), (NOW + 90, NOW + 60))]
+    assert not first.bans and [(h.version, h.origin, h.keys, h.ends, h.ends_ms) for h in first.hosts] == [
+        (4, "h1", (0x0A000001, 0x0A000002), (NOW + 90, NOW + 60), (int((NOW + 90) * 1000), int((NOW + 60) * 1000)))]
     assert not second.hosts and len(second.bans) == 2
 
 

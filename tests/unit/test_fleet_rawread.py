@@ -243,6 +243,18 @@ def test_a_catch_up_read_takes_the_c_loop_own_entries_too() -> None:
     assert rawread._from_native(jail_read(5, own_every=1), ME) == reference(by_entry(jail_read(5, own_every=1)), ME)
 
 
+@native
+def test_the_c_loop_gives_the_ids_times_in_seconds_below_2_53_ms_only() -> None:
+    # the loop divides the ms as a double: exact (Python's `ms / 1000`) below 2**53, where a double holds the ms
+    raw = jail_read(3)
+    raw[1][0] = f"{2**53 - 1}-0".encode()
+    got = rawread._from_native(raw, ME)
+    assert got is not None and got == reference(by_entry(raw), ME) and got.ats[1] == (2**53 - 1) / 1000
+    raw[1][0] = f"{2**53}-0".encode()
+    assert sys.modules["nftblockd.fleet._plain"].columns(raw, ME) is None  # the Python columns decide then
+    assert rawread.plain_bans(rawread.RawEntries(raw), ME) == reference(by_entry(raw), ME)
+
+
 def test_good_ids_keeps_the_entries_whose_ids_parse_and_counts_the_others() -> None:
     raw: list[Any] = [[b"5-0", [b"k", b"v"]], [b"x-1", []], [7, []], [None, []], [b"\xff-1", []], [b"6-2", None]]
     read = rawread.RawEntries(raw)
