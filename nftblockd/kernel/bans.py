@@ -338,14 +338,15 @@ class BanState:
         meta = self._intern((ban.origin, ban.reason, ban.jail, comment))
         self._due(until_ms)
         key = self.key_for(entries, ban.target)
-        old = entries.entries.get(key)
+        d = entries.entries  # once: a property (it settles a feed refresh's deferred additions)
+        old = d.get(key)
         if old is not None:
             if not _later(until_ms, unpack_end(old)):
                 return Change(BanOutcome.UNCHANGED)
-            entries.entries[key] = pack_end(until_ms, meta)
+            d[key] = pack_end(until_ms, meta)
             return Change(BanOutcome.EXTENDED, (SetOp(entries.spec.name, key, True, until_ms, comment, True),))
         if not entries.spec.interval:
-            entries.entries[key] = pack_end(until_ms, meta)
+            d[key] = pack_end(until_ms, meta)
             return Change(BanOutcome.ADDED, (SetOp(entries.spec.name, key, True, until_ms, comment),))
         return self._ban_range(entries, key, until_ms, meta, comment)
 
@@ -649,7 +650,8 @@ class BanState:
         due = float("inf")
         for entries in self.sets.values():
             dead = []
-            for k, v in entries.entries.items():
+            d = entries.entries  # once: a property (settles deferred feed additions), not a plain attribute
+            for k, v in d.items():
                 u = v >> META_BITS  # unpack_end inlined: 1M bans sweep in 90 ms instead of 135 ms
                 if u == _NEVER:
                     continue
@@ -658,7 +660,7 @@ class BanState:
                 elif u < due:
                     due = u
             for k in dead:
-                del entries.entries[k]
+                del d[k]
                 if entries.spec.interval:
                     entries.index_remove(k)
             dropped += len(dead)
