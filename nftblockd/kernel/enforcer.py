@@ -839,8 +839,9 @@ class Enforcer:
             spec = self.plan.set(name)
             async with self._lock:
                 entries = self.state.sets[name]
-                missing = [k for k in entries.entries if k not in kernel_keys]
-                extra = [k for k in kernel_keys if k not in entries.entries]
+                held = entries.entries  # once: a property, not a plain attribute, since feed refreshes defer
+                missing = [k for k in held if k not in kernel_keys]
+                extra = [k for k in kernel_keys if k not in held]
                 adopted: list[int] = []
                 unbannable: dict[int, tuple[str, str]] = {}
                 if extra and spec.blocklist not in feed_owned:

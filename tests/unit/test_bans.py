@@ -240,3 +240,43 @@ def test_apply_delta_leaves_the_set_as_replace_set_does(old: list[int], new: lis
         first = (0xC6120000 + (i << 8)) + 5
         assert d.containing(first, first) == p.containing(first, first)
     assert d.inside(0xC6120000, 0xC613FFFF) == p.inside(0xC6120000, 0xC613FFFF)
+
+
+@given(st.lists(st.tuples(_ranges, st.booleans(), st.booleans()), min_size=1, max_size=4))
+def test_deferred_refreshes_read_as_eager_ones(steps: list[tuple[list[int], bool, bool]]) -> None:
+    """A run of feed refreshes by `apply_delta` (a large one's additions and renewals wait for the first
+    reader of `entries`), read between some of them and not others, against the plain `replace_set` run:
+    every read, look-up, unban and expiry answers the same, and each refresh deletes the same keys."""
+    plain, delta = state(), state()
+    held: list[int] = []
+    for i, (new, renew, read) in enumerate(steps):
+        until = NOW + 60 * (i + 1)
+        added, removed = sorted(set(new) - set(held)), sorted(set(held) - set(new))
+        renewed = sorted(set(new) & set(held)) if renew else []
+        _a, plain_removed, _k = plain.replace_set("default_net4", new, until, refresh=renew)
+        gone = delta.apply_delta("default_net4", added, removed, renewed, until)
+        assert sorted(gone) == sorted(plain_removed)
+        held = new
+        if read:
+            p, d = plain.sets["default_net4"], delta.sets["default_net4"]
+            assert d.entries == p.entries
+            first = 0xC6120000 + 5
+            assert d.containing(first, first) == p.containing(first, first)
+            assert d.inside(0xC6120000, 0xC613FFFF) == p.inside(0xC6120000, 0xC613FFFF)
+    target = ipaddress.ip_network(f"{ipaddress.IPv4Address(0xC6120000 + 0x100)}/24")
+    assert [b.target for b in delta.covering(parse_target(str(target)), "default")] == \
+        [b.target for b in plain.covering(parse_target(str(target)), "default")]
+    assert delta.unban(Unban(parse_target(str(target)), "default")).outcome == \
+        plain.unban(Unban(parse_target(str(target)), "default")).outcome
+    assert delta.expire(NOW + 90) == plain.expire(NOW + 90)
+    assert delta.sets["default_net4"].entries == plain.sets["default_net4"].entries
+
+
+def test_a_large_refresh_leaves_its_additions_to_the_first_reader() -> None:
+    """The dict work of a bulk refresh happens at the first read, not in `apply_delta`."""
+    s = state()
+    keys = [(0xC6120000 + (i << 8)) << 8 | 24 for i in range(100)]
+    s.apply_delta("default_net4", keys, [], [], None)
+    entries = s.sets["default_net4"]
+    assert entries.held == {} and entries.stale
+    assert sorted(entries.entries) == keys and entries.pending == []
