@@ -30,42 +30,23 @@ class BdistWheel(bdist_wheel):
         return super().get_tag() if built else ("py3", "none", "any")
 
 
+def optional_extension(module: str, libraries: list[str] | None = None) -> Extension:
+    """One optional C module for the stable ABI, its source next to where it is imported from."""
+    return Extension(module, sources=[module.replace(".", "/") + ".c"], libraries=libraries or [],
+                     define_macros=[("Py_LIMITED_API", "0x030B0000")], py_limited_api=True, optional=True)
+
+
 setup(
     ext_modules=[
-        Extension(
-            "nftblockd.detect._scan",
-            sources=["nftblockd/detect/_scan.c"],
-            libraries=["pcre2-8"],
-            define_macros=[("Py_LIMITED_API", "0x030B0000")],
-            py_limited_api=True,
-            optional=True,
-        ),
+        optional_extension("nftblockd.detect._scan", libraries=["pcre2-8"]),
         # the sorted-key diff of a feed refresh (feeds/delta.py); optional too: without it, the Python walk
-        Extension(
-            "nftblockd.feeds._sorted",
-            sources=["nftblockd/feeds/_sorted.c"],
-            define_macros=[("Py_LIMITED_API", "0x030B0000")],
-            py_limited_api=True,
-            optional=True,
-        ),
+        optional_extension("nftblockd.feeds._sorted"),
         # a catch-up read's plain bans decoded in one loop (fleet/rawread.py); optional: without it, the
         # column passes in Python (~10x the time)
-        Extension(
-            "nftblockd.fleet._plain",
-            sources=["nftblockd/fleet/_plain.c"],
-            define_macros=[("Py_LIMITED_API", "0x030B0000")],
-            py_limited_api=True,
-            optional=True,
-        ),
-        # a feed refresh's range elements encoded in one loop (kernel/nfmsg.py); optional: without it, a struct
-        # pack per range in Python (~15x the time)
-        Extension(
-            "nftblockd.kernel._nlenc",
-            sources=["nftblockd/kernel/_nlenc.c"],
-            define_macros=[("Py_LIMITED_API", "0x030B0000")],
-            py_limited_api=True,
-            optional=True,
-        ),
+        optional_extension("nftblockd.fleet._plain"),
+        # set elements that cannot share one template (kernel/nfmsg.py: interval ranges, hash elements each
+        # with its own timeout); optional: without it, a struct pack per element in Python (3-15x the time)
+        optional_extension("nftblockd.kernel._nlenc"),
     ],
     cmdclass={"bdist_wheel": BdistWheel},
     options={"bdist_wheel": {"py_limited_api": LIMITED_API}},

@@ -36,16 +36,47 @@ typedef unsigned __int128 u128;
 
 static PyObject *s_64, *s_128;
 
-static void put_be(char *p, u128 v, Py_ssize_t n) {
+/* `v` big-endian in the n bytes at p; the position after them */
+static char *put_num(char *p, u128 v, Py_ssize_t n) {
     for (Py_ssize_t i = n - 1; i >= 0; i--) {
         p[i] = (char)(unsigned char)(v & 0xff);
         v >>= 8;
     }
+    return p + n;
+}
+
+/* The n bytes of src at p; the position after them */
+static char *put_bytes(char *p, const char *src, Py_ssize_t n) {
+    memcpy(p, src, (size_t)n);
+    return p + n;
+}
+
+/* After an unsigned conversion that returned `v`: 1 it is a value, 0 it was refused (negative, or too wide:
+ * the OverflowError is cleared, "not this path"), -1 another error (left set). */
+static int converted(unsigned long long v) {
+    if (v != (unsigned long long)-1 || !PyErr_Occurred())
+        return 1;
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+        return -1;
+    PyErr_Clear();
+    return 0;
+}
+
+/* A bytes object to hold n elements of `elem` bytes each, *p its buffer; NULL with an error set */
+static PyObject *new_elements(Py_ssize_t n, Py_ssize_t elem, char **p) {
+    if (n > 0 && elem > PY_SSIZE_T_MAX / n) {
+        PyErr_SetString(PyExc_OverflowError, "too many elements");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * elem);
+    if (out != NULL && (*p = PyBytes_AsString(out)) == NULL)
+        Py_CLEAR(out);
+    return out;
 }
 
 /* The key's value as 136 bits: 1 and (*lo, *hi8) set, 0 "not this path", -1 error (set). */
 static int key136(PyObject *k, u128 *lo, unsigned *hi8) {
-    /* a negative int: its shift by 128 is negative too, which PyLong_AsUnsignedLong refuses below */
+    /* a negative int: its shift by 128 is negative too, which PyLong_AsUnsignedLongLong refuses below */
     unsigned long long b0 = PyLong_AsUnsignedLongLongMask(k);
     if (b0 == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
@@ -59,14 +90,11 @@ static int key136(PyObject *k, u128 *lo, unsigned *hi8) {
     t = PyNumber_Rshift(k, s_128);
     if (t == NULL)
         return -1;
-    unsigned long top = PyLong_AsUnsignedLong(t);
+    unsigned long long top = PyLong_AsUnsignedLongLong(t);
     Py_DECREF(t);
-    if (top == (unsigned long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return -1;
-        PyErr_Clear();
-        return 0;
-    }
+    int ok = converted(top);
+    if (ok <= 0)
+        return ok;
     if (top > 0xff)
         return 0;
     *lo = ((u128)b1 << 64) | b0;
@@ -86,17 +114,10 @@ static PyObject *range_elements(PyObject *Py_UNUSED(module), PyObject *args) {
     Py_ssize_t n = PyList_Size(keys);
     if (n < 0)
         return NULL;
-    Py_ssize_t elem = hl + ml + fl + 2 * key_len;
-    if (n > 0 && elem > PY_SSIZE_T_MAX / n) {
-        PyErr_SetString(PyExc_OverflowError, "range_elements: too many keys");
-        return NULL;
-    }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n * elem);
+    char *p = NULL;
+    PyObject *out = new_elements(n, hl + ml + fl + 2 * key_len, &p);
     if (out == NULL)
         return NULL;
-    char *p = PyBytes_AsString(out);
-    if (p == NULL)
-        goto fail;
     unsigned bits = (unsigned)key_len * 8;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *k = PyList_GetItem(keys, i); /* borrowed: nothing below runs Python code on an exact int */
@@ -108,12 +129,11 @@ static PyObject *range_elements(PyObject *Py_UNUSED(module), PyObject *args) {
         unsigned plen;
         if (key_len == 4) {
             unsigned long long v = PyLong_AsUnsignedLongLong(k);
-            if (v == (unsigned long long)-1 && PyErr_Occurred()) { /* negative or beyond 64 bits */
-                if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-                    goto fail;
-                PyErr_Clear();
+            int ok = converted(v); /* refused: negative or beyond 64 bits */
+            if (ok < 0)
+                goto fail;
+            if (ok == 0)
                 goto not_this_path;
-            }
             plen = (unsigned)(v & 0xff);
             addr = v >> 8;
             if (addr >> 32)
@@ -134,16 +154,8 @@ static PyObject *range_elements(PyObject *Py_UNUSED(module), PyObject *args) {
         end = addr + ((u128)1 << (bits - plen));
         if (key_len == 4 ? (end >> 32) != 0 : end < addr) /* the top of the space: no end element */
             goto not_this_path;
-        memcpy(p, head, (size_t)hl);
-        p += hl;
-        put_be(p, addr, key_len);
-        p += key_len;
-        memcpy(p, mid, (size_t)ml);
-        p += ml;
-        put_be(p, end, key_len);
-        p += key_len;
-        memcpy(p, flags, (size_t)fl);
-        p += fl;
+        p = put_bytes(put_num(put_bytes(put_num(put_bytes(p, head, hl), addr, key_len), mid, ml), end, key_len),
+                      flags, fl);
     }
     return out;
 not_this_path:
@@ -153,8 +165,6 @@ fail:
     Py_DECREF(out);
     return NULL;
 }
-
-static void put_be64(char *p, unsigned long long v) { put_be(p, (u128)v, 8); }
 
 /* A hash set's key as 32 or 128 bits: 1 and *out set, 0 "not this path", -1 error (set). A negative int
  * is refused by the unsigned conversions (of the int itself, or of it shifted right by 64, still negative). */
@@ -174,12 +184,9 @@ static int hash_key(PyObject *k, Py_ssize_t key_len, u128 *out) {
         hi = PyLong_AsUnsignedLongLong(t);
         Py_DECREF(t);
     }
-    if ((lo == (unsigned long long)-1 || hi == (unsigned long long)-1) && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return -1;
-        PyErr_Clear();
-        return 0;
-    }
+    int ok = converted(key_len == 4 ? lo : hi);
+    if (ok <= 0)
+        return ok;
     if (key_len == 4 && (lo >> 32) != 0)
         return 0;
     *out = ((u128)hi << 64) | lo;
@@ -208,17 +215,10 @@ static PyObject *timed_elements(PyObject *Py_UNUSED(module), PyObject *args) {
         return NULL;
     if (PyList_Size(remaining) != n)
         Py_RETURN_NONE;
-    Py_ssize_t elem = hl + key_len + thl + 8 + ehl + 8;
-    if (n > 0 && elem > PY_SSIZE_T_MAX / n) {
-        PyErr_SetString(PyExc_OverflowError, "timed_elements: too many keys");
-        return NULL;
-    }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n * elem);
+    char *p = NULL;
+    PyObject *out = new_elements(n, hl + key_len + thl + 8 + ehl + 8, &p);
     if (out == NULL)
         return NULL;
-    char *p = PyBytes_AsString(out);
-    if (p == NULL)
-        goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
         /* borrowed: nothing below runs Python code on exact ints */
         PyObject *k = PyList_GetItem(keys, i), *t = PyList_GetItem(remaining, i);
@@ -231,26 +231,13 @@ static PyObject *timed_elements(PyObject *Py_UNUSED(module), PyObject *args) {
         if (rc == 0 || !PyLong_CheckExact(t))
             goto not_this_path;
         unsigned long long ms = PyLong_AsUnsignedLongLong(t);
-        if (ms == (unsigned long long)-1 && PyErr_Occurred()) { /* negative or beyond 64 bits */
-            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-                goto fail;
-            PyErr_Clear();
+        int ok = converted(ms); /* refused: negative or beyond 64 bits */
+        if (ok < 0)
+            goto fail;
+        if (ok == 0 || ms > 0xFFFFFFFFFFFFFFFFull - 999) /* (its whole seconds would not fit in 64 bits) */
             goto not_this_path;
-        }
-        if (ms > 0xFFFFFFFFFFFFFFFFull - 999) /* its whole seconds would not fit in 64 bits */
-            goto not_this_path;
-        memcpy(p, head, (size_t)hl);
-        p += hl;
-        put_be(p, key, key_len);
-        p += key_len;
-        memcpy(p, th, (size_t)thl);
-        p += thl;
-        put_be64(p, (ms + 999) / 1000 * 1000);
-        p += 8;
-        memcpy(p, eh, (size_t)ehl);
-        p += ehl;
-        put_be64(p, ms);
-        p += 8;
+        p = put_num(put_bytes(put_num(put_bytes(put_num(put_bytes(p, head, hl), key, key_len), th, thl),
+                                      (ms + 999) / 1000 * 1000, 8), eh, ehl), ms, 8);
     }
     return out;
 not_this_path:
