@@ -52,6 +52,18 @@ class KernelStateError(Exception):
 _Where = tuple[m.SetMessage, list[int], bool]  # message, op ids of its group, is a delete
 
 
+
+def flat_ops(groups: Sequence[Group]) -> tuple[list[str], list[int], list[OpSpec]]:
+    """The groups as the general path's flat, parallel arrays: op i is (names[i], keys[i], specs[i])."""
+    names: list[str] = []
+    keys: list[int] = []
+    specs: list[OpSpec] = []
+    for g in groups:
+        names += [g.set_name] * len(g.keys)
+        keys += g.keys
+        specs += g.specs
+    return names, keys, specs
+
 class KernelWriter:
     """The SetWriter over netlink (setwriter.SetWriter)."""
 
@@ -259,14 +271,7 @@ class KernelWriter:
             fast.seconds = time.perf_counter() - t0
             return fast
         res = WriteResult()
-        # flat, parallel arrays: op i is (names[i], keys[i], specs[i])
-        names: list[str] = []
-        keys: list[int] = []
-        specs: list[OpSpec] = []
-        for g in groups:
-            names += [g.set_name] * len(g.keys)
-            keys += g.keys
-            specs += g.specs
+        names, keys, specs = flat_ops(groups)
         live: list[int] = []
         for i, spec in enumerate(specs):
             if names[i] not in self._specs:

@@ -13,7 +13,7 @@ from nftblockd.kernel.batcher import Group
 from nftblockd.kernel.netlink import TxOutcome
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.kernel.setwriter import Features
-from nftblockd.kernel.writer import KernelWriter
+from nftblockd.kernel.writer import KernelWriter, flat_ops
 
 NOW_MS = 1_700_000_000_000
 
@@ -67,17 +67,6 @@ def _refresh(until_ms: int | None) -> list[Group]:
 
 
 
-def _flat(groups: list[Group]) -> tuple[list[str], list[int], list[OpSpec]]:
-    """The groups as the general path's parallel arrays (op i is names[i], keys[i], specs[i])."""
-    names: list[str] = []
-    keys: list[int] = []
-    specs: list[OpSpec] = []
-    for g in groups:
-        names += [g.set_name] * len(g.keys)
-        keys += g.keys
-        specs += g.specs
-    return names, keys, specs
-
 def test_fast_path_sends_what_the_general_encoder_makes() -> None:
     for until_ms in (None, NOW_MS + 3_600_000):
         w, sock = _writer()
@@ -85,7 +74,7 @@ def test_fast_path_sends_what_the_general_encoder_makes() -> None:
         res = w.write(groups, NOW_MS)
         assert res.committed_ops == 5 and res.transactions == 1 and not res.failed
         assert len(sock.sent) == 1
-        names, keys, specs = _flat(groups)
+        names, keys, specs = flat_ops(groups)
         general, _where = w._encode(names, keys, specs, range(len(keys)), NOW_MS, set())
         fast = _elements(sock.sent[0])
         want = _elements([sm.data for sm in general])
@@ -121,7 +110,7 @@ def test_ranges_with_different_ends_take_the_fast_path_too() -> None:
     w._encode = refuse  # type: ignore[method-assign]
     res = w.write(groups, NOW_MS)
     assert res.committed_ops == 13 and res.transactions == 1 and not res.failed and len(sock.sent) == 1
-    names, keys, specs = _flat(groups)
+    names, keys, specs = flat_ops(groups)
     general, _where = general_encode(names, keys, specs, range(len(keys)), NOW_MS, set())
     fast = _elements(sock.sent[0])
     # the same elements, each whole (the messages are cut per end now, so compared element by element)
