@@ -179,7 +179,7 @@ assert delta.NATIVE, "nftblockd.feeds._sorted"
 from nftblockd.fleet import rawread
 assert rawread.NATIVE, "nftblockd.fleet._plain"
 from nftblockd.kernel import nfmsg
-assert nfmsg._NLENC is not None, "nftblockd.kernel._nlenc"' "$LIB" || die "the native core does not load in $SYSTEM_PYTHON"
+assert nfmsg.NATIVE, "nftblockd.kernel._nlenc"' "$LIB" || die "the native core does not load in $SYSTEM_PYTHON"
 printf 'Source: nftblockd\n\nPackage: nftblockd\nArchitecture: any\n' >"$STAGE/debian/control"
 SHLIBS=$(cd "$STAGE" && dpkg-shlibdeps -O "debian/nftblockd/usr/lib/nftblockd/nftblockd/detect/_scan.abi3.so" \
     | sed -n 's/^shlibs:Depends=//p')

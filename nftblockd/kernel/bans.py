@@ -232,7 +232,7 @@ class SetEntries:
 
     def defer(self, keys: list[int], packed: int) -> None:
         """Enter `keys`, all ending at `packed`, at the next read of `entries` (the index must be stale: it
-        is rebuilt from `entries`)."""
+        is rebuilt from `entries`). The list is kept, not copied: the caller hands it over."""
         self.pending.append((keys, packed))
 
     def settle(self) -> None:

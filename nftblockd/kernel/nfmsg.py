@@ -159,6 +159,7 @@ _NFGENMSG = struct.Struct("=BBH")  # family, version, res_id (big-endian value w
 _NLA = struct.Struct("=HH")
 # the C loops of range and timed elements (kernel/_nlenc.c; None: not built, or NFTBLOCK_NATIVE=0)
 _NLENC = optional_c.load("nftblockd.kernel._nlenc")
+NATIVE = _NLENC is not None  # as feeds/delta.NATIVE and fleet/rawread.NATIVE: the package build checks it
 _BE32 = struct.Struct(">I")
 _BE64 = struct.Struct(">Q")
 
@@ -310,25 +311,25 @@ def uniform_range_messages_py(msg_type: int, family: int, table: str, set_name: 
     """`uniform_range_messages` in Python alone: the reference the C loop is held to."""
     bits = key_len * 8
     top = 1 << bits
-    ends = [(k >> 8) + (1 << (bits - (k & 0xFF))) for k in keys]
-    if ends and max(ends) >= top:
-        blobs = [encode_range((k >> 8).to_bytes(key_len, "big"),
-                              e.to_bytes(key_len, "big") if e < top else None, tail) for k, e in zip(keys, ends,
-                                                                                                   strict=True)]
-        return [sm.data for sm in split_set_messages(msg_type, family, table, set_name, blobs, seq_start, flags)]
     kfmt = "I" if key_len == 4 else f"{key_len}s"
 
-    def elements(part: Sequence[int], _key_len: int, start_head: bytes, mid: bytes, fl: bytes) -> bytes:
-        part_ends = [(k >> 8) + (1 << (bits - (k & 0xFF))) for k in part]
+    def elements(part: Sequence[int], _key_len: int, start_head: bytes, mid: bytes, fl: bytes) -> bytes | None:
+        ends = [(k >> 8) + (1 << (bits - (k & 0xFF))) for k in part]
+        if ends and max(ends) >= top:
+            return None  # a range reaching the top of the space: the general packer, below
         pack = struct.Struct(f">{len(start_head)}s{kfmt}{len(mid)}s{kfmt}{len(fl)}s").pack
         if key_len == 4:
-            return b"".join([pack(start_head, k >> 8, mid, e, fl) for k, e in zip(part, part_ends, strict=True)])
+            return b"".join([pack(start_head, k >> 8, mid, e, fl) for k, e in zip(part, ends, strict=True)])
         return b"".join([pack(start_head, (k >> 8).to_bytes(key_len, "big"), mid, e.to_bytes(key_len, "big"), fl)
-                         for k, e in zip(part, part_ends, strict=True)])
+                         for k, e in zip(part, ends, strict=True)])
 
     out = _uniform_ranges(msg_type, family, table, set_name, keys, key_len, tail, seq_start, flags, elements)
-    assert out is not None  # `elements` never declines
-    return out
+    if out is not None:
+        return out
+    ends = [(k >> 8) + (1 << (bits - (k & 0xFF))) for k in keys]
+    blobs = [encode_range((k >> 8).to_bytes(key_len, "big"), e.to_bytes(key_len, "big") if e < top else None, tail)
+             for k, e in zip(keys, ends, strict=True)]
+    return [sm.data for sm in split_set_messages(msg_type, family, table, set_name, blobs, seq_start, flags)]
 
 
 def _uniform_ranges(msg_type: int, family: int, table: str, set_name: str, keys: Sequence[int], key_len: int,

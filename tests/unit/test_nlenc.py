@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nftblockd.kernel import nfmsg as m
 
-pytestmark = pytest.mark.skipif(m._NLENC is None, reason="kernel/_nlenc.c not built")
+pytestmark = pytest.mark.skipif(not m.NATIVE, reason="kernel/_nlenc.c not built")
 
 TAILS = [b"", m.element_tail(3_600_000, False), m.element_tail(86_400_000, True)]
 
