@@ -421,6 +421,7 @@ typedef struct {
     Py_ssize_t nfields;
     PyObject **fname;
     int *fcode;
+    Py_ssize_t fuser; /* the position of the field "user" in fname; -1: none */
     Py_ssize_t nalts;
     PyObject **abase;
     int *acode;
@@ -454,6 +455,13 @@ typedef struct {
     int prefix_kind; /* 0 none, 1 anchored prefix (content: the rest), 2 prefregex (content: its group) */
     RegexObject *prefix;
     Py_ssize_t prefix_limit;
+    Py_ssize_t nhead; /* the daemon names of the prefix's syslog header (syslog_head_end); 0: no such header */
+    char **head;
+    Py_ssize_t *headlen;
+    Py_ssize_t ntail; /* the texts the prefix's rest matches, in the order the regex tries them */
+    char **tail;
+    Py_ssize_t *taillen;
+    PCRE2_SIZE head_ov[4]; /* the ovector the whole prefix gives (its one group: the header, F-MLFID) */
     int content_group;
     Py_ssize_t heads_len;
     Py_ssize_t nheads;
@@ -475,11 +483,22 @@ typedef struct {
     Py_ssize_t host_memo;
     HourSlot hours[HOUR_SLOTS];
     pcre2_match_data *md_ts, *md_pre, *md_rule, *md_ign;
-    long long lines, python_lines, limited;
+    long long lines, python_lines, limited, headers;
     int busy;
 } ScannerObject;
 
 static PyObject *ScannerType;
+
+static void free_texts(char ***texts, Py_ssize_t **lens, Py_ssize_t n) {
+    if (*texts != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyMem_Free((*texts)[i]);
+        PyMem_Free(*texts);
+        *texts = NULL;
+    }
+    PyMem_Free(*lens);
+    *lens = NULL;
+}
 
 static void Scanner_free_tables(ScannerObject *self) {
     if (self->gate != NULL) {
@@ -525,6 +544,8 @@ static void Scanner_free_tables(ScannerObject *self) {
     }
     PyMem_Free(self->ign_limit);
     self->ign_limit = NULL;
+    free_texts(&self->head, &self->headlen, self->nhead);
+    free_texts(&self->tail, &self->taillen, self->ntail);
 }
 
 static int Scanner_traverse(PyObject *op, visitproc visit, void *arg) {
@@ -618,6 +639,30 @@ static char *copy_bytes(PyObject *b, Py_ssize_t *len) {
     return c;
 }
 
+/* A sequence of bytes as C arrays (freed by free_texts, also after a failure here). */
+static int copy_texts(PyObject *seq, char ***texts, Py_ssize_t **lens, Py_ssize_t *count) {
+    Py_ssize_t n = PySequence_Size(seq);
+    if (n < 0)
+        return -1;
+    *texts = PyMem_Calloc(n + 1, sizeof(char *));
+    *lens = PyMem_Calloc(n + 1, sizeof(Py_ssize_t));
+    if (*texts == NULL || *lens == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *count = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PySequence_GetItem(seq, i);
+        if (b == NULL)
+            return -1;
+        (*texts)[i] = copy_bytes(b, &(*lens)[i]);
+        Py_DECREF(b);
+        if ((*texts)[i] == NULL)
+            return -1;
+    }
+    return 0;
+}
+
 static int int_at(PyObject *seq, Py_ssize_t i, int *out) {
     PyObject *o = PySequence_GetItem(seq, i);
     if (o == NULL)
@@ -695,15 +740,16 @@ static uint32_t max_captures(uint32_t a, RegexObject *rx) {
  */
 static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *gate, *ts, *prefix, *heads, *unheaded, *rules, *ignores, *stamp, *year_of, *hour_base, *find_span,
-        *hosts, *parse_host, *match_type, *rejected_type, *evict, *ipv4_type, *ipv6_type = Py_None;
+        *hosts, *parse_host, *match_type, *rejected_type, *evict, *ipv4_type, *ipv6_type = Py_None,
+        *head = Py_None, *tails = Py_None;
     Py_ssize_t max_line, prefix_limit, heads_len, host_memo;
     int prefix_kind, content_group, ignore_whole, ts_syslog_c = 0;
     (void)kw;
-    if (!PyArg_ParseTuple(args, "OnOiOninOOOOpOOOOO!OnOOOO|pO", &gate, &max_line, &ts, &prefix_kind, &prefix,
+    if (!PyArg_ParseTuple(args, "OnOiOninOOOOpOOOOO!OnOOOO|pOOO", &gate, &max_line, &ts, &prefix_kind, &prefix,
                           &prefix_limit, &content_group, &heads_len, &heads, &unheaded, &rules, &ignores,
                           &ignore_whole, &stamp, &year_of, &hour_base, &find_span, &PyDict_Type, &hosts,
                           &parse_host, &host_memo, &match_type, &rejected_type, &evict, &ipv4_type,
-                          &ts_syslog_c, &ipv6_type))
+                          &ts_syslog_c, &ipv6_type, &head, &tails))
         return NULL;
     /* by_slots allocates through these as types: anything else would be a bad cast, not an error */
     if ((ipv4_type != Py_None && !PyType_Check(ipv4_type)) || (ipv6_type != Py_None && !PyType_Check(ipv6_type))) {
@@ -742,6 +788,19 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->ngate = -1;
     if (as_regex(ts, &self->ts, 1) < 0 || as_regex(prefix, &self->prefix, 1) < 0)
         goto fail;
+    if ((head == Py_None) != (tails == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "a syslog header has daemon names and tail texts");
+        goto fail;
+    }
+    if (head != Py_None) {
+        if (self->prefix == NULL || prefix_kind != 1 || self->prefix->captures != 1) {
+            PyErr_SetString(PyExc_ValueError, "a syslog header needs an anchored prefix whose one group it is");
+            goto fail;
+        }
+        if (copy_texts(head, &self->head, &self->headlen, &self->nhead) < 0 ||
+            copy_texts(tails, &self->tail, &self->taillen, &self->ntail) < 0)
+            goto fail;
+    }
     if (gate != Py_None) {
         Py_ssize_t n = PySequence_Size(gate);
         if (n < 0)
@@ -795,6 +854,13 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         }
         if (ok)
             ok = named_codes(fields, &r->nfields, &r->fname, &r->fcode) == 0;
+        r->fuser = -1;
+        for (Py_ssize_t j = 0; ok && j < r->nfields; j++) {
+            int cmp = PyUnicode_Compare(r->fname[j], s_user);
+            ok = !(cmp == -1 && PyErr_Occurred());
+            if (ok && cmp == 0)
+                r->fuser = j;
+        }
         if (ok)
             ok = named_codes(alts, &r->nalts, &r->abase, &r->acode) == 0;
         Py_XDECREF(rx);
@@ -926,6 +992,13 @@ static inline int span(const Groups *g, int code, const char **s, Py_ssize_t *n)
     *s = base + ov[0];
     *n = (Py_ssize_t)(ov[1] - ov[0]);
     return 1;
+}
+
+/* 1: the group took part (its text may be empty) */
+static inline int took_part(const Groups *g, int code) {
+    const char *s;
+    Py_ssize_t n;
+    return span(g, code, &s, &n);
 }
 
 /* 1: the group took part and is not empty (Python truthiness of the captured text) */
@@ -1222,6 +1295,90 @@ typedef struct {
 } Context;
 
 /*
+ * A known connection learns the line's fields. A connection's fields dict is never changed in place (the
+ * results of its lines hold it, as matcher._merged_fields says): when a value is new or differs, the
+ * connection gets a new dict; when all are the same (a connection's lines repeat its user), nothing is made.
+ */
+static int fold_fields(PyObject *conn, PyObject *fields) {
+    PyObject *cf = cget(conn, K_FIELDS);
+    if (cf == NULL)
+        return -1;
+    int rc = -1;
+    if (!PyDict_Check(cf)) {
+        PyErr_SetString(PyExc_TypeError, "a connection's fields must be a dict");
+        goto out;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    int differs = 0;
+    while (!differs && PyDict_Next(fields, &pos, &k, &v)) {
+        PyObject *held = PyDict_GetItemWithError(cf, k);
+        if (held == NULL) {
+            if (PyErr_Occurred())
+                goto out;
+            differs = 1;
+        } else {
+            int eq = PyObject_RichCompareBool(held, v, Py_EQ);
+            if (eq < 0)
+                goto out;
+            differs = !eq;
+        }
+    }
+    rc = 0;
+    if (differs) {
+        PyObject *merged = PyDict_Copy(cf);
+        if (merged == NULL || PyDict_Update(merged, fields) < 0 || cset(conn, K_FIELDS, merged) < 0)
+            rc = -1;
+        Py_XDECREF(merged);
+    }
+out:
+    Py_DECREF(cf);
+    return rc;
+}
+
+/*
+ * 1 when each field the line's rule captured already has that very text in the connection's fields (the
+ * rule has no alt_ fields): the line says nothing new, so its fields dict is not made at all (what
+ * build_fields then fold_fields would find), and `*held` is the connection's dict (new reference). 0: the
+ * line's fields must be made and folded; -1: an error. Most lines of a connection repeat its user.
+ */
+static int fields_held(const Rule *r, const Groups *g, PyObject *conn, PyObject **held) {
+    PyObject *cf = cget(conn, K_FIELDS);
+    if (cf == NULL)
+        return -1;
+    if (!PyDict_Check(cf))
+        goto differs; /* fold_fields says what is wrong */
+    for (Py_ssize_t i = 0; i < r->nfields; i++) {
+        const char *s;
+        Py_ssize_t n, hn;
+        if (r->fcode[i] == 0 || !span(g, r->fcode[i], &s, &n))
+            continue; /* not captured: build_fields leaves it out */
+        PyObject *v = PyDict_GetItemWithError(cf, r->fname[i]);
+        if (v == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(cf);
+                return -1;
+            }
+            goto differs;
+        }
+        if (!PyUnicode_CheckExact(v))
+            goto differs;
+        const char *hs = PyUnicode_AsUTF8AndSize(v, &hn);
+        if (hs == NULL) {
+            PyErr_Clear(); /* lone surrogates: not the line's ASCII text */
+            goto differs;
+        }
+        if (hn != n || memcmp(hs, s, (size_t)n) != 0)
+            goto differs;
+    }
+    *held = cf;
+    return 1;
+differs:
+    Py_DECREF(cf);
+    return 0;
+}
+
+/*
  * The decision for a line a rule matched: the same steps, in the same order, as the fast lane of
  * Filter._scan_py (which equals Filter._general): ignoreregex, then the connection memory, then the host.
  * Returns 0 (done, maybe appended), -1 on error.
@@ -1230,7 +1387,8 @@ static int decide(ScannerObject *self, const Rule *r, const Groups *g, int ignor
                   PyObject *out, Py_ssize_t idx) {
     int rc = -1;
     PyObject *ip4 = NULL, *ip6 = NULL, *dns = NULL, *fid = NULL, *mlfid = NULL, *fields = NULL, *conn = NULL;
-    PyObject *user = NULL; /* borrowed from fields */
+    PyObject *user = NULL; /* borrowed from fields (or from held) */
+    PyObject *held = NULL; /* the connection's fields, when the line's say nothing new (fields_held) */
     PyObject *st[4] = {NULL, NULL, NULL, NULL};
 #define TEXT(var, k)                                                                                      \
     do {                                                                                                  \
@@ -1303,16 +1461,12 @@ static int decide(ScannerObject *self, const Rule *r, const Groups *g, int ignor
         user = PyDict_GetItemWithError(fields, s_user);
         if (user == NULL && PyErr_Occurred())
             goto done;
-        if (!forget) {
-            PyObject *cfields = PyDict_Copy(fields);
-            if (cfields == NULL)
-                goto done;
+        if (!forget) { /* the connection and the result share the line's fields: neither changes them */
             PyObject *v[K_N] = {ip4 ? ip4 : Py_None, ip6 ? ip6 : Py_None, dns ? dns : Py_None, fid ? fid : Py_None,
                                 nofail ? Py_True : Py_None, gained ? Py_True : Py_None,
-                                missing && !nofail ? Py_True : Py_False, cfields, is_true(user) ? user : s_empty,
+                                missing && !nofail ? Py_True : Py_False, fields, is_true(user) ? user : s_empty,
                                 Py_False, cx->now};
             PyObject *fresh = conn_new(v);
-            Py_DECREF(cfields);
             if (fresh == NULL)
                 goto done;
             int src = PyDict_SetItem(cx->conns, mlfid, fresh);
@@ -1335,10 +1489,19 @@ static int decide(ScannerObject *self, const Rule *r, const Groups *g, int ignor
     }
     /* a later line of a known connection: fold it in */
     if (r->nfields || r->nalts) {
-        FIELDS();
-        user = PyDict_GetItemWithError(fields, s_user);
-        if (user == NULL && PyErr_Occurred())
+        int same = r->nalts == 0 ? fields_held(r, g, conn, &held) : 0;
+        if (same < 0)
             goto done;
+        if (same) { /* the line's user, if it names one, is the text the connection holds */
+            if (r->fuser >= 0 && took_part(g, r->fcode[r->fuser]) &&
+                (user = PyDict_GetItemWithError(held, s_user)) == NULL && PyErr_Occurred())
+                goto done;
+        } else {
+            FIELDS();
+            user = PyDict_GetItemWithError(fields, s_user);
+            if (user == NULL && PyErr_Occurred())
+                goto done;
+        }
     }
     if (is_true(user)) {
         PyObject *cu = cget(conn, K_USER);
@@ -1359,15 +1522,8 @@ static int decide(ScannerObject *self, const Rule *r, const Groups *g, int ignor
     if ((ip4 != NULL && cset(conn, K_IP4, ip4) < 0) || (ip6 != NULL && cset(conn, K_IP6, ip6) < 0) ||
         (dns != NULL && cset(conn, K_DNS, dns) < 0) || (fid != NULL && cset(conn, K_FID, fid) < 0))
         goto done;
-    if (fields != NULL && PyDict_Size(fields) > 0) {
-        PyObject *cf = cget(conn, K_FIELDS);
-        if (cf == NULL)
-            goto done;
-        int urc = PyDict_Update(cf, fields);
-        Py_DECREF(cf);
-        if (urc < 0)
-            goto done;
-    }
+    if (fields != NULL && PyDict_Size(fields) > 0 && fold_fields(conn, fields) < 0)
+        goto done;
     if (cset(conn, K_SEEN, cx->now) < 0)
         goto done;
     if (forget && PyDict_DelItem(cx->conns, mlfid) < 0)
@@ -1395,15 +1551,11 @@ static int decide(ScannerObject *self, const Rule *r, const Groups *g, int ignor
         rc = cset(conn, K_PENDING, Py_True); /* remembered: a later line of this connection decides */
         goto done;
     }
-    PyObject *cf = cget(conn, K_FIELDS);
+    PyObject *cf = cget(conn, K_FIELDS); /* shared with the result: a connection's dict never changes */
     if (cf == NULL)
         goto done;
-    PyObject *copy = PyDict_Copy(cf); /* a copy: the connection's own dict keeps changing */
-    Py_DECREF(cf);
-    if (copy == NULL)
-        goto done;
     Py_XDECREF(fields);
-    fields = copy;
+    fields = cf;
     rc = append(out, idx, result(self, first_truthy(st[0], st[1], st[2], st[3]), when, 0, fields, r->index));
 done:
 #undef TEXT
@@ -1414,6 +1566,7 @@ done:
     Py_XDECREF(fid);
     Py_XDECREF(mlfid);
     Py_XDECREF(fields);
+    Py_XDECREF(held);
     Py_XDECREF(conn);
     for (int k = 0; k < 4; k++)
         Py_XDECREF(st[k]);
@@ -1748,6 +1901,115 @@ static int timestamp(ScannerObject *self, PyObject *line, const char *b, Py_ssiz
     return LINE_DONE;
 }
 
+/* -- the prefix's syslog header, read by hand ------------------------------------------------------ */
+
+/* Character classes of the header, by byte: a table, since the reading runs over every sshd line's host,
+ * program name and PID (the chains of comparisons cost twice the instructions). */
+enum { CH_HOST = 1, CH_NAME = 2, CH_DIGIT = 4, CH_SPACE = 8 };
+static unsigned char char_class[256];
+
+static void init_char_class(void) {
+    for (int c = 0; c < 256; c++) {
+        int alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        unsigned char k = 0;
+        if (alnum || c == '_' || c == '.' || c == '-' || c == '@' || c == ':')
+            k |= CH_HOST; /* [\w.\-@:] on ASCII */
+        if (alnum || c == '_' || c == '-')
+            k |= CH_NAME; /* what sysloghead.daemon_names lets a program name hold */
+        if (c >= '0' && c <= '9')
+            k |= CH_DIGIT;
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r')
+            k |= CH_SPACE; /* PCRE2's \s */
+        char_class[c] = k;
+    }
+}
+#define IS(c, k) (char_class[(unsigned char)(c)] & (k))
+
+/* memcmp(a, b, n) == 0 for the few bytes of a program name or a tail text: a loop, without the call */
+static inline int same_bytes(const char *a, const char *b, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (a[i] != b[i])
+            return 0;
+    return 1;
+}
+
+/*
+ * Where the first match of sysloghead.SYSLOG (the `<syslog>` fragment, the filter's daemon names in it)
+ * ends in s[0:n], for the one shape nearly every line has, "  HOST NAME[PID]: MESSAGE": -1 for any other
+ * shape, which the whole prefix regex then reads. The regex tries each optional part taken before left
+ * out, and each greedy run longest first; for this shape the path below is the first that succeeds, so it
+ * is the match the regex returns:
+ *   \s*                 takes the leading spaces (a host character follows: it can take no more);
+ *   <PRI>..., <f.l>, []  left out: they start with `<` or `[`, the host text does not;
+ *   [\w.\-@:]+\s+       taken: HOST in full (it ends at a space), then the one space (a name follows);
+ *   kernel:, @vserver_   left out: a name holds neither `:` nor `@`;
+ *   [\[(]?               left out: the name starts here;
+ *   the daemon names     only NAME itself leads on: a shorter name leaves a name character where the rest
+ *                        needs `(`, `]`, `)`, `[`, `:` or a space, and none is longer (`[` follows NAME);
+ *   \(\S+\), [\])]        left out: `[` follows;
+ *   \[\d+\], :           taken: "[PID]" (all its digits), ":";
+ *   \s+kernel:..., " N " left out: the message does not start with "kernel:" nor with a digit;
+ *   \s+                 the one space (the message does not start with white space);
+ *   \[ID N X\]\s+        left out: the message does not start with `[`.
+ * The limits: the regex sees s[0:n] only, and every check below reads inside it (a message cut before 7
+ * characters cannot spell "kernel:" for the regex either). tests/unit/test_native.py holds this equal to
+ * the regex on generated headers, hostile ones included.
+ */
+static Py_ssize_t syslog_head_end(const ScannerObject *self, const char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n && s[i] == ' ')
+        i++;
+    Py_ssize_t host = i;
+    while (i < n && IS(s[i], CH_HOST))
+        i++;
+    if (i == host || i >= n || s[i] != ' ')
+        return -1;
+    Py_ssize_t name = ++i;
+    while (i < n && IS(s[i], CH_NAME))
+        i++;
+    if (i >= n || s[i] != '[')
+        return -1;
+    Py_ssize_t len = i - name, k = 0;
+    while (k < self->nhead && !(self->headlen[k] == len && same_bytes(self->head[k], s + name, len)))
+        k++;
+    if (k == self->nhead)
+        return -1;
+    Py_ssize_t pid = ++i;
+    while (i < n && IS(s[i], CH_DIGIT))
+        i++;
+    if (i == pid || n - i < 4 || s[i] != ']' || s[i + 1] != ':' || s[i + 2] != ' ')
+        return -1;
+    const char *msg = s + i + 3;
+    Py_ssize_t left = n - (i + 3); /* >= 1 */
+    if (IS(msg[0], CH_SPACE | CH_DIGIT) || msg[0] == '[' || (msg[0] == 'k' && left >= 7 && memcmp(msg, "kernel:", 7) == 0))
+        return -1;
+    return i + 3;
+}
+
+/* The prefix on s[0:n] as the whole regex would match it: the hand-read header, then the first tail text
+ * (in the regex's order) the rest starts with; nothing follows the tail in the regex, so that is its match.
+ * The ovector in `*pov`; 1: matched, 0: the header has another shape or no tail text fits after it (the
+ * whole regex decides: it may find another way through the header). */
+static int syslog_head_match(ScannerObject *self, const char *s, Py_ssize_t n, PCRE2_SIZE **pov) {
+    Py_ssize_t end = syslog_head_end(self, s, n);
+    if (end < 0)
+        return 0;
+    for (Py_ssize_t k = 0; k < self->ntail; k++) {
+        Py_ssize_t len = self->taillen[k];
+        if (len <= n - end && same_bytes(s + end, self->tail[k], len)) {
+            PCRE2_SIZE *ov = self->head_ov;
+            ov[0] = 0;
+            ov[1] = (PCRE2_SIZE)(end + len);
+            ov[2] = 0;
+            ov[3] = (PCRE2_SIZE)end;
+            *pov = ov;
+            self->headers++;
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* Prefix, dispatch, rules, ignoreregex and the decision for the text after the timestamp. */
 static int match_text(ScannerObject *self, const char *text, Py_ssize_t tlen, PyObject *when, Context *cx,
                       PyObject *out, Py_ssize_t idx) {
@@ -1757,12 +2019,14 @@ static int match_text(ScannerObject *self, const char *text, Py_ssize_t tlen, Py
     int rc;
     if (self->prefix_kind != 0) {
         Py_ssize_t plen = self->prefix_limit >= 0 && tlen > self->prefix_limit ? self->prefix_limit : tlen;
-        rc = run(self->prefix, text, plen, self->md_pre);
-        if (rc < 0)
-            return LINE_LIMITED;
-        if (rc == 0)
-            return LINE_DONE;
-        pov = pcre2_get_ovector_pointer(self->md_pre);
+        if (self->nhead == 0 || !syslog_head_match(self, text, plen, &pov)) {
+            rc = run(self->prefix, text, plen, self->md_pre);
+            if (rc < 0)
+                return LINE_LIMITED;
+            if (rc == 0)
+                return LINE_DONE;
+            pov = pcre2_get_ovector_pointer(self->md_pre);
+        }
         if (self->prefix_kind == 1) {
             content = text + pov[1];
             clen = tlen - (Py_ssize_t)pov[1];
@@ -1948,8 +2212,8 @@ fail:
 static PyObject *Scanner_get_stats(PyObject *op, void *closure) {
     ScannerObject *self = (ScannerObject *)op;
     (void)closure;
-    return Py_BuildValue("{sLsLsL}", "lines", self->lines, "python_lines", self->python_lines, "limited",
-                         self->limited);
+    return Py_BuildValue("{sLsLsLsL}", "lines", self->lines, "python_lines", self->python_lines, "limited",
+                         self->limited, "headers", self->headers);
 }
 
 static PyObject *Scanner_get_jit(PyObject *op, void *closure) {
@@ -1971,7 +2235,8 @@ static PyMethodDef Scanner_methods[] = {
 };
 
 static PyGetSetDef Scanner_getset[] = {
-    {"stats", Scanner_get_stats, NULL, "lines seen, lines handed to the Python path, lines skipped at a limit",
+    {"stats", Scanner_get_stats, NULL,
+     "lines seen, lines handed to the Python path, lines skipped at a limit, syslog headers read by hand",
      NULL},
     {"jit", Scanner_get_jit, NULL, "every regex runs as machine code", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -2031,6 +2296,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "nftblockd.detect._sc
                                     module_methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__scan(void) {
+    init_char_class();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;

@@ -14,6 +14,7 @@ from typing import Any
 
 from nftblockd.detect.f2b import read_filter
 from nftblockd.detect.matcher import Engine, Filter, FilterDef, FilterError, RegexSource, compile_filter
+from nftblockd.detect.sysloghead import SYSLOG
 
 __all__ = ["builtin_filters", "filter_from_yaml", "load_filter", "load_yaml_filter", "parse_spec"]
 
@@ -131,13 +132,7 @@ _VAR_RE = re.compile(r"<([a-z_][\w\-]*)>")
 # Fragments every YAML filter may use. <syslog> is a syslog / journal / RFC 5424 header up to the message,
 # after the timestamp has been cut out; the program name comes from the filter's `daemon` var.
 _BASE_VARS = {
-    "syslog": (
-        r"\s*(?:<\d{1,3}>\d{1,2}\s+)?(?:<[^.>\s]+\.[^.>\s]+>\s+)?(?:\[\]\s*)?(?:[\w.\-@:]+\s+)?"
-        r"(?:kernel:\s?\[ *\d+\.\d+\]:?\s+)?(?:@vserver_\S+\s+)?"
-        r"[\[(]?(?:<daemon>)(?:\(\S+\))?[\])]?(?:\[\d+\])?:?(?:\s+kernel:\s?\[ *\d+\.\d+\]:?)?"
-        r"(?: \d+ \S+ (?:-|\[[^\]\"]*(?:\"[^\"]*\"[^\]\"]*)*\](?:\[[^\]\"]*(?:\"[^\"]*\"[^\]\"]*)*\])*))?"
-        r"\s+(?:\[ID \d+ \S+\]\s+)?"
-    ),
+    "syslog": SYSLOG,
     "daemon": r"\S+",
 }
 

@@ -69,6 +69,7 @@ from nftblockd.detect.native import Parts as NativeParts
 from nftblockd.detect.native import build as build_native
 from nftblockd.detect.rxlint import lint_regex, literal_heads, matches_newline, required_literal
 from nftblockd.detect.rxopt import cheap_optionals
+from nftblockd.detect.sysloghead import syslog_head
 from nftblockd.detect.timestamps import DateParser, DatePatternError
 
 __all__ = [
@@ -392,6 +393,17 @@ def _evict(ctx: MatchContext) -> None:
         del conns[k]
 
 
+def _merged_fields(held: dict[str, str], new: Mapping[str, str]) -> dict[str, str]:
+    """A connection's fields after a line's: `held` itself when the line says nothing new, else a new dict.
+    A connection's fields dict is never changed in place, on either path (the native core's fold_fields
+    keeps the same rule): the results of the connection's lines hold the very dict their connection held
+    at the time, without a copy each."""
+    for name, value in new.items():
+        if held.get(name) != value:
+            return {**held, **new}
+    return held
+
+
 def _fold_line(conn: _Conn, line: _Conn, user: str | None, now: float) -> None:
     """A known connection learns from its newest line: a second user name marks it `multi`, and whatever the
     line names (address, host name, failure id, fields) replaces what the connection knew."""
@@ -413,7 +425,7 @@ def _fold_line(conn: _Conn, line: _Conn, user: str | None, now: float) -> None:
     if line.fid is not None:
         conn.fid = line.fid
     if line.fields:
-        conn.fields.update(line.fields)
+        conn.fields = _merged_fields(conn.fields, line.fields)
     conn.seen = now
 
 
@@ -584,8 +596,8 @@ class Filter:
 
     __slots__ = ("_dates", "_fast", "_fast_plans", "_fast_plans_stamped", "_fast_stamped", "_gate", "_heads",
                  "_heads_len", "_hosts", "_ignore", "_ignore_rx", "_ignore_whole", "_ml", "_native", "_pref",
-                 "_pref_rx", "_rules", "_unheaded", "definition", "engines", "name", "native_notes", "notes",
-                 "scanner", "uses_context")
+                 "_pref_head", "_pref_rx", "_rules", "_unheaded", "definition", "engines", "name", "native_notes",
+                 "notes", "scanner", "uses_context")
 
 
     # complexity exempt (C901): building a filter's engines: each optional part is one branch
@@ -628,6 +640,9 @@ class Filter:
         self._pref: Finder | None = None
         # ("prefregex" | "prefix", the `re` pattern or None when on RE2, its character limit)
         self._pref_rx: tuple[str, re.Pattern[str] | None, int | None] | None = None
+        # The built-in syslog header at the prefix's start, which the native core reads by hand: its
+        # daemon names, and the texts the rest of the prefix matches (sysloghead.syslog_head).
+        self._pref_head: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         if definition.prefregex is not None:
             c = self._compile_aux(definition.prefregex, engine, notes, engines)
             self._pref = c.find
@@ -635,6 +650,7 @@ class Filter:
         elif definition.prefix is not None:
             self._pref, prx = self._compile_prefix(definition.prefix, engine, notes, engines)
             self._pref_rx = ("prefix", prx, None)
+            self._pref_head = syslog_head(definition.prefix.text) if prx is not None else None
         try:
             self._dates = DateParser(definition.datepattern, tz=tz)
         except DatePatternError as exc:
@@ -679,8 +695,8 @@ class Filter:
         self.scanner = "python (re)"
         self.native_notes: tuple[str, ...] = ()
         if native:
-            parts = NativeParts(self._dates, self._pref_rx, self._ignore_rx, self._ignore_whole, self._rules,
-                                self._heads, self._heads_len, self._unheaded, self._gate, self._hosts)
+            parts = NativeParts(self._dates, self._pref_rx, self._pref_head, self._ignore_rx, self._ignore_whole,
+                                self._rules, self._heads, self._heads_len, self._unheaded, self._gate, self._hosts)
             hooks = NativeHooks(Match, Rejected, _evict, parse_host, _HOST_MEMO, MAX_LINE)
             built = build_native(parts, hooks)
             self._native, self.scanner, self.native_notes = built.scanner, built.engine, built.notes
@@ -692,7 +708,8 @@ class Filter:
 
     @property
     def native_stats(self) -> dict[str, int] | None:
-        """Lines the native core saw, handed to the Python path, skipped at a match limit (None: not native)."""
+        """Lines the native core saw, handed to the Python path, skipped at a match limit, and the syslog
+        headers it read by hand instead of the prefix regex (None: not native)."""
         return dict(self._native.stats) if self._native is not None else None
 
     @staticmethod
@@ -1013,7 +1030,7 @@ class Filter:
                     if fid is not None:
                         conn.fid = fid
                     if fields:
-                        conn.fields.update(fields)
+                        conn.fields = _merged_fields(conn.fields, fields)
                     conn.seen = now
                     if forget:
                         del conns[mlfid]
@@ -1024,7 +1041,7 @@ class Filter:
                     missing = ip4 is None and ip6 is None and dns is None and fid is None
                     if not forget:
                         conns[mlfid] = _Conn(ip4, ip6, dns, fid, nofail, gained,
-                                             missing and not (nofail or gained), dict(fields) if fields else {},
+                                             missing and not (nofail or gained), fields,
                                              user or "", False, now)
                         if len(conns) > ctx.max_entries:
                             _evict(ctx)
@@ -1051,7 +1068,7 @@ class Filter:
                 if ip4 is None and ip6 is None and dns is None and fid is None:
                     state.pending = True  # remembered: a later line of this connection decides
                     continue
-                fields = dict(state.fields)  # a copy: the connection's own dict keeps changing
+                fields = state.fields  # the connection's, shared: it is never changed in place
             elif nofail or gained or (ip4 is None and ip6 is None and dns is None and fid is None):
                 continue
             raw = ip4 or ip6 or dns or fid
@@ -1142,7 +1159,7 @@ class Filter:
         host = self._host(raw)
         if isinstance(host, str):
             return Rejected(raw, host, when, ignored, rule.index)
-        return Match(host, when, ignored, dict(state.fields), rule.index)
+        return Match(host, when, ignored, state.fields, rule.index)
 
     def __repr__(self) -> str:
         return f"Filter({self.name!r}, {len(self._rules)} regexes)"

@@ -246,6 +246,9 @@ class Parts:
 
     dates: DateParser
     pref_rx: tuple[str, re.Pattern[str] | None, int | None] | None  # ("prefregex"|"prefix", rx or None, limit)
+    # the built-in syslog header the prefix starts with: its daemon names, the texts the rest of the prefix
+    # matches in priority order (sysloghead.syslog_head); None: the prefix is something else
+    pref_head: tuple[tuple[str, ...], tuple[str, ...]] | None
     ignore_rx: tuple[tuple[re.Pattern[str], int | None] | None, ...]  # None: that ignoreregex runs on RE2
     ignore_whole: bool
     rules: Sequence[Rule]
@@ -265,6 +268,15 @@ class Built:
 
 def _of(rx: re.Pattern[str], anchored: bool = False) -> Any:
     return compile_pcre2(rx.pattern, anchored=anchored, groups=dict(rx.groupindex), count=rx.groups)
+
+
+def _head(head: tuple[tuple[str, ...], tuple[str, ...]] | None, prefix: re.Pattern[str]
+          ) -> tuple[tuple[bytes, ...] | None, tuple[bytes, ...] | None]:
+    """The Scanner's syslog-header arguments (daemon names, tail texts), or (None, None) unless the
+    prefix's only group is the header's F-MLFID."""
+    if head is None or dict(prefix.groupindex) != {"mlfid": 1} or prefix.groups != 1:
+        return None, None
+    return tuple(n.encode("ascii") for n in head[0]), tuple(t.encode("ascii") for t in head[1])
 
 
 def _fields(names: list[str]) -> list[str]:
@@ -288,6 +300,8 @@ def build(flt: Parts, hooks: Hooks) -> Built:  # noqa: C901
             return Built(None, f"python (re): timestamp: {exc}")
     prefix_kind, prefix, prefix_limit, content_group = 0, None, -1, 0
     pre_names: dict[str, int] = {}
+    head_names: tuple[bytes, ...] | None = None
+    head_tails: tuple[bytes, ...] | None = None
     if flt.pref_rx is not None:
         kind, prx, plimit = flt.pref_rx
         if prx is None:
@@ -300,6 +314,7 @@ def build(flt: Parts, hooks: Hooks) -> Built:  # noqa: C901
         prefix_limit = plimit if plimit is not None else -1
         pre_names = dict(prx.groupindex)
         content_group = pre_names.pop("content", 0) if prefix_kind == 2 else 0
+        head_names, head_tails = _head(flt.pref_head, prx) if prefix_kind == 1 else (None, None)
     ignores = []
     for j, ig in enumerate(flt.ignore_rx):
         if ig is None:
@@ -345,7 +360,7 @@ def build(flt: Parts, hooks: Hooks) -> Built:  # noqa: C901
                             flt.dates.stamp, flt.dates.year_of, flt.dates.hour_base,
                             flt.dates.find_span, flt.hosts, hooks.parse_host, hooks.host_memo, hooks.match_type,
                             hooks.rejected_type, hooks.evict, IPV4_BY_SLOT, ts is not None and shapes is not None
-                            and shapes[0] == FAST_SYSLOG, IPV6_BY_SLOT)
+                            and shapes[0] == FAST_SYSLOG, IPV6_BY_SLOT, head_names, head_tails)
     mode = "JIT" if scanner.jit else "interpreted: no executable memory for the JIT"
     engine = f"native (PCRE2 {_scan.pcre2_version().split()[0]}, {mode})"
     if ts is None:

@@ -19,6 +19,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -27,7 +28,7 @@ from hypothesis import strategies as st
 
 from nftblockd import __version__
 from nftblockd.daemon_main import main as nftblockd_main
-from nftblockd.detect import native
+from nftblockd.detect import matcher, native
 from nftblockd.detect.filterload import builtin_filters, load_filter, load_yaml_filter
 from nftblockd.detect.matcher import Filter, FilterDef, MatchContext, RegexSource, compile_filter
 from nftblockd.detect.rxlint import lint_regex
@@ -281,6 +282,70 @@ def test_hostile_stamped_lines_agree(lines: list[str], batch: int) -> None:
         same(nat, py, lines, batch=batch, stamped=True)
 
 
+# -- the syslog header read by hand (sysloghead, syslog_head_end in _scan.c) -----------------------------
+
+
+def _without_header(spec: str, tz: ZoneInfo) -> Filter:
+    """The filter as the native core ran it before it read headers by hand: the prefix regex on every line."""
+    with mock.patch.object(matcher, "syslog_head", lambda text: None):
+        return load_filter(spec, tz=tz)
+
+
+_HEADER_SPECS = (("sshd", UTC), ("sshd[mode=aggressive]", ZURICH))
+HEADER = [load_filter(spec, tz=tz) for spec, tz in _HEADER_SPECS] if native.available() else []
+HEADER_PLAIN = [_without_header(spec, tz) for spec, tz in _HEADER_SPECS] if native.available() else []
+HEADER_PY = [compile_filter(f.definition, tz=f._dates.tz, native=False) for f in HEADER]
+# each part of "HOST NAME[PID]: MESSAGE" in its usual form and in the forms that make the regex take
+# another way through the header (or none)
+_header_line = st.builds(
+    lambda *parts: "".join(parts),
+    st.sampled_from(["Dec  2 09:53:10", "Dec  2 09:53:10 ", ""]),
+    st.sampled_from([" ", "  ", "", "\t", " \t"]),
+    st.sampled_from(["web1", "web-1.example.com", "h@x:1", "a_b", "", "<13>1", "<13>1 ", "[]", "[web1]", "kernel:",
+                     "x y", "web1\x0b", "sshd", "@vserver_a", "w\u00e9b"]),
+    st.sampled_from([" ", "  ", "\t", ""]),
+    st.sampled_from(["sshd", "sshd-session", "sshd-auth", "sshd-x", "ssh", "sshdd", "(sshd)", "[sshd]", "sshd(pam)",
+                     "sshd(pam)[", "kernel: [ 1.5] sshd", "@vserver_x sshd", "SSHD", "", "sshd-"]),
+    st.sampled_from(["[1]", "[12345]", "[]", "[x]", "", "[1", "1]", "[1][2]"]),
+    st.sampled_from([":", "", "::"]),
+    st.sampled_from([" ", "  ", "\t", "", " \t", "\x0b"]),
+    st.sampled_from(["", "kernel: [ 1.5] ", "kernel: [ 1.5]", "kernel:", "kern", "[ID 12 auth.info] ", "[ID",
+                     "[x] ", "12 x - ", "12 x [a] ", "1 ", "error: ", "error: PAM: ", "fatal: PAM: ", "error:",
+                     "fatal: x ", "errors: ", "error: PAM:"]),
+    st.sampled_from(["Failed password for invalid user admin from 192.0.2.1 port 22 ssh2",
+                     "Invalid user x from 192.0.2.7 port 4", "Connection closed by 192.0.2.1 port 22 [preauth]",
+                     "Received disconnect from 2001:db8::7 port 22:11: Bye [preauth]", "", "x",
+                     "Failed password for root from 192.0.2.9 port 1 ssh2 ", "Connection from 192.0.2.3 port 9"]))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_header_line, min_size=1, max_size=12), st.sampled_from([1, 100]))
+def test_headers_read_by_hand_agree_with_the_prefix_regex(lines: list[str], batch: int) -> None:
+    for nat, plain, py in zip(HEADER, HEADER_PLAIN, HEADER_PY, strict=True):
+        for stamped in (False, True):
+            same(nat, plain, lines, batch=batch, stamped=stamped)
+            same(nat, py, lines, batch=batch, stamped=stamped)
+
+
+def test_the_usual_header_is_read_by_hand_and_others_by_the_regex() -> None:
+    usual = ["Dec  2 09:53:10 web1 sshd[4242]: Failed password for root from 192.0.2.9 port 1 ssh2",
+             "Dec  2 09:53:10 web1 sshd-session[7]: error: PAM: Authentication failure for root from 192.0.2.9",
+             "Dec  2 09:53:11 web1 sshd[4242]: Connection closed by 192.0.2.9 port 1 [preauth]"]
+    other = ["Dec  2 09:53:10 web1 sshd[4242]:  Failed password for root from 192.0.2.9 port 1 ssh2",
+             "Dec  2 09:53:10 web1 sshd: Failed password for root from 192.0.2.9 port 1 ssh2",
+             "Dec  2 09:53:10 web1 sshd[4242]: [ID 800047 auth.info] Failed password for root from 192.0.2.9 "
+             "port 1 ssh2"]
+    nat, plain = HEADER[0], HEADER_PLAIN[0]
+    before = nat.native_stats
+    assert before is not None
+    got = nat.scan(usual + other, NOW, MatchContext())
+    after = nat.native_stats
+    assert after is not None and after["headers"] - before["headers"] == len(usual)
+    assert [i for i, _ in got] == [0, 1, 3, 4, 5]  # 2 closes the connection: no failure of its own
+    assert got == plain.scan(usual + other, NOW, MatchContext())
+    assert plain.native_stats is not None and plain.native_stats["headers"] == 0
+
+
 # -- bounds, engines, fallbacks ----------------------------------------------------------------------------
 
 
@@ -306,7 +371,7 @@ def test_a_rule_pcre2_cannot_run_sends_its_lines_to_the_python_path() -> None:
     assert any("failregex 1" in n for n in nat.native_notes)
     lines = ["Dec  2 09:53:10 x ok from 192.0.2.1", "Dec  2 09:53:10 x odd ! from 192.0.2.2"]
     assert [str(r.host) for _, r in nat.scan(lines, NOW, None)] == ["192.0.2.1", "192.0.2.2"]  # type: ignore[union-attr]
-    assert nat.native_stats == {"lines": 2, "python_lines": 1, "limited": 0}
+    assert nat.native_stats == {"lines": 2, "python_lines": 1, "limited": 0, "headers": 0}
     same(nat, py, lines)
 
 
@@ -372,7 +437,7 @@ def test_an_extension_that_cannot_load_says_why() -> None:
                 if name == "nftblockd.detect._scan":
                     raise ImportError("libpcre2-8.so.0: cannot open shared object file")
         sys.meta_path.insert(0, Broken())
-        from nftblockd.detect import native
+        from nftblockd.detect import matcher, native
         print(native.describe())
     """)
     assert proc.returncode == 0, proc.stderr
@@ -583,10 +648,11 @@ def test_the_scanner_refuses_address_types_that_are_not_types(monkeypatch: pytes
     monkeypatch.setattr(native._scan, "Scanner", recording)
     compile_filter(FilterDef("ids", "test", (RegexSource(r"^id <F-ID/>$", "t:1"),), prefix=RegexSource(r"\s*x ")))
     (args,) = made
-    assert args[-1] is native.IPV6_BY_SLOT and args[-3] is native.IPV4_BY_SLOT
-    real(*args[:-1], None)  # None: parse_host builds them
+    v6 = len(args) - 3  # then the syslog header's names and tail texts
+    assert args[v6] is native.IPV6_BY_SLOT and args[v6 - 2] is native.IPV4_BY_SLOT
+    real(*args[:v6], None, *args[v6 + 1:])  # None: parse_host builds them
     for odd in (42, "IPv6Address", ipaddress.IPv6Address("::1")):
         with pytest.raises(TypeError, match="must be a type or None"):
-            real(*args[:-1], odd)
+            real(*args[:v6], odd, *args[v6 + 1:])
         with pytest.raises(TypeError, match="must be a type or None"):
             real(*args[:-3], odd, *args[-2:])
