@@ -444,6 +444,13 @@ typedef struct {
     double base;
 } HourSlot;
 
+/* A text text_again made, with its characters (the str's own, valid while `text` is held) */
+typedef struct {
+    PyObject *text;
+    const char *s;
+    Py_ssize_t n;
+} LastText;
+
 typedef struct {
     PyObject_HEAD
     Py_ssize_t ngate; /* -1: no gate */
@@ -478,7 +485,7 @@ typedef struct {
     PyObject *stamp, *year_of, *hour_base, *find_span, *hosts, *parse_host, *match_type, *rejected_type, *evict,
         *ipv4_type, *ipv6_type;
     PyObject *last_raw, *last_host; /* the host text `result` parsed last, and what it gave (NULL: none yet) */
-    PyObject *last_text[2];         /* the last connection id and IPv4 text made (see text_again) */
+    LastText last_text[2];          /* the last connection id and IPv4 text made (see text_again) */
     char *buf; /* max_line bytes: a line without the timestamp found inside it */
     Py_ssize_t host_memo;
     HourSlot hours[HOUR_SLOTS];
@@ -564,8 +571,8 @@ static int Scanner_traverse(PyObject *op, visitproc visit, void *arg) {
     Py_VISIT(self->evict);
     Py_VISIT(self->last_raw);
     Py_VISIT(self->last_host);
-    Py_VISIT(self->last_text[0]);
-    Py_VISIT(self->last_text[1]);
+    Py_VISIT(self->last_text[0].text);
+    Py_VISIT(self->last_text[1].text);
     return 0;
 }
 
@@ -584,8 +591,8 @@ static int Scanner_clear(PyObject *op) {
     Py_CLEAR(self->evict);
     Py_CLEAR(self->last_raw);
     Py_CLEAR(self->last_host);
-    Py_CLEAR(self->last_text[0]);
-    Py_CLEAR(self->last_text[1]);
+    Py_CLEAR(self->last_text[0].text);
+    Py_CLEAR(self->last_text[1].text);
     return 0;
 }
 
@@ -1018,30 +1025,31 @@ static inline PyObject *text_of(const Groups *g, int code) {
 }
 
 /*
- * text_of, but the text made last time in `*last` is handed out again when the group holds the same
+ * text_of, but the text made last time (`last`) is handed out again when the group holds the same
  * characters. A connection's lines come in runs: 80 % of a brute-force log's sshd lines have the previous
  * line's connection id, and most the previous line's address. The same object saves its allocation and,
  * as a dict key (the connection memory, the host memo), its hash and comparison.
  */
-static PyObject *text_again(const Groups *g, int code, PyObject **last) {
+static PyObject *text_again(const Groups *g, int code, LastText *last) {
     const char *s;
     Py_ssize_t n;
     if (!span(g, code, &s, &n))
         return NULL;
-    if (*last != NULL) {
-        Py_ssize_t ln;
-        const char *ls = PyUnicode_AsUTF8AndSize(*last, &ln);
-        if (ls == NULL)
-            return NULL;
-        if (ln == n && memcmp(ls, s, (size_t)n) == 0)
-            return Py_NewRef(*last);
-    }
+    if (last->text != NULL && last->n == n && memcmp(last->s, s, (size_t)n) == 0)
+        return Py_NewRef(last->text);
     PyObject *t = PyUnicode_DecodeASCII(s, n, NULL);
-    if (t != NULL) {
-        PyObject *old = *last;
-        *last = Py_NewRef(t);
-        Py_XDECREF(old);
+    if (t == NULL)
+        return NULL;
+    const char *ts = PyUnicode_AsUTF8AndSize(t, &n); /* an ASCII str's own characters: no copy is made */
+    if (ts == NULL) {
+        Py_DECREF(t);
+        return NULL;
     }
+    PyObject *old = last->text;
+    last->text = Py_NewRef(t);
+    last->s = ts;
+    last->n = n;
+    Py_XDECREF(old);
     return t;
 }
 
@@ -1779,14 +1787,36 @@ typedef struct {
  * regex fails: the character after the space is only accepted when it is printable ASCII (the regex also
  * takes control characters that are not space), and every 0 runs the regex as before.
  */
+/* 1 when s[0:3] is a month's name, "Jan" to "Dec": a switch on the first letter (a loop over the twelve
+ * names cost ~70 instructions a line in December, the last it tries) */
+static inline int month_name(const char *s) {
+    char b = s[1], c = s[2];
+    switch (s[0]) {
+    case 'J':
+        return (b == 'a' && c == 'n') || (b == 'u' && (c == 'n' || c == 'l'));
+    case 'F':
+        return b == 'e' && c == 'b';
+    case 'M':
+        return b == 'a' && (c == 'r' || c == 'y');
+    case 'A':
+        return (b == 'p' && c == 'r') || (b == 'u' && c == 'g');
+    case 'S':
+        return b == 'e' && c == 'p';
+    case 'O':
+        return b == 'c' && c == 't';
+    case 'N':
+        return b == 'o' && c == 'v';
+    case 'D':
+        return b == 'e' && c == 'c';
+    default:
+        return 0;
+    }
+}
+
 static int syslog_shape(const char *s, Py_ssize_t n) {
-    static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
     if (n < 15 || (n != 15 && n < 17))
         return 0;
-    int month = 0;
-    for (int m = 0; m < 12 && !month; m++)
-        month = months[3 * m] == s[0] && months[3 * m + 1] == s[1] && months[3 * m + 2] == s[2];
-    if (!month || s[3] != ' ' || s[6] != ' ' || s[9] != ':' || s[12] != ':')
+    if (s[3] != ' ' || s[6] != ' ' || s[9] != ':' || s[12] != ':' || !month_name(s))
         return 0;
     char d0 = s[4], d1 = s[5];
     if (!(((d0 == ' ' || d0 == '0') && d1 >= '1' && d1 <= '9') || ((d0 == '1' || d0 == '2') && digit(d1)) ||
