@@ -25,14 +25,14 @@ kernel's PR_SET_MDWE, the flag systemd sets). fail2ban-regex is slow, so it runs
 that of a run on a one-line log, i.e. its start-up) its CPU seconds per million lines. The ratios are
 ours / theirs for lines/s (higher is better) and for CPU seconds (lower is better).
 
-Where the time goes (perf, brute-force log, this project's 2-core VM, issue #22). With the JIT, ~0.5 CPU-s
-per 1M lines: PCRE2 ~25 %, the rest is the C glue and the Python objects a matched line makes (connection
-memory, fields, Match). Interpreted (the packaged unit) ~1.25 CPU-s: PCRE2's interpreter is ~65 % of it,
-~14 % of that in its backtracking frame copies; per sshd line the prefix regex costs ~300 ns and the rule
-that matches 270 ns (pam_unix) to 1.8 us (the `<F-USER>.*</F-USER> from <HOST>` rules backtrack over the
-user field one character at a time). PCRE2 alone is then ~0.9 us a line, so the interpreted figure stays
-near 20x fail2ban-regex; the unit's comment tells how to allow the JIT (MemoryDenyWriteExecute=no). Tried
-and dropped: PCRE2 without UTF mode (no gain). The syslog timestamp is no longer a regex run (checked in C).
+Where the time goes (callgrind and perf, brute-force log, this project's 2-core VM, issue #22; the details
+in docs/matcher-speed.md). With the JIT, ~0.4 CPU-s per 1M lines: PCRE2's rule calls ~37 % of the
+instructions, the rest the C glue and the Python objects a matched line makes (connection memory, Match,
+address objects). Interpreted (the packaged unit) ~0.95 CPU-s: PCRE2's interpreter is most of it, the rule
+that matches costing 270 ns (pam_unix) to 1.8 us (the `<F-USER>.*</F-USER> from <HOST>` rules backtrack
+over the user field one character at a time), so the interpreted figure stays near 25x fail2ban-regex; the
+unit's comment tells how to allow the JIT (MemoryDenyWriteExecute=no). The syslog timestamp and sshd's
+usual syslog header are read in C, not by a regex; tried and dropped: PCRE2 without UTF mode (no gain).
 
 Run: `.venv/bin/python bench/bench_matcher.py [--lines N] [--f2b-lines N] [--shape brute,quiet,synthetic]
 [--engine auto|re|re2] [--python] [--gc default]` (`--python`: the pure-Python reference path, not the native
