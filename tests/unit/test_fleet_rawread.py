@@ -345,3 +345,39 @@ def test_the_c_loop_under_failing_allocations_raises_memoryerror_and_leaks_nothi
     del got
     assert failed > 10  # the sweep reached the loop's allocations, not only the call's
     assert _refcounts(raw) == before
+
+
+# an until as digits with at most one dot anywhere (leading zeros, a dot first or last), up to 18 digits: the C
+# loop's exact quotient for at most 15 digits, strtod beyond, each held to Python's float() bit for bit
+until_texts = st.builds(lambda digits, dot: digits[:dot] + "." + digits[dot:] if dot is not None else digits,
+                        st.text("0123456789", min_size=1, max_size=18),
+                        st.none() | st.integers(0, 18)).filter(lambda t: t != ".")
+
+
+@native
+@settings(max_examples=400, deadline=None)
+@given(st.lists(until_texts, min_size=1, max_size=20))
+def test_the_c_loop_reads_each_until_as_float_does(texts: list[str]) -> None:
+    raw = jail_read(len(texts))
+    for entry, text in zip(raw, texts, strict=True):
+        entry[1][7] = text.encode()  # the until's value (the fourth field)
+    got = sys.modules["nftblockd.fleet._plain"].columns(raw, ME)
+    want = [float(t) for t in texts]
+    if max(want) > 4102444800.0:  # beyond MAX_UNTIL: the Python columns decide (and refuse)
+        assert got is None
+        return
+    assert got is not None
+    ends, ends_ms = got[5], got[9]
+    assert [e.hex() for e in ends] == [w.hex() for w in want]
+    assert ends_ms == [int(w * 1000.0) for w in want]
+
+
+@native
+def test_the_c_loop_shares_a_runs_time_objects_and_cuts_its_lists_after_own_entries() -> None:
+    raw = jail_read(30, own_every=4)  # ids: one ms for all; ts: one value for all
+    got = sys.modules["nftblockd.fleet._plain"].columns(raw, ME)
+    assert got is not None and got[:3] == (8, 0, 0)
+    ats, keys, ts = got[3], got[4], got[8]
+    assert len(ats) == len(keys) == len(ts) == 22 and None not in ats
+    assert len({id(a) for a in ats}) == 1 and len({id(t) for t in ts}) == 1  # one object each for the run
+    assert rawread._from_native(raw, ME) == reference(by_entry(raw), ME)
