@@ -508,14 +508,7 @@ static void free_texts(char ***texts, Py_ssize_t **lens, Py_ssize_t n) {
 }
 
 static void Scanner_free_tables(ScannerObject *self) {
-    if (self->gate != NULL) {
-        for (Py_ssize_t i = 0; i < self->ngate; i++)
-            PyMem_Free(self->gate[i]);
-        PyMem_Free(self->gate);
-        self->gate = NULL;
-    }
-    PyMem_Free(self->gatelen);
-    self->gatelen = NULL;
+    free_texts(&self->gate, &self->gatelen, self->ngate);
     if (self->heads != NULL) {
         for (Py_ssize_t i = 0; i < self->nheads; i++) {
             PyMem_Free(self->heads[i].key);
@@ -809,25 +802,8 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
             goto fail;
     }
     if (gate != Py_None) {
-        Py_ssize_t n = PySequence_Size(gate);
-        if (n < 0)
+        if (copy_texts(gate, &self->gate, &self->gatelen, &self->ngate) < 0)
             goto fail;
-        self->gate = PyMem_Calloc(n + 1, sizeof(char *));
-        self->gatelen = PyMem_Calloc(n + 1, sizeof(Py_ssize_t));
-        if (self->gate == NULL || self->gatelen == NULL) {
-            PyErr_NoMemory();
-            goto fail;
-        }
-        self->ngate = n;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *g = PySequence_GetItem(gate, i);
-            if (g == NULL)
-                goto fail;
-            self->gate[i] = copy_bytes(g, &self->gatelen[i]);
-            Py_DECREF(g);
-            if (self->gate[i] == NULL)
-                goto fail;
-        }
     }
     /* rules */
     self->nrules = PySequence_Size(rules);

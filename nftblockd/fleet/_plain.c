@@ -205,18 +205,6 @@ static int put_new(PyObject *list, Py_ssize_t i, PyObject *item) {
     return PyList_SetItem(list, i, item);
 }
 
-/* `item` again (a new reference) when `same`, else `fresh` (stolen; NULL: an error), which becomes `*last`
- * (borrowed: the answer's list holds it). A read's entries come in runs of one stream-id millisecond and one
- * ts: one object each per run, not per entry. */
-static PyObject *again_or(int same, PyObject **last, PyObject *fresh_if_not) {
-    if (same && *last != NULL) {
-        Py_XDECREF(fresh_if_not);
-        return Py_NewRef(*last);
-    }
-    *last = fresh_if_not;
-    return fresh_if_not;
-}
-
 static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *raw, *own;
     if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &raw, &PyBytes_Type, &own))
@@ -282,18 +270,22 @@ static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *args) {
             || !is_digits(p[5], n[5], 19) || !is_digits(p[7], n[7], 19))
             break;
         unsigned long long tsv = digits(p[7], n[7]);
-        int same_at = at == prev_at, same_ts = k > 0 && tsv == prev_ts;
-        prev_at = at;
-        prev_ts = tsv;
         int new_src = last_src == NULL || last_src_n != n[6] || memcmp(last_src, p[6], (size_t)n[6]) != 0;
-        if (put_new(ats, k, again_or(same_at, &last_at, same_at ? NULL : PyFloat_FromDouble((double)at / 1000.0))) < 0
+        /* a read's entries come in runs of one stream-id millisecond and one ts: one object each per run
+         * (`last_at`, `last_ts`: borrowed, the answer's lists hold them); each made where it is put, so a
+         * failure leaves nothing made and not put */
+        if (put_new(ats, k, k > 0 && at == prev_at ? Py_NewRef(last_at)
+                                                   : (last_at = PyFloat_FromDouble((double)at / 1000.0))) < 0
             || put_new(keys, k, PyLong_FromUnsignedLong(key)) < 0 || put_new(ends, k, PyFloat_FromDouble(end)) < 0
             || put_new(origins, k, Py_NewRef(PyList_GetItem(fields, 9))) < 0
             || (new_src && PySet_Add(srcs, PyList_GetItem(fields, 13)) < 0)
-            || put_new(ts, k, again_or(same_ts, &last_ts, same_ts ? NULL : PyLong_FromUnsignedLongLong(tsv))) < 0
+            || put_new(ts, k, k > 0 && tsv == prev_ts ? Py_NewRef(last_ts)
+                                                      : (last_ts = PyLong_FromUnsignedLongLong(tsv))) < 0
             /* end <= MAX_UNTIL: the product is far below 2**63; a double multiply then truncation, as int() */
             || put_new(ends_ms, k, PyLong_FromLongLong((long long)(end * 1000.0))) < 0)
             goto fail;
+        prev_at = at;
+        prev_ts = tsv;
         if (new_src) {
             last_src = p[6];
             last_src_n = n[6];
