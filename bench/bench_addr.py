@@ -38,6 +38,14 @@ def compare(name: str, fast: Callable[[], Any], plain: Callable[[], Any], n: int
     record(f"addr.{name}_ns", ours, "ns", reference=reference, reference_value=ref, note=note)
 
 
+def _plain_key(text: str) -> int | None:
+    """parse_key's plain version: the feed holds a few entries with host bits set, which both refuse."""
+    try:
+        return addr.net_key(addr.parse_target(text))
+    except addr.AddressError:
+        return None
+
+
 def main() -> None:
     rnd = random.Random(7)
     v4_keys = [rnd.getrandbits(32) for _ in range(N)]
@@ -50,16 +58,16 @@ def main() -> None:
     compare("parse_v4", lambda: [addr.parse_v4(t) for t in v4_text],
             lambda: [int(ipaddress.IPv4Address(t)) for t in v4_text], N, "int(IPv4Address(text))")
     compare("parse_host_int", lambda: [addr.parse_host_int(t) for t in mixed],
-            lambda: [addr.parse_target(t, strict=True) for t in mixed], N, "parse_target(text, strict=True)",
+            lambda: [addr.parse_target(t) for t in mixed], N, "parse_target(text)",
             note="90 % IPv4, 10 % IPv6")
     compare("split_hosts", lambda: addr.split_hosts(mixed),
-            lambda: [addr.parse_target(t, strict=True) for t in mixed], N, "parse_target per address",
+            lambda: [addr.parse_target(t) for t in mixed], N, "parse_target per address",
             note="per address of a bulk request, 90 % IPv4")
     compare("cli_canonical_target", lambda: [canonical_target(t) for t in v4_text],
-            lambda: [addr.format_target(addr.parse_target(t, strict=True)) for t in v4_text], N,
+            lambda: [addr.format_target(addr.parse_target(t)) for t in v4_text], N,
             "format_target(parse_target(text))", note="per line of `nftblock ban -`")
     compare("parse_key", lambda: [addr.parse_key(t) for t in feed],
-            lambda: [addr.net_key(addr.parse_target(t)) for t in feed], len(feed), "net_key(parse_target(text))",
+            lambda: [_plain_key(t) for t in feed], len(feed), "net_key(parse_target(text))",
             note="FireHOL-style feed lines, 80 % IPv4")
     compare("host_net4", lambda: [addr.host_net4(k) for k in v4_keys],
             lambda: [ipaddress.IPv4Network((k, 32)) for k in v4_keys], N, "IPv4Network((x, 32))")

@@ -65,7 +65,7 @@ def make_entries(n_v4: int, n_v6: int, seed: int = 0, *, shuffle: bool = True) -
             recent[rng.randrange(4096)] = (net, plen)
         text = _v4text(net)
         if plen != 32:
-            if rng.random() < 0.002:  # host bits set: the parser widens and counts these
+            if rng.random() < 0.002:  # host bits set: the parser refuses and counts these
                 text = _v4text(net | rng.getrandbits(32 - plen))
             text += f"/{plen}"
         out.append(text)

@@ -21,8 +21,10 @@ Rules, the same on every path
       names, no short IPv4 forms (`10.1`). nftblockd never guesses.
     - IPv4-mapped IPv6 (`::ffff:1.2.3.4`) becomes the IPv4 it carries: one host, one key. A mapped network
       does so when it is /96 or longer; a shorter one stays IPv6.
-    - A CIDR with host bits set (`10.0.0.5/8`) is refused where the caller asks for strictness, else widened
-      to its network (and the fast parsers say that they widened).
+    - A CIDR with host bits set (`10.0.0.5/8`, `2001:db8:f3::1/17`) is refused, on every path and by every
+      parser here, with `HostBitsError` (an `AddressError`) naming the text. It is never widened to the
+      network it lies in: `45.67.89.10/9` is a typo for one address far more often than a wish to block
+      8.4 million. Callers count the refusal under the reason `host_bits` (docs/addresses.md).
     - Canonical text: a single address prints bare (`1.2.3.4`, not `1.2.3.4/32`); IPv6 as ipaddress prints
       it (RFC 5952, lower case, `::` for the longest zero run).
 
@@ -31,7 +33,7 @@ paths (a million-line feed, `nftblock ban -` of 100k addresses, a burst of bans)
 instead; each is held to its plain version by a hypothesis test in tests/unit/test_addr.py and measured
 against it by bench/bench_addr.py (ratio to the plain version on this 2-core VM, Python 3.11, busy):
     parse_v4, parse_host_int, split_hosts   inet_pton in C, not ipaddress's per-octet Python     0.03-0.10
-    parse_key                               a feed line to (version, net key, widened), no objects    0.09
+    parse_key                               a feed line to (version, net key), no objects             0.09
     host_net4, host_net6                    a single-address network without argument parsing    0.5-0.7
     format_host, target_text                inet_ntoa/inet_ntop, not ipaddress's join of str()s  0.12-0.30
     unpack_hosts                            one C-level byte swap for a blob of IPv4 addresses   0.05-0.10
@@ -52,6 +54,7 @@ __all__ = [
     "V4_TAG",
     "V6_TAG",
     "AddressError",
+    "HostBitsError",
     "HostSplit",
     "IPAddr",
     "IPNet",
@@ -101,6 +104,20 @@ class AddressError(ValueError):
     """The text is not an address or CIDR nftblockd accepts (the caller's input is at fault)."""
 
 
+class HostBitsError(AddressError):
+    """A CIDR with host bits set (`10.0.0.5/8`): refused, never widened to the network it lies in.
+
+    `network` is that wider network, for the message only: nothing here or in a caller uses it as a target.
+    """
+
+    def __init__(self, text: str, network: IPNet) -> None:
+        self.text = text
+        self.network = network
+        super().__init__(
+            f"{text!r} has host bits set, so it is not a network: write the address alone for one host, or "
+            f"{network} if that whole range ({network.num_addresses} addresses) is meant; never widened")
+
+
 # -- ipaddress values -------------------------------------------------------------------------------------
 
 
@@ -123,23 +140,37 @@ def is_single(net: IPNet) -> bool:
     return net.prefixlen == net.max_prefixlen
 
 
-def parse_target(text: str, *, strict: bool = False) -> IPNet:
+def parse_target(text: str) -> IPNet:
     """Parse an address or CIDR into a network (`1.2.3.4` → `1.2.3.4/32`): the plain, authoritative parser.
 
-    With `strict`, a CIDR with host bits set (`10.0.0.5/8`) is refused; otherwise it is widened to its
-    network. Scoped addresses (`fe80::1%eth0`), names and leading-zero octets are always refused.
+    A CIDR with host bits set (`10.0.0.5/8`) raises `HostBitsError`; scoped addresses (`fe80::1%eth0`),
+    names and leading-zero octets raise `AddressError`. Nothing is ever widened.
     """
     s = text.strip()
     if not s or "%" in s or len(s) > 64:
         raise AddressError(f"not an IP address or CIDR: {text!r}")
     try:
         if "/" in s:
-            net: IPNet = ipaddress.ip_network(s, strict=strict)
+            net: IPNet = ipaddress.ip_network(s)
         else:
             net = ipaddress.ip_network(ipaddress.ip_address(s))
     except ValueError as exc:
+        wide = _host_bits_network(s)
+        if wide is not None:
+            raise HostBitsError(s, wide) from None
         raise AddressError(f"not an IP address or CIDR: {text!r} ({exc})") from None
     return normalise_network(net)
+
+
+def _host_bits_network(s: str) -> IPNet | None:
+    """The network a CIDR with host bits set lies in (for `HostBitsError`'s message), None if `s` is not
+    such a CIDR (it is garbage for another reason)."""
+    if "/" not in s:
+        return None
+    try:
+        return normalise_network(ipaddress.ip_network(s, strict=False))
+    except ValueError:
+        return None
 
 
 def format_target(net: IPNet) -> str:
@@ -248,12 +279,12 @@ _MASK4 = [(_ALL32 << (32 - p)) & _ALL32 for p in range(33)]
 _MASK6 = [_ALL128 ^ ((1 << (128 - p)) - 1) for p in range(129)]
 
 
-def parse_key(text: str) -> tuple[int, int, bool] | None:
-    """(version, net key, host bits were set) for one address or CIDR, None if `parse_target` refuses it.
+def parse_key(text: str) -> tuple[int, int] | None:
+    """(version, net key) for one address or CIDR, None if `parse_target` refuses it (host bits set
+    included: call `parse_target` on a refused text for the reason).
 
-    Accepts exactly what `parse_target` accepts, widening as it does (the flag says it widened: the feeds
-    count those). The common spellings are parsed with inet_pton; anything unusual (`/024`, netmask
-    notation, garbage) goes through `parse_target` itself.
+    Accepts exactly what `parse_target` accepts. The common spellings are parsed with inet_pton; anything
+    unusual (`/024`, netmask notation, garbage) goes through `parse_target` itself.
     """
     s = text.strip()
     ip, slash, plen_text = s.partition("/")
@@ -263,30 +294,27 @@ def parse_key(text: str) -> tuple[int, int, bool] | None:
             plen = _PLEN4[plen_text] if slash else 32
         except (OSError, ValueError, KeyError):
             return _slow_key(s)
-        net = value & _MASK4[plen]
-        return 4, net << 8 | plen, net != value
+        if value & ~_MASK4[plen]:
+            return None  # host bits set
+        return 4, value << 8 | plen
     try:
         v6 = _FROM_BYTES(_PTON(_AF6, ip), "big")
         plen = _PLEN6[plen_text] if slash else 128
     except (OSError, ValueError, KeyError):
         return _slow_key(s)
-    net = v6 & _MASK6[plen]
-    if plen >= 96 and net >> 32 == _V4_MAPPED_HI:
-        return 4, (net & _ALL32) << 8 | (plen - 96), net != v6
-    return 6, net << 8 | plen, net != v6
+    if v6 & ~_MASK6[plen]:
+        return None
+    if plen >= 96 and v6 >> 32 == _V4_MAPPED_HI:
+        return 4, (v6 & _ALL32) << 8 | (plen - 96)
+    return 6, v6 << 8 | plen
 
 
-def _slow_key(s: str) -> tuple[int, int, bool] | None:
+def _slow_key(s: str) -> tuple[int, int] | None:
     try:
-        net = parse_target(s, strict=True)
-        widened = False
+        net = parse_target(s)
     except AddressError:
-        try:
-            net = parse_target(s)
-        except AddressError:
-            return None
-        widened = True
-    return net.version, net_key(net), widened
+        return None
+    return net.version, net_key(net)
 
 
 # -- host keys --------------------------------------------------------------------------------------------

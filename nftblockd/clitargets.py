@@ -87,7 +87,7 @@ def canonical_target(text: str) -> str:
         return quick
     from nftblockd.addr import format_target, parse_target
 
-    return format_target(parse_target(text.strip(), strict=True))
+    return format_target(parse_target(text.strip()))
 
 
 class _Raw(list[str]):

@@ -106,7 +106,7 @@ class SectionReader:
         out = []
         for i, item in enumerate(value):
             try:
-                out.append(parse_target(str(item), strict=True))
+                out.append(parse_target(str(item)))
             except AddressError as exc:
                 self.fail((*path, i), str(exc))
         return tuple(out)

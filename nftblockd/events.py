@@ -105,7 +105,7 @@ Decision: TypeAlias = Ban | Unban
 def decision_from_dict(d: dict[str, Any]) -> Decision:
     """Inverse of `to_dict`; raises ValueError (AddressError) for anything malformed."""
     kind = d.get("type")
-    target = parse_target(str(d["target"]), strict=True)
+    target = parse_target(str(d["target"]))
     blocklist = str(d["blocklist"])
     if kind == "ban":
         until = d.get("until")

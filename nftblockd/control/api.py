@@ -13,6 +13,7 @@ from typing import Any
 from nftblockd import __version__
 from nftblockd.addr import (
     AddressError,
+    HostBitsError,
     IPNet,
     format_host,
     format_target,
@@ -171,16 +172,20 @@ class ControlAPI:
         decisions: list[Decision] = []
         refused: list[dict[str, Any]] = []
         comment = ""
+        host_bits = 0
         for item in items:
             try:
                 target = parse_target(item.target)
             except AddressError as exc:
+                # host bits set: refused like any invalid target, never widened; counted apart (docs/addresses.md)
+                host_bits += isinstance(exc, HostBitsError)
                 refused.append({"target": item.target, "code": "invalid_address", "message": str(exc)})
                 continue
             until = ban_end(resolve_timeout(item.timeout, default_timeout), now)
             origin = "fail2ban" if origin_text == "fail2ban" else "cli"
             decisions.append(Ban(target, blocklist, until, origin, item.reason, item.jail))  # type: ignore[arg-type]
             comment = comment or item.reason
+        self.enforcer.count_refused("host_bits", host_bits)
         results = await self.enforcer.apply(decisions, comment=comment[:200], now=now)
         if self._banned is not None:
             self._banned([(d.target, d.until, d.origin) for d, r in zip(decisions, results, strict=True)

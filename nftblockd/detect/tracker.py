@@ -171,7 +171,7 @@ class BanRecord(NamedTuple):
             raise ValueError(f"malformed history row {row!r}")
         if until is not None and (not isinstance(until, int | float) or isinstance(until, bool)):
             raise ValueError(f"malformed history row {row!r}")
-        return cls(jail, parse_target(str(target), strict=True), float(at),
+        return cls(jail, parse_target(str(target)), float(at),
                    None if until is None else float(until))
 
 

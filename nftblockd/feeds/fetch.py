@@ -154,7 +154,7 @@ class FeedCounters:
     withdrawn: int = 0  # times max_stale withdrew the feed's entries
     invalid: int = 0  # invalid entries in the copy in force
     markup: int = 0  # stray markup lines skipped in the copy in force (feeds.parse)
-    host_bits_normalised: int = 0  # in the copy in force
+    host_bits: int = 0  # entries refused in the copy in force: host bits set (never widened)
     refused: int = 0  # entries of the copy in force refused by sanitising (too broad, special, allowlisted)
 
 
@@ -332,7 +332,7 @@ class FeedFetcher:
                 withdrawn=c.withdrawn,
                 invalid=g.parse.invalid if g else 0,
                 markup=g.parse.markup if g else 0,
-                host_bits_normalised=g.parse.host_bits_normalised if g else 0,
+                host_bits=g.parse.host_bits if g else 0,
                 refused=g.sanitise.refused if g else 0,
             ),
             parse=g.parse if g else None,
@@ -528,9 +528,9 @@ class FeedFetcher:
             self._error = f"cannot write the cache in {self.cache_dir}: {exc}"
             log.error("feed %s: %s", self.cfg.name, self._error)
         st, ss = parsed.stats, sanitised.stats
-        log.info("feed %s: %d entries (%d invalid, %d markup lines skipped, %d host bits normalised, %d refused: "
+        log.info("feed %s: %d entries (%d invalid, %d markup lines skipped, %d refused with host bits set, %d refused: "
                  "%d too broad, %d special, %d allowlisted)", self.cfg.name, st.entries, st.invalid, st.markup,
-                 st.host_bits_normalised, ss.refused, ss.too_broad, ss.special, ss.allowlisted)
+                 st.host_bits, ss.refused, ss.too_broad, ss.special, ss.allowlisted)
         return self._update(parsed, sanitised, origin, now)
 
     def _update(self, parsed: ParseResult, sanitised: Sanitised, origin: Origin, at: float) -> FeedUpdate:

@@ -117,6 +117,9 @@ class FeedManager:
             metrics.feed_last_success.read = lambda: [((n, ), t) for n, f in self.fetchers.items()
                                                       if (t := f.status().last_success) is not None]
             metrics.feed_entries.read = lambda: [((n, ), f.status().entries) for n, f in self.fetchers.items()]
+            metrics.feed_entries_refused.read = lambda: [
+                ((n, why), getattr(c, why)) for n, f in self.fetchers.items()
+                for c in (f.status().counters,) for why in ("invalid", "markup", "host_bits")]
 
     def blocklists(self) -> set[str]:
         return {f.blocklist for f in self.cfg.feeds}

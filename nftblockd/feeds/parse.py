@@ -15,7 +15,9 @@ Formats
             (metadata records) are skipped, not counted as invalid.
 
 Strictness (the feed's fault is reported, never guessed around)
-    - An entry with host bits set (`10.0.0.5/8`) is widened to its network and counted.
+    - An entry with host bits set (`45.67.89.10/9`) is refused, never widened to the network it lies in
+      (`45.0.0.0/9`, 8.4 million addresses, for what is most likely a typo): it is counted in `host_bits`,
+      quoted among the samples, and counts towards the garbage share like an invalid line (docs/feeds.md).
     - Garbage is counted in `invalid`, the first few samples kept for the operator, and skipped.
     - A body that is a markup document (an HTML error or captive-portal page, XML: its first line that is not
       blank or a `#` comment opens a document, `<!doctype`, `<html`, `<?xml`, `<head`, `<body`, `<title`)
@@ -28,7 +30,7 @@ Strictness (the feed's fault is reported, never guessed around)
     - An empty body (or only comments) is a valid, empty list: whether that is acceptable is the shrink
       guard's decision, not the parser's.
     - Addresses are accepted exactly as `addr.parse_target` accepts them (no leading zeros, no scoped
-      addresses, no names); IPv4-mapped IPv6 (`::ffff:1.2.3.4`) becomes IPv4. Each entry is read by
+      addresses, no names, no host bits); IPv4-mapped IPv6 (`::ffff:1.2.3.4`) becomes IPv4. Each entry is read by
       `addr.parse_key`, the codec's fast parser.
 
 Representation
@@ -46,7 +48,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from nftblockd.addr import IPNet, key_net, parse_key
+from nftblockd.addr import AddressError, HostBitsError, IPNet, key_net, parse_key, parse_target
 
 __all__ = [
     "FORMATS",
@@ -75,7 +77,7 @@ class ParseStats:
     entries: int = 0
     v4: int = 0
     v6: int = 0
-    host_bits_normalised: int = 0
+    host_bits: int = 0  # entries refused because host bits are set (never widened)
     invalid: int = 0
     skipped: int = 0  # blank and comment lines, the header, JSON objects without the key
     invalid_samples: tuple[str, ...] = ()
@@ -84,7 +86,7 @@ class ParseStats:
     def as_dict(self) -> dict[str, Any]:
         return {
             "lines": self.lines, "entries": self.entries, "v4": self.v4, "v6": self.v6,
-            "host_bits_normalised": self.host_bits_normalised, "invalid": self.invalid,
+            "host_bits": self.host_bits, "invalid": self.invalid,
             "skipped": self.skipped, "invalid_samples": list(self.invalid_samples), "markup": self.markup,
         }
 
@@ -115,7 +117,7 @@ class _Collector:
     v4: list[int] = field(default_factory=list)
     v6: list[int] = field(default_factory=list)
     lines: int = 0
-    normalised: int = 0
+    host_bits: int = 0
     invalid: int = 0
     skipped: int = 0
     markup: int = 0
@@ -126,27 +128,29 @@ class _Collector:
         if got is None:
             self.bad(text, where)
             return
-        version, key, widened = got
-        (self.v4 if version == 4 else self.v6).append(key)
-        if widened:
-            self.normalised += 1
+        (self.v4 if got[0] == 4 else self.v6).append(got[1])
 
     def bad(self, text: str, where: str) -> None:
+        """A refused entry: markup, host bits set (asked of `parse_target`, the rule's one home), or garbage."""
+        why = ""
         if text.lstrip().startswith("<"):
             self.markup += 1
+        elif _host_bits(text):
+            self.host_bits += 1
+            why = " (host bits set, not widened)"
         else:
             self.invalid += 1
         if len(self.samples) < MAX_SAMPLES:
-            self.samples.append(f"{where}: {text[:80]!r}")
+            self.samples.append(f"{where}: {text[:80]!r}{why}")
 
     def result(self, max_invalid_share: float) -> ParseResult:
         entries = len(self.v4) + len(self.v6)
         stats = ParseStats(
             lines=self.lines, entries=entries, v4=len(self.v4), v6=len(self.v6),
-            host_bits_normalised=self.normalised, invalid=self.invalid, skipped=self.skipped,
+            host_bits=self.host_bits, invalid=self.invalid, skipped=self.skipped,
             invalid_samples=tuple(self.samples), markup=self.markup,
         )
-        bad = self.invalid + self.markup
+        bad = self.invalid + self.markup + self.host_bits
         if bad and (entries == 0 or bad > max_invalid_share * (entries + bad)):
             sample = f" (first: {self.samples[0]})" if self.samples else ""
             raise FeedFormatError(
@@ -173,6 +177,17 @@ def parse_feed(body: bytes | str, format: str = "plain", column: int | str = 0, 
     else:
         raise ValueError(f"unknown feed format {format!r} (expected one of {', '.join(FORMATS)})")
     return out.result(max_invalid_share)
+
+
+def _host_bits(text: str) -> bool:
+    """Whether `text` is refused only because host bits are set (`addr.parse_target` says so)."""
+    try:
+        parse_target(text)
+    except HostBitsError:
+        return True
+    except AddressError:
+        return False
+    return False
 
 
 def _decode(body: bytes | str) -> str:
@@ -215,8 +230,6 @@ def _parse_plain(text: str) -> _Collector:
             c.bad(s, f"line {n}")
         else:
             (v4 if got[0] == 4 else v6).append(got[1])
-            if got[2]:
-                c.normalised += 1
     c.lines = n
     return c
 

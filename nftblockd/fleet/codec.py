@@ -23,14 +23,23 @@ This module is pure: no IO, no clock, no redis import.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeAlias
 
-from nftblockd.addr import IPNet, format_target, host_net4, host_net6, normalise_network, parse_host_int, split_hosts
+from nftblockd.addr import (
+    AddressError,
+    HostBitsError,
+    IPNet,
+    format_target,
+    host_net4,
+    host_net6,
+    parse_host_int,
+    parse_target,
+    split_hosts,
+)
 from nftblockd.ends import secs_ms
 
 SCHEMA = "1"
@@ -127,12 +136,11 @@ def parse_net(text: str | bytes) -> IPNet | Rejection:
     if not text or "%" in text or text != text.strip():
         return Rejection("bad_net", text)
     try:
-        net: IPNet = ipaddress.ip_network(text, strict=False)
-    except ValueError:
-        return Rejection("bad_net", text)
-    if int(net.network_address) != int(ipaddress.ip_interface(text).ip):
+        return parse_target(text)  # addr's one rule: host bits set is refused, never widened
+    except HostBitsError:
         return Rejection("host_bits", text)
-    return normalise_network(net)
+    except AddressError:
+        return Rejection("bad_net", text)
 
 
 def _until(raw: bytes, op: str) -> float | Rejection:

@@ -284,7 +284,7 @@ class Enforcer:
         for reason, _msg in found.values():
             by_reason[reason] = by_reason.get(reason, 0) + 1
         for reason, n in by_reason.items():
-            self._count_refused(reason, n)
+            self.count_refused(reason, n)
         _log_unbannable(where, [msg for _reason, msg in found.values()])
 
     def audit_lines(self, wanted: int) -> int:
@@ -296,7 +296,9 @@ class Enforcer:
         spec = self._set_specs.get(set_name)
         return describe_errno(errno, text, set_name, spec.size if spec else None, spec.blocklist if spec else None)
 
-    def _count_refused(self, reason: str, n: int) -> None:
+    def count_refused(self, reason: str, n: int) -> None:
+        """Count `n` bans refused for `reason` (nftblock_bans_refused), also for refusals made before a
+        decision exists (the control socket's `host_bits`)."""
         if n and self.metrics is not None:
             self.metrics.bans_refused.labels(reason).inc(n)
 
@@ -445,9 +447,9 @@ class Enforcer:
         if self.metrics is not None:
             self.metrics.bans.labels(jail, origin).inc(applied)
             self.metrics.allowlist_hits.inc(sum(len(v) for v in out.allowlisted.values()))
-            self._count_refused("allowlisted", sum(len(v) for v in out.allowlisted.values()))
-            self._count_refused("never_ban", sum(len(v) for v in out.never_ban.values()))
-            self._count_refused("kernel", len(out.failed))
+            self.count_refused("allowlisted", sum(len(v) for v in out.allowlisted.values()))
+            self.count_refused("never_ban", sum(len(v) for v in out.never_ban.values()))
+            self.count_refused("kernel", len(out.failed))
             if started is not None and applied:
                 self.metrics.ban_latency.observe((origin,), time.monotonic() - started, applied)
         self.counters.refused += len(out.failed) + sum(len(v) for v in out.allowlisted.values()) + sum(
@@ -556,7 +558,7 @@ class Enforcer:
             deletes = sum(1 for g in groups if g.set_name in sets
                           for key, spec in zip(g.keys, g.specs, strict=True)
                           if not spec.add and (g.set_name, key) in failed)
-            self._count_refused("kernel", len(refused) - deletes)
+            self.count_refused("kernel", len(refused) - deletes)
         if self.metrics is not None and res.elements_sent:
             self.metrics.batch_seconds.observe(res.seconds)
             self.metrics.batch_elements.observe(res.elements_sent)
@@ -644,7 +646,7 @@ class Enforcer:
         for f in failures:
             self.state.forget(f.set_name, f.key)
         self._count_refusals((f.errno, f.set_name) for f in failures)
-        self._count_refused("kernel", len(failures))
+        self.count_refused("kernel", len(failures))
         return name, restored, failures
 
     async def restore_bans(self, bans: Sequence[Ban], now: float) -> list[DecisionResult]:

@@ -15,16 +15,17 @@ comes through the `Host` protocol (migrate/host.py reads the real one; the tests
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from nftblockd.addr import AddressError, HostBitsError, format_target, parse_target
 from nftblockd.detect.f2b import F2bConfig
 from nftblockd.detect.filterload import parse_spec
 from nftblockd.detect.matcher import FilterError
 from nftblockd.durations import MAX_TIMEOUT, PERMANENT, BanLength
+from nftblockd.neverban import never_ban_reason
 
 __all__ = ["ActionPlan", "Dropped", "Host", "JailPlan", "Migration", "f2b_seconds", "plan_migration",
            "secret_options", "split_spec"]
@@ -485,13 +486,20 @@ def _ignoreip(jail: _Jail, drop: _Drop) -> tuple[frozenset[str], bool]:
         if not word:
             continue
         try:
-            net = ipaddress.ip_network(word, strict=False)  # fail2ban masks 127.0.0.1/8 to 127.0.0.0/8
-        except ValueError:
+            net = parse_target(word)
+        except HostBitsError as exc:
+            # fail2ban masks 127.0.0.1/8 to 127.0.0.0/8; nftblockd widens no range on any path, an allowed one
+            # included (docs/addresses.md). The stock `127.0.0.1/8` loses nothing: loopback is never banned.
+            never = never_ban_reason(exc.network)
+            drop(f"ignoreip {word}", f"host bits set: not a network, and nftblockd never widens one to {exc.network}"
+                 + (f" (nothing is lost: {never}, never banned anyway)" if never and "overlaps" not in never
+                    else f"; write {exc.network} to allow the range, or the address alone"))
+            continue
+        except AddressError:
             drop(f"ignoreip {word}", "not an address or CIDR (host names and file: lists are not read; "
                                      "nftblockd never resolves names)")
             continue
-        full = net.prefixlen == net.max_prefixlen
-        out.add(str(net.network_address) if full else str(net))
+        out.add(format_target(net))
     ignoreself = (jail.get("ignoreself") or "true").lower() in _TRUE
     return frozenset(out), ignoreself
 

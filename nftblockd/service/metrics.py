@@ -158,7 +158,8 @@ class Metrics:
         self.bans_refused = Counter(
             "nftblock_bans_refused", "Bans not applied, by reason: never_ban (unspecified, multicast, link-local, "
             "reserved... space), allowlisted, kernel (the kernel refused the element: a full set, an errno), "
-            "overlap (inside a range that ends sooner), unknown_set (the blocklist went away)", ["reason"],
+            "overlap (inside a range that ends sooner), unknown_set (the blocklist went away), host_bits (a control-"
+            "socket target with host bits set: refused, never widened)", ["reason"],
             registry=r)
         self.failures_refused = Live(
             "counter", "nftblock_failures_refused", "Failures a jail saw from an address it never counts: reason "
@@ -194,6 +195,10 @@ class Metrics:
             "Unix time the copy of a feed in force was fetched (or confirmed unchanged)", ["feed"], registry=r)
         self.feed_entries = Live("gauge", "nftblock_feed_entries", "Entries in a feed's copy in force", ["feed"],
                                  registry=r)
+        self.feed_entries_refused = Live(
+            "gauge", "nftblock_feed_entries_refused", "Entries of a feed's copy in force that were refused, by "
+            "reason: invalid (not an address or CIDR), markup (a stray markup line), host_bits (a CIDR with host "
+            "bits set: never widened to its network)", ["feed", "reason"], registry=r)
         self.tracker_addresses = Live("gauge", "nftblock_tracker_addresses",
                                       "Addresses (IPv6: prefixes) with failures being counted, per jail", ["jail"],
                                       registry=r)

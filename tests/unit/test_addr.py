@@ -13,6 +13,7 @@ from nftblockd.addr import (
     V4_TAG,
     V6_TAG,
     AddressError,
+    HostBitsError,
     IPNet,
     addr_int,
     first_octets,
@@ -43,6 +44,7 @@ from nftblockd.addr import (
     unpack_hosts,
     unpack_target,
 )
+from tests.helpers.spans import inside, written_span
 
 # -- strategies -------------------------------------------------------------------------------------------
 
@@ -120,7 +122,7 @@ def _plain_host(text: str) -> tuple[int, int] | None:
     if text != text.strip() or "/" in text:
         return None
     try:
-        net = parse_target(text, strict=True)
+        net = parse_target(text)
     except AddressError:
         return None
     return net.version, int(net.network_address)
@@ -131,14 +133,43 @@ def _plain_host(text: str) -> tuple[int, int] | None:
 
 def test_parse_target_rules() -> None:
     assert str(parse_target("1.2.3.4")) == "1.2.3.4/32"
-    assert str(parse_target("10.0.0.5/8")) == "10.0.0.0/8"
     assert str(parse_target("::ffff:10.0.0.0/104")) == "10.0.0.0/8"
-    assert str(parse_target("::ffff:0:0/95")) == "::fffe:0:0/95"
+    assert str(parse_target("::fffe:0:0/95")) == "::fffe:0:0/95"  # shorter than /96: stays IPv6
     for bad in ("", "010.0.0.1", "10.1", "fe80::1%eth0", "example.com", "10.0.0.5/8 x", "1" * 65):
         with pytest.raises(AddressError):
             parse_target(bad)
-    with pytest.raises(AddressError, match="host bits"):
-        parse_target("10.0.0.5/8", strict=True)
+
+    assert str(parse_target(" 10.0.0.0/8 ")) == "10.0.0.0/8"
+
+
+@pytest.mark.parametrize("text", ["10.0.0.5/8", "45.67.89.10/9", "2001:db8:f3::1/17", "::ffff:1.2.3.4/120",
+                                  "1.2.3.4/255.255.0.0", "1.2.3.4/0", "::1/0"])
+def test_host_bits_are_refused_never_widened(text: str) -> None:
+    """Issue 33: `45.67.89.10/9` was `45.0.0.0/9` (8.4 M addresses), `2001:db8:f3::1/17` was `2001::/17`."""
+    with pytest.raises(HostBitsError, match="host bits set") as info:
+        parse_target(text)
+    assert text.split("/")[0] in str(info.value)  # the message names what was written
+    assert parse_key(text) is None
+
+
+@given(target_text_like())
+@example("45.67.89.10/9")
+@example("2001:db8:f3::1/17")
+@example("::ffff:10.0.0.5/104")
+def test_parse_target_and_parse_key_never_widen(text: str) -> None:
+    """Whatever the text, each parser refuses it (AddressError, nothing else) or returns a network inside
+    what was written, compared as ints; one with host bits set is always refused."""
+    span = written_span(text)
+    try:
+        net = parse_target(text)
+    except AddressError:
+        assert parse_key(text) is None
+        return
+    assert span is not None and not span.host_bits, text
+    first = int(net.network_address)
+    assert inside(net.version, first, int(net.broadcast_address), text)
+    got = parse_key(text)
+    assert got is not None and key_range(got[1], got[0]) == (first, int(net.broadcast_address))
 
 
 @given(_nets)
@@ -238,8 +269,7 @@ def test_split_hosts_agrees_with_parse_host_int(targets: list[str]) -> None:
 @example("::ffff:0.0.0.0/95")
 @example("a" * 70 + "::")
 def test_parse_key_agrees_with_parse_target(text: str) -> None:
-    """The fast parser of ban targets and feed entries against the plain one: same network or both refuse,
-    and `widened` exactly when only a non-strict parse accepts it (host bits set)."""
+    """The fast parser of ban targets and feed entries against the plain one: same network or both refuse."""
     try:
         expected = parse_target(text)
     except AddressError:
@@ -247,14 +277,8 @@ def test_parse_key_agrees_with_parse_target(text: str) -> None:
         return
     got = parse_key(text)
     assert got is not None, text
-    version, key, widened = got
+    version, key = got
     assert (version, key_net(key, version)) == (expected.version, expected)
-    try:
-        parse_target(text, strict=True)
-        strict_ok = True
-    except AddressError:
-        strict_ok = False
-    assert widened == (not strict_ok)
 
 
 # -- host keys --------------------------------------------------------------------------------------------

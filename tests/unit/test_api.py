@@ -103,9 +103,17 @@ async def test_a_permanent_blocklist_default_is_permanent_on_both_paths() -> Non
         assert len(r.fake.sets["web_ip4"]) == BULK_THRESHOLD + 1
 
 
-async def test_ban_widens_a_cidr_with_host_bits_to_its_network(rig: ApiRig) -> None:
-    r = await call(rig, "ban", targets=["198.51.100.77/24"])
+async def test_ban_refuses_a_cidr_with_host_bits_never_widens_it(rig: ApiRig) -> None:
+    """Issue 33: a raw control-socket `ban` of `198.51.100.77/24` banned 198.51.100.0/24."""
+    r = await call(rig, "ban", targets=["198.51.100.77/24", "2001:db8:f3::1/17", "198.51.100.0/24"])
     assert r["applied"] == ["198.51.100.0/24"]
+    assert [(x["target"], x["code"]) for x in r["refused"]] == [
+        ("198.51.100.77/24", "invalid_address"), ("2001:db8:f3::1/17", "invalid_address")]
+    assert all("host bits set" in x["message"] and x["target"] in x["message"] for x in r["refused"])
+    assert set(rig.fake.sets["default_net4"]) and not rig.fake.sets.get("default_net6")
+    r = await call(rig, "unban", targets=["198.51.100.9/24"])
+    assert r["removed"] == [] and "host bits set" in r["refused"][0]["message"]
+    assert rig.bans()["198.51.100.0/24", "default"]  # not unbanned by a widened target either
 
 
 async def test_a_reban_never_shortens_and_a_covered_range_gets_a_note(rig: ApiRig) -> None:

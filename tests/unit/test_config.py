@@ -91,7 +91,7 @@ log_level: info
     assert [line.split(":")[1] for line in lines] == ["4", "5", "6", "7", "8", "9"], r.stderr
     assert "jails.web.filter" in lines[0] and "no-such-filter.yaml" in lines[0]
     assert "duplicate key 'maxretry' (first on line 5)" in lines[2]
-    assert "10.0.0.1/8 has host bits set" in lines[3]
+    assert "'10.0.0.1/8' has host bits set" in lines[3]
     assert "duplicate key 'log_level' (first on line 8)" in lines[5]
 
 

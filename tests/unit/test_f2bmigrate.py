@@ -76,9 +76,10 @@ def test_sshd_only_from_the_journal_with_increment(tmp_path: Path, capsys: pytes
     assert sshd.files == ()
     assert sshd.journal == (("_SYSTEMD_UNIT", ("ssh.service",)),)  # the alias resolved: journald records ssh
     assert (sshd.maxretry, sshd.bantime, sshd.escalation) == (3, 3600.0, (2.0, 7 * 86400.0))
-    assert m.allowlist == ("127.0.0.0/8", "192.0.2.0/24", "::1")  # 127.0.0.1/8 masked, as fail2ban does
-    (d,) = m.dropped
+    assert m.allowlist == ("192.0.2.0/24", "::1")  # 127.0.0.1/8 not widened as fail2ban does: dropped
+    d, lo = m.dropped
     assert d.what == "journalmatch alternative _COMM=sshd" and "cannot OR" in d.reason
+    assert lo.what == "ignoreip 127.0.0.1/8" and "host bits set" in lo.reason and "nothing is lost" in lo.reason
     assert "journalmatch alternative _COMM=sshd" in text  # the reason is in the file too
     _valid(out, capsys)
 
@@ -95,7 +96,7 @@ def test_sshd_nginx_postfix_recidive(tmp_path: Path, capsys: pytest.CaptureFixtu
     rec = by["recidive"]
     assert rec.recidive and rec.filter == "" and rec.bantime == 7 * 86400.0 and rec.findtime == 86400.0
     assert rec.ignoreip == ("203.0.113.7",)  # only what recidive ignores beyond the common allowlist
-    assert m.allowlist == ("10.0.0.0/8", "127.0.0.0/8", "::1")
+    assert m.allowlist == ("10.0.0.0/8", "::1")  # 127.0.0.1/8 dropped: host bits set (never widened)
     assert all(any("nftables" in n for n in j.notes) for j in m.jails)  # jail.d's banaction, replaced
     assert "fail2ban jail [nginx-http-auth]" in text
     _valid(out, capsys)
@@ -233,9 +234,18 @@ def test_ignoreip_splits_into_common_and_per_jail() -> None:
     m = plan_migration(_cfg(BASE + "ignoreip = 127.0.0.1/8 10.1.2.3\n[a]\n[b]\nignoreip = %(known/ignoreip)s "
                             "2001:db8::/32, 192.0.2.1\nignoreself = false\n"), "/f", FakeHost())
     a, b = m.jails
-    assert m.allowlist == ("10.1.2.3", "127.0.0.0/8")
+    assert m.allowlist == ("10.1.2.3",)
     assert (a.ignoreip, b.ignoreip) == ((), ("192.0.2.1", "2001:db8::/32"))
-    assert m.allowlist_self and [d.what for d in m.dropped] == ["ignoreself"]
+    assert m.allowlist_self and [d.what for d in m.dropped] == ["ignoreip 127.0.0.1/8"] * 2 + ["ignoreself"]
+
+
+def test_ignoreip_with_host_bits_is_dropped_with_the_fix_never_widened() -> None:
+    """Issue 33: fail2ban reads `10.1.2.3/8` as 10.0.0.0/8; nftblockd allows no wider range than written."""
+    m = plan_migration(_cfg(BASE + "ignoreip = 10.1.2.3/8 2001:db8::5/32 192.0.2.0/24\n[a]\n"), "/f", FakeHost())
+    assert m.allowlist == ("192.0.2.0/24",)
+    reasons = {d.what: d.reason for d in m.dropped}
+    assert "write 10.0.0.0/8 to allow the range" in reasons["ignoreip 10.1.2.3/8"]
+    assert "host bits set" in reasons["ignoreip 2001:db8::5/32"]
 
 
 def test_actions_shared_renamed_and_refused() -> None:

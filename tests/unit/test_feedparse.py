@@ -37,10 +37,16 @@ def test_firehol_netset_hash_comments() -> None:
     assert "10.0.0.0/8" in nets(r) and "185.11.61.104/32" in nets(r)
 
 
-def test_host_bits_are_normalised_and_counted() -> None:
-    r = parse_feed("10.0.0.5/8\n1.2.3.4/24\n1.2.3.0/24\n2001:db8::1/32\n")
-    assert nets(r) == ["10.0.0.0/8", "1.2.3.0/24", "1.2.3.0/24", "2001:db8::/32"]
-    assert r.stats.host_bits_normalised == 3
+def test_host_bits_are_refused_counted_and_sampled_never_widened() -> None:
+    """Issue 33: `45.67.89.10/9` became `45.0.0.0/9` (8.4 M addresses), `2001:db8:f3::1/17` `2001::/17`."""
+    body = "45.67.89.10/9\n2001:db8:f3::1/17\n1.2.3.0/24\n" + "8.8.8.8\n" * 5
+    r = parse_feed(body)
+    assert nets(r) == ["1.2.3.0/24"] + ["8.8.8.8/32"] * 5
+    assert (r.stats.host_bits, r.stats.invalid) == (2, 0)
+    assert r.stats.invalid_samples == ("line 1: '45.67.89.10/9' (host bits set, not widened)",
+                                       "line 2: '2001:db8:f3::1/17' (host bits set, not widened)")
+    with pytest.raises(FeedFormatError, match="host bits set"):  # they count towards the garbage share
+        parse_feed("10.0.0.5/8\n1.2.3.4/24\n1.2.3.0/24\n")
 
 
 def test_garbage_is_counted_sampled_and_skipped() -> None:
@@ -271,7 +277,7 @@ def test_plain_round_trip(networks: list[ipaddress.IPv4Network | ipaddress.IPv6N
     r = parse_feed(eol.join(lines))
     expected = [parse_target(str(n)) for n in networks]  # IPv4-mapped IPv6 becomes IPv4
     assert r.networks() == [n for n in expected if n.version == 4] + [n for n in expected if n.version == 6]
-    assert r.stats.invalid == 0 and r.stats.host_bits_normalised == 0
+    assert r.stats.invalid == 0 and r.stats.host_bits == 0
 
 
 @settings(deadline=None)
@@ -283,17 +289,20 @@ def test_json_round_trip(networks: list[ipaddress.IPv4Network | ipaddress.IPv6Ne
 
 
 def test_stats_as_dict_and_host_bits_in_csv_and_json() -> None:
-    r = parse_feed("ip\n1.2.3.4/24\n\n5.6.7.8\n", "csv", "ip")
-    assert r.stats.as_dict() == {"lines": 4, "entries": 2, "v4": 2, "v6": 0, "host_bits_normalised": 1,
-                                 "invalid": 0, "skipped": 2, "invalid_samples": [], "markup": 0}
-    assert parse_feed('{"ip": "2a01::1/16"}\n\n{"ip": "::ffff:102:304"}\n', "json", "ip").stats.as_dict()[
-        "host_bits_normalised"] == 1
+    r = parse_feed("ip\n1.2.3.4/24\n\n5.6.7.8\n5.6.7.9\n", "csv", "ip")
+    assert r.stats.as_dict() == {"lines": 5, "entries": 2, "v4": 2, "v6": 0, "host_bits": 1,
+                                 "invalid": 0, "skipped": 2,
+                                 "invalid_samples": ["line 2: '1.2.3.4/24' (host bits set, not widened)"],
+                                 "markup": 0}
+    r = parse_feed('{"ip": "2a01::1/16"}\n\n{"ip": "::ffff:102:304"}\n{"ip": "::1"}\n', "json", "ip")
+    assert r.stats.as_dict()["host_bits"] == 1 and nets(r) == ["1.2.3.4/32", "::1/128"]
 
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("::ffff:102:304", "1.2.3.4/32"),  # IPv4-mapped in hex: the fast path maps it too
     ("::ffff:a00:0/104", "10.0.0.0/8"),
-    ("::ffff:a00:0/95", "::fffe:0:0/95"),  # shorter than /96: stays IPv6 (host bits cleared)
+    ("::fffe:0:0/95", "::fffe:0:0/95"),  # shorter than /96: stays IPv6
+    ("::ffff:a00:0/95", None),  # host bits set: refused, never widened to ::fffe:0:0/95
     ("1::2::3", None),
     ("1:2:3:4:5:6:7:8:9", None),
     ("12345::", None),
