@@ -444,6 +444,7 @@ async def test_import_fail2ban(sock: Path, rig: ApiRig, monkeypatch: pytest.Monk
             F2bBan("nginx", "10.1.2.3", 50.0),  # allowlisted here
             F2bBan("sshd", "0.0.0.0", 300.0),  # never-ban space (issue 13): skipped with the reason
             F2bBan("sshd", "192.0.2.9", 300.0, now + 1000 * 86400),  # a ban 1000 days ahead: skipped
+            F2bBan("sshd", "198.51.100.7/24", 300.0),  # host bits set (issue 33): skipped, never widened
         ]
 
     monkeypatch.setitem(sys.modules, "nftblockd.state.f2bimport",
@@ -456,7 +457,8 @@ async def test_import_fail2ban(sock: Path, rig: ApiRig, monkeypatch: pytest.Monk
         "the unspecified address (RFC 1122)"
     assert err[1].startswith("nftblock: skipped fail2ban entry: 192.0.2.9 (fail2ban jail sshd) has a time of ")
     assert "in the future" in err[1]
-    assert err[2:] == ["nftblock: refused 10.1.2.3: 10.1.2.3 is allowlisted (10.0.0.0/8); never banned"]
+    assert err[2].startswith("nftblock: skipped fail2ban entry (jail sshd): '198.51.100.7/24' has host bits set")
+    assert err[3:] == ["nftblock: refused 10.1.2.3: 10.1.2.3 is allowlisted (10.0.0.0/8); never banned"]
     assert read[0][0] == "/tmp/f2b.sqlite3"
     why = "imported from fail2ban jail "
     assert rig.calls == [("ban", {"set": "web", "origin": "fail2ban", "targets": [
