@@ -381,7 +381,7 @@ class _Builder(ActionFleetSections):
             f = self.mapping(body, path, {
                 "url", "path", "format", "column", "refresh", "jitter", "timeout", "max_size", "blocklist",
                 "ban_timeout", "max_shrink", "min_prefix_v4", "min_prefix_v6", "allow_special", "defer_removals",
-                "max_retry_after", "max_stale", "actions",
+                "max_retry_after", "max_stale", "allow_empty", "actions",
             })
             url = self.get(f, "url", path, str, None)
             fpath = self.get(f, "path", path, str, None)
@@ -422,6 +422,7 @@ class _Builder(ActionFleetSections):
                                  else self.duration(f, "max_retry_after", path, 0.0)),
                 max_stale=(None if f.get("max_stale") is None or str(f["max_stale"]).lower() in PERMANENT_WORDS
                            else self.duration(f, "max_stale", path, 0.0, positive=True)),
+                allow_empty=self.get(f, "allow_empty", path, bool, False),
                 actions=self.names(f, "actions", path),
                 line=self.doc.line(path),
             ))

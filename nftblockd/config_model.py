@@ -170,6 +170,10 @@ class FeedConfig:
     # No successful fetch for this long: the feed's entries are withdrawn (a list that old blocks whoever has
     # the addresses now). None: the last good copy stays in force however old it is.
     max_stale: float | None = None
+    # An answer with no entries (an empty body, only comments) is a fresh list only when the feed says it may
+    # be empty: then it is applied at once. Otherwise it is never a successful refresh (held by the shrink
+    # guard, or an error when nothing is in force), so max_stale keeps counting (docs/feeds.md).
+    allow_empty: bool = False
     actions: tuple[str, ...] = ()  # names in Config.actions, run for entries the feed adds (and removes)
     line: int = field(default=0, compare=False)  # for messages only, as BlocklistConfig.line
 

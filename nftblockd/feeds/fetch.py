@@ -18,6 +18,13 @@ The rules a `FeedFetcher` keeps:
   good copy, is held as *pending*, not applied; `status().pending_shrink` shows it until an operator calls
   `accept()` (`nftblock feeds accept NAME`), or the feed recovers by itself. Held copies are not cached:
   after a restart the shrink is simply detected again.
+- **An empty answer is not a fresh list** (no entries: an empty body, only comments) unless the feed's
+  `allow_empty` says the list may be empty; then it is applied at once, shrink guard or not. Otherwise it is
+  held as above when a copy is in force, and an error when none is; either way it is not a successful
+  fetch, so it never resets the age `max_stale` measures.
+- **max_stale** withdraws the copy in force (once) when no fetch has succeeded for that long: after a
+  failed fetch, and after one whose copy the shrink guard holds (a feed that keeps answering an empty or
+  shrunk list confirms nothing). A 304, an unchanged file and an applied copy are successes.
 - **The last good copy is on disk** in `cache_dir` as `NAME.body` (the decompressed body) and
   `NAME.meta.json` (source, ETag, Last-Modified, fetched-at, entries, sha256 of the body), each written
   atomically (tmp + fsync + rename, then the directory fsynced). `load_cache()` reads it back at start, so a
@@ -107,6 +114,9 @@ class SystemClock:
 
 
 # -- values -------------------------------------------------------------------------------------------------
+
+
+_STALE_MARGIN = 0.001  # seconds past max_stale at which the loop wakes to withdraw (the limit itself is allowed)
 
 
 class FeedError(Exception):
@@ -478,6 +488,10 @@ class FeedFetcher:
                 parsed, sanitised = await asyncio.to_thread(self._process, copy.body)
             except FeedFormatError as exc:
                 raise FeedError(self.cfg.name, str(exc), transient=False) from None
+            if parsed.entries == 0 and not self.cfg.allow_empty and self._good is None:
+                # with a copy in force, the shrink guard holds it instead (and `feeds accept` can apply it)
+                raise FeedError(self.cfg.name, "the answer has no entries; not applied (allow_empty: true if this "
+                                "list may be empty)", transient=False)
         except FeedError as exc:
             self._counts.errors += 1
             self._error = exc.reason
@@ -499,7 +513,7 @@ class FeedFetcher:
         return parsed, sanitise(parsed.v4, parsed.v6, self._policy, self._allow)
 
     def _shrunk(self, entries: int) -> bool:
-        if self._good is None or self._good.entries == 0:
+        if self._good is None or self._good.entries == 0 or (entries == 0 and self.cfg.allow_empty):
             return False
         return entries == 0 or entries < (1.0 - self.cfg.max_shrink) * self._good.entries
 
@@ -557,6 +571,7 @@ class FeedFetcher:
         log.error("feed %s: no successful fetch for %s (max_stale %s); withdrawing its %d entries", self.cfg.name,
                   age, format_duration(limit), g.entries)
         self._good = None  # the next fetch is unconditional: a 304 must not leave the feed empty
+        self._clear_pending()  # a held copy was held against the copy withdrawn here
         self._error = f"withdrawn: no successful fetch for {age} (max_stale {format_duration(limit)})"
         self._counts.withdrawn += 1
         empty = ParseResult([], [], ParseStats())
@@ -708,11 +723,13 @@ class FeedFetcher:
     async def _loop(self, on_update: Callable[[FeedUpdate], Awaitable[None]], stop: asyncio.Event) -> None:
         failures = 0
         delay = self._first_delay()
+        unconfirmed = False  # the last fetch did not succeed (an error, or a copy the shrink guard holds)
         while not stop.is_set():
             self._next_refresh = self._clock.time() + delay
-            await self._pause(delay, stop)
+            await self._wait(delay, stop, on_update, unconfirmed)
             if stop.is_set():
                 break
+            unconfirmed = True
             async with self._lock:  # until the copy is handed over (see __init__)
                 fetching = asyncio.ensure_future(self._fetch())
                 stopping = asyncio.ensure_future(stop.wait())
@@ -748,8 +765,13 @@ class FeedFetcher:
                     continue
                 failures = 0
                 delay = self._interval()
+                unconfirmed = self._pending is not None
                 if update is not None:
                     await on_update(update)
+                elif unconfirmed:  # held by the shrink guard: not a successful fetch either
+                    withdrawn = self._withdraw_if_stale()
+                    if withdrawn is not None:
+                        await on_update(withdrawn)
         self._next_refresh = None
 
     def _honoured(self, asked: float | None) -> float:
@@ -769,21 +791,46 @@ class FeedFetcher:
         age = self._clock.time() - self._good.fetched_at
         return max(0.0, self.cfg.refresh - age)
 
-    async def _pause(self, delay: float, stop: asyncio.Event) -> None:
-        """Sleep `delay` seconds, or less if `stop` or a wake-up (refresh_now, accept, inotify) comes."""
-        if not self._wake.is_set() and delay > 0:
-            waiters = [
-                asyncio.ensure_future(self._clock.sleep(delay)),
-                asyncio.ensure_future(stop.wait()),
-                asyncio.ensure_future(self._wake.wait()),
-            ]
+    async def _wait(self, delay: float, stop: asyncio.Event, on_update: Callable[[FeedUpdate], Awaitable[None]],
+                    unconfirmed: bool) -> None:
+        """Pause until the next fetch is due. After a fetch that did not succeed, a max_stale deadline that
+        falls first is kept on time: the copy in force is withdrawn then, not at the next fetch after it (a
+        server's Retry-After, a long refresh), and without fetching early."""
+        due = self._clock.time() + delay
+        stale = self._stale_at() if unconfirmed else None
+        if stale is not None and stale < due:
+            if await self._pause(stale - self._clock.time(), stop):
+                return  # stopping, or woken for a fetch now
+            async with self._lock:
+                withdrawn = self._withdraw_if_stale()
+                if withdrawn is not None:
+                    await on_update(withdrawn)
+        await self._pause(due - self._clock.time(), stop)
+
+    def _stale_at(self) -> float | None:
+        """When max_stale withdraws the copy in force unless a fetch succeeds first (just past the limit,
+        which `_withdraw_if_stale` holds to with `>`), or None (no limit, nothing in force, withdrawn)."""
+        limit, g = self.cfg.max_stale, self._good
+        if limit is None or g is None or self._withdrawn:
+            return None
+        return g.fetched_at + limit + _STALE_MARGIN
+
+    async def _pause(self, delay: float, stop: asyncio.Event) -> bool:
+        """Sleep `delay` seconds, or less if `stop` or a wake-up (refresh_now, accept, inotify) comes; True
+        when it was cut short so."""
+        woken = self._wake.is_set()
+        if not woken and delay > 0:
+            sleeping = asyncio.ensure_future(self._clock.sleep(delay))
+            waiters = [sleeping, asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
             try:
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                woken = sleeping not in done
             finally:
                 for w in waiters:
                     w.cancel()
                 await asyncio.gather(*waiters, return_exceptions=True)
         self._wake.clear()
+        return woken or stop.is_set()
 
     async def _watch(self) -> None:
         """Follow the local file with inotify on its directory; any change wakes the loop."""

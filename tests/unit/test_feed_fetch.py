@@ -458,10 +458,26 @@ async def test_an_empty_feed_is_held_even_with_max_shrink_1(srv: FeedServer, cac
     assert f.status().pending_shrink is not None
 
 
-async def test_first_fetch_may_be_empty(srv: FeedServer, cache: Path) -> None:
+async def test_a_first_answer_with_no_entries_is_an_error_unless_allow_empty(srv: FeedServer, cache: Path) -> None:
     srv.route("/drop.txt", b"# empty\n")
-    update = await fetcher(make_cfg(url=srv.url("/drop.txt")), cache).fetch()
+    f = fetcher(make_cfg(url=srv.url("/drop.txt")), cache)
+    with pytest.raises(FeedError, match="no entries") as info:
+        await f.fetch()
+    assert not info.value.transient and "allow_empty" in error_of(f) and f.status().counters.errors == 1
+    assert f.status().last_success is None and not (cache / "drop.body").exists()
+    update = await fetcher(make_cfg(url=srv.url("/drop.txt"), allow_empty=True), cache).fetch()
     assert update is not None and update.parsed.entries == 0
+
+
+async def test_allow_empty_applies_an_empty_answer_at_once(srv: FeedServer, cache: Path) -> None:
+    """A list that may be empty: emptying it is a fresh refresh, not a shrink to hold."""
+    srv.route("/drop.txt", DROP)
+    f = fetcher(make_cfg(url=srv.url("/drop.txt"), allow_empty=True), cache)
+    await f.fetch()
+    srv.route("/drop.txt", b"")
+    update = await f.fetch()
+    assert update is not None and update.origin == "fetch" and update.parsed.entries == 0
+    assert f.status().pending_shrink is None and f.status().error is None
 
 
 async def test_shrink_clears_when_the_feed_recovers(srv: FeedServer, cache: Path) -> None:
@@ -756,7 +772,7 @@ async def test_max_stale_withdraws_the_entries_then_a_fetch_brings_them_back(srv
     for _ in range(3):  # 1 h, 2 h, 3 h without a successful fetch: still in force
         clock.advance(await loop.slept(clock))
     assert loop.updates.empty() and f.status().entries == 10
-    clock.advance(await loop.slept(clock))  # 4 h
+    clock.advance(await loop.slept(clock))  # just past 3 h: woken for max_stale, not at the 4 h fetch
     gone = await loop.update()
     assert gone.origin == "withdrawn" and gone.parsed.entries == 0 and not gone.sanitised.v4
     st = f.status()
@@ -768,6 +784,50 @@ async def test_max_stale_withdraws_the_entries_then_a_fetch_brings_them_back(srv
     back = await loop.update()
     assert back.origin == "fetch" and back.parsed.entries == 10
     assert "If-None-Match" not in srv.hits("/drop.txt")[-1].headers
+    await loop.close()
+
+
+@pytest.mark.parametrize("body", [b"", b"# nothing today\n", b"\n\n"])
+async def test_max_stale_withdraws_a_feed_that_keeps_answering_with_no_entries(srv: FeedServer, cache: Path,
+                                                                              body: bytes) -> None:
+    """Issue 33: a feed answering 200 with an empty body kept its entries past max_stale (enforced at 160 s
+    with max_stale 120 s); a held answer is not a successful fetch, and the deadline is kept on time."""
+    srv.route("/drop.txt", DROP, etag='"v1"')
+    clock = FakeClock()
+    start = clock.now
+    f = fetcher(make_cfg(url=srv.url("/drop.txt"), refresh=100, jitter=0.0, max_stale=120.0), cache, clock=clock)
+    loop = Loop(f)
+    assert (await loop.update()).parsed.entries == 10
+    srv.route("/drop.txt", body, etag='"v2"')
+    clock.advance(await loop.slept(clock))  # 100 s: the empty answer is held, the copy in force stays
+    wait = await loop.slept(clock)
+    assert f.status().pending_shrink is not None and f.status().entries == 10 and loop.updates.empty()
+    assert wait == pytest.approx(20.001)  # the deadline, not the next refresh at 200 s
+    clock.advance(wait)
+    gone = await loop.update()
+    assert gone.origin == "withdrawn" and not gone.sanitised.v4 and clock.now - start == pytest.approx(120.001)
+    st = f.status()
+    assert st.entries == 0 and st.counters.withdrawn == 1 and st.pending_shrink is None
+    assert len(srv.hits("/drop.txt")) == 2  # withdrawn without fetching early
+    clock.advance(await loop.slept(clock))  # 200 s: still empty, nothing in force: an error, nothing applied
+    wait = await loop.slept(clock)
+    assert "no entries" in error_of(f) and loop.updates.empty()
+    srv.route("/drop.txt", DROP, etag='"v3"')
+    clock.advance(wait)
+    assert (await loop.update()).parsed.entries == 10
+    await loop.close()
+
+
+async def test_an_answer_with_entries_keeps_max_stale_away(srv: FeedServer, cache: Path) -> None:
+    srv.route("/drop.txt", DROP, etag='"v1"')
+    clock = FakeClock()
+    f = fetcher(make_cfg(url=srv.url("/drop.txt"), refresh=100, jitter=0.0, max_stale=120.0), cache, clock=clock)
+    loop = Loop(f)
+    await loop.update()
+    for _ in range(4):  # 304s: each confirms the copy in force
+        assert await loop.slept(clock) == pytest.approx(100)
+        clock.advance(100)
+    assert f.status().entries == 10 and f.status().counters.withdrawn == 0 and loop.updates.empty()
     await loop.close()
 
 
