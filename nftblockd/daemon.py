@@ -690,7 +690,7 @@ class Daemon(FleetWiring, ReloadLogic):
             for j in self.jails:
                 for src in j.sources:
                     for reason, n in (("overlong", src.stats.overlong), ("invalid_utf8", src.stats.invalid_utf8),
-                                      ("bad_time", src.stats.bad_time)):
+                                      ("nul", src.stats.nul), ("bad_time", src.stats.bad_time)):
                         by[(j.jail.name, reason)] = by.get((j.jail.name, reason), 0) + n
             return list(by.items())
 

@@ -144,7 +144,8 @@ class Metrics:
         self.lines = Counter("nftblock_lines", "Log lines read", ["source"], registry=r)
         self.lines_invalid = Live(
             "counter", "nftblock_lines_invalid", "Log lines that were not read as written: reason overlong "
-            "(longer than the line limit, skipped), invalid_utf8 (undecodable bytes replaced, then matched) or "
+            "(longer than the line limit, skipped), invalid_utf8 (undecodable bytes replaced, then matched), nul (NUL "
+            "bytes removed, then matched) or "
             "bad_time (a journal entry's source time not a number: journald's receive time used)",
             ["source", "reason"], registry=r)
         self.matched = Counter("nftblock_lines_matched", "Lines a jail's filter matched", ["jail"], registry=r)

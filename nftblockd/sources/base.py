@@ -105,14 +105,16 @@ class SourceStats:
     """Counters a source keeps; the daemon exports each as a Prometheus counter labelled with the source name.
 
     Nothing a source drops goes uncounted: an overlong line is skipped (`overlong`), undecodable bytes are
-    replaced (`invalid_utf8` counts the lines that needed it), a journal entry whose source time is not a number
-    is read with journald's own time instead (`bad_time`), unreadable files are retried (`errors`).
+    replaced (`invalid_utf8` counts the lines that needed it), NUL bytes removed (`nul`), a journal entry
+    whose source time is not a number is read with journald's own time instead (`bad_time`), unreadable
+    files are retried (`errors`).
     """
 
     lines: int = 0  # lines put into the queue (in batches)
     bytes_read: int = 0  # bytes read from files, or MESSAGE bytes taken from the journal
     overlong: int = 0  # lines (messages) longer than max_line, skipped
     invalid_utf8: int = 0  # lines whose invalid UTF-8 was replaced by U+FFFD
+    nul: int = 0  # lines whose NUL bytes were removed before matching (linesplit rule 5)
     bad_time: int = 0  # journal: entries whose _SOURCE_REALTIME_TIMESTAMP was not a number (journald's time used)
     rotations: int = 0  # files: a followed name now points elsewhere (rename, delete); journal: INVALIDATE
     truncations: int = 0  # files: truncated in place (copytruncate) and read again from 0

@@ -14,8 +14,9 @@ The rules:
 - Start: at the saved cursor (the entry it names was handed over and is skipped; if it was vacuumed, reading
   goes on with the next entry still there), else at the tail: only entries written from now on are read.
 - A line is one entry: `text` is MESSAGE decoded as UTF-8 with replacement (counted in `invalid_utf8`; a
-  message with newlines stays one line), `time` is _SOURCE_REALTIME_TIMESTAMP in seconds where journald
-  recorded it (the kernel's receive time of a syslog datagram, kept through journal-remote), else
+  message with newlines stays one line; NUL bytes are removed, counted in `nul`), `time` is
+  _SOURCE_REALTIME_TIMESTAMP in seconds where journald recorded it (the kernel's receive time of a syslog
+  datagram, kept through journal-remote), else
   __REALTIME_TIMESTAMP (when journald wrote the entry), as fail2ban's systemd backend takes it: a journald
   that fell behind must not move a burst of failures later than it happened; a source time that is not a
   number (journal-remote passes on what a remote sent) is counted in `bad_time`. Entries without MESSAGE
@@ -293,6 +294,9 @@ class JournalSource:
             except UnicodeDecodeError:
                 text = msg.decode("utf-8", "replace")
                 stats.invalid_utf8 += 1
+            if b"\0" in msg:  # not text: removed, as a file's NUL bytes are (sources/linesplit.py, rule 5)
+                text = text.replace("\0", "")
+                stats.nul += 1
             if self._syslog_format:
                 text = _syslog_prefix(reader) + text
             texts.append(text)

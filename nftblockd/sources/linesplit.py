@@ -13,6 +13,10 @@ The rules, as they apply to every chunk fed:
    up to the next newline, and splitting carries on in sync with the line after it.
 4. Text is UTF-8. Invalid bytes become U+FFFD and each line that needed one counts in `Lines.invalid`.
    Nothing here raises on any input.
+5. NUL bytes are not text (a crash's zero-filled block, a sparse file after copytruncate, a binary write):
+   they are removed from the line, which is then matched, and each line that had one counts in `Lines.nul`.
+   A NUL never ends a line: that would let whoever can put a NUL into a logged field start a line of their
+   own. Removed, it leaves the line beginning where it began (issue 33: one of three failures was lost).
 
 Whichever way the same bytes are cut into chunks, the same lines come out (tests check this with hypothesis).
 """
@@ -33,6 +37,7 @@ class Lines:
     text: list[str]
     overlong: int = 0  # lines skipped for being longer than max_line
     invalid: int = 0  # lines in `text` whose invalid UTF-8 was replaced
+    nul: int = 0  # lines in `text` whose NUL bytes were removed (rule 5)
 
 
 class LineSplitter:
@@ -88,11 +93,12 @@ class LineSplitter:
         try:
             text = region.decode("utf-8").split("\n")
         except UnicodeDecodeError:
-            return self._slow(region, overlong)
-        # A line can only be too long if the region is; and a line of c characters has at most 4c bytes.
-        if len(region) > max_line and max(map(len, text)) * 4 > max_line:
-            return self._slow(region, overlong)
-        return Lines(text, overlong)
+            out = self._slow(region, overlong)
+        else:
+            # A line can only be too long if the region is; and a line of c characters has at most 4c bytes.
+            out = self._slow(region, overlong) if len(region) > max_line and max(map(len, text)) * 4 > max_line \
+                else Lines(text, overlong)
+        return _without_nul(out) if b"\0" in region else out
 
     def flush(self) -> Lines:
         """The held partial line as a last line (the stream has ended without its newline)."""
@@ -101,9 +107,10 @@ class LineSplitter:
         if skipping or not held:
             return Lines([])
         try:
-            return Lines([held.decode("utf-8")])
+            out = Lines([held.decode("utf-8")])
         except UnicodeDecodeError:
-            return Lines([held.decode("utf-8", "replace")], invalid=1)
+            out = Lines([held.decode("utf-8", "replace")], invalid=1)
+        return _without_nul(out) if b"\0" in held else out
 
     def _hold(self, rest: bytes) -> None:
         if len(rest) > self.max_line:
@@ -129,3 +136,14 @@ class LineSplitter:
                 text.append(raw.decode("utf-8", "replace"))
                 invalid += 1
         return Lines(text, overlong, invalid)
+
+
+def _without_nul(lines: Lines) -> Lines:
+    """Rule 5: the lines with their NUL bytes removed, and how many had one (only called when some do)."""
+    text = lines.text
+    n = 0
+    for i, t in enumerate(text):
+        if "\0" in t:
+            text[i] = t.replace("\0", "")
+            n += 1
+    return Lines(text, lines.overlong, lines.invalid, n)

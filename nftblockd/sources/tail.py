@@ -648,6 +648,7 @@ class FileTail:
     async def _hand_over(self, f: _File, lines: Lines, out: asyncio.Queue[LineBatch]) -> None:
         self.stats.overlong += lines.overlong
         self.stats.invalid_utf8 += lines.invalid
+        self.stats.nul += lines.nul
         if lines.text:
             # If cancelled while the queue is full, the batch is not handed over and the position stays
             # before it: it is read again after a restart.

@@ -8,13 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nftblockd.detect.filterload import load_filter
 from nftblockd.sources.linesplit import Lines, LineSplitter
 
 MAX = 16
 
 
 def reference(data: bytes, max_line: int = MAX) -> tuple[list[str], int, int, bytes]:
-    """The obvious whole-input model: (lines, overlong, invalid, trailing partial bytes)."""
+    """The obvious whole-input model: (lines, overlong, invalid, trailing partial bytes); NUL bytes removed."""
     *complete, rest = data.split(b"\n")
     lines, overlong, invalid = [], 0, 0
     for raw in complete:
@@ -23,7 +24,7 @@ def reference(data: bytes, max_line: int = MAX) -> tuple[list[str], int, int, by
             continue
         text = raw.decode("utf-8", "replace")
         invalid += text != raw.decode("utf-8", "ignore")
-        lines.append(text)
+        lines.append(text.replace("\0", ""))
     return lines, overlong, invalid, rest
 
 
@@ -151,3 +152,51 @@ def test_never_raises_and_text_is_str(data: bytes) -> None:
     sp = LineSplitter(8)
     for line in sp.feed(data).text + sp.flush().text:
         assert isinstance(line, str)
+
+
+# -- NUL bytes (rule 5, issue 33) -------------------------------------------------------------------------
+
+_FAILURE = ("Dec  7 10:00:0{i} host sshd[10{i}]: Failed password for invalid user admin from 203.0.113.{i} "
+            "port 4000{i} ssh2")
+_text = st.text(st.characters(codec="utf-8", exclude_characters="\n\0"), max_size=12)
+
+
+@pytest.mark.parametrize("where", [0, 15, 20, 26, 40, 80, -4, None])
+@pytest.mark.parametrize("run_length", [1, 7, 600])
+def test_a_nul_run_in_one_of_three_failures_loses_none(where: int | None, run_length: int) -> None:
+    """Issue 33: a NUL run inside a log line dropped one of three failures: the line did not match."""
+    lines = [_FAILURE.format(i=i) for i in range(3)]
+    at = len(lines[1]) if where is None else where
+    lines[1] = lines[1][:at] + "\0" * run_length + lines[1][at:]
+    sp = LineSplitter()
+    got = sp.feed("\n".join(lines).encode() + b"\n")
+    assert got.text == [_FAILURE.format(i=i) for i in range(3)] and got.nul == 1
+    sshd = load_filter("sshd")
+    hosts = [getattr(sshd.match(t, 0.0), "host", None) for t in got.text]
+    assert [str(h) for h in hosts] == ["203.0.113.0", "203.0.113.1", "203.0.113.2"]
+
+
+@given(st.lists(st.tuples(_text, st.integers(0, 40), _text), min_size=1, max_size=12),
+       st.lists(st.integers(min_value=0, max_value=2000), max_size=10))
+def test_nul_runs_are_removed_from_their_lines_however_chunked(parts: list[tuple[str, int, str]],
+                                                               cuts: list[int]) -> None:
+    """A NUL run anywhere in a line: the line comes out as written without it, never split in two, and each
+    line that had one is counted once."""
+    data = b"".join(a.encode() + b"\0" * n + b.encode() + b"\n" for a, n, b in parts)
+    points = sorted({c for c in cuts if c <= len(data)} | {0, len(data)})
+    sp = LineSplitter(4096)
+    lines: list[str] = []
+    nul = 0
+    for x, y in itertools.pairwise(points):
+        got = sp.feed(data[x:y])
+        lines += got.text
+        nul += got.nul
+    assert lines == [a + b for a, _, b in parts]
+    assert nul == sum(1 for _, n, _ in parts if n)
+    assert sp.pending == 0
+
+
+def test_a_nul_in_the_held_last_line_is_removed_at_flush() -> None:
+    sp = LineSplitter()
+    assert sp.feed(b"one\n\0\0two").text == ["one"]
+    assert sp.flush() == Lines(["two"], nul=1)

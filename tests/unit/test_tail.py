@@ -311,6 +311,15 @@ async def test_invalid_utf8_is_replaced_and_counted(tmp_path: Path) -> None:
     assert c.source.stats.invalid_utf8 == 1
 
 
+async def test_nul_bytes_are_removed_and_counted(tmp_path: Path) -> None:
+    log = tmp_path / "auth.log"
+    log.touch()
+    async with running(tail(log)) as c:
+        append(log, raw=b"one\n\0\0\0\0two from 1.2.3.4\0\0\nthree\n")
+        assert await c.wait_lines(3) == ["one", "two from 1.2.3.4", "three"]
+    assert c.source.stats.nul == 1
+
+
 async def test_glob_picks_up_new_files(tmp_path: Path) -> None:
     (tmp_path / "a.log").write_text("existing\n")
     (tmp_path / "notes.txt").touch()
