@@ -77,7 +77,8 @@ NFTBLOCK_SECTIONS = {
 
 CONFIG_DESCRIPTION = """\
 The configuration of nftblockd(8), in YAML. Check a file with nftblockd --check-config FILE: every problem is
-reported with its file and line. Durations are written 500ms, 30s, 10m, 1h, 2d, 1w or as plain seconds; ban
+reported with its file and line. An address or CIDR with host bits set (10.0.0.1/8) is refused, never widened
+to its network, in the allowlist, a jail's ignoreip, a feed and every request. Durations are written 500ms, 30s, 10m, 1h, 2d, 1w or as plain seconds; ban
 timeouts also accept "permanent". The daemon rereads the file on SIGHUP (systemctl reload nftblockd); the
 table, the blocklists and the chain can only change with a restart.
 
