@@ -52,3 +52,13 @@ def test_a_source_time_that_is_not_a_number_is_counted_and_journalds_time_used()
     assert batch.times == [1_700_000_000.0] + [JOURNALD_US / 1e6] * 4
     assert (more, cursor) == (False, "c5")
     assert src.stats.bad_time == 2  # a missing field is journald's own case, not a bad one
+
+
+def test_nul_bytes_in_a_message_are_removed_and_counted() -> None:
+    """Issue 33, the journal's side of linesplit's rule 5: the message is matched without its NUL bytes."""
+    src = JournalSource("sshd", [("SYSLOG_IDENTIFIER", "sshd")], MemoryPositionStore())
+    reader = FakeReader([{"MESSAGE": b"Failed password for root from 203.0.113.1\0\0\0 port 22 ssh2"},
+                         {"MESSAGE": b"\0\0fine"}, {"MESSAGE": b"plain"}])
+    batch, _more, _cursor = src._read(reader, 10)
+    assert batch.texts == ["Failed password for root from 203.0.113.1 port 22 ssh2", "fine", "plain"]
+    assert src.stats.nul == 2
