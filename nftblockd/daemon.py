@@ -39,6 +39,7 @@ from nftblockd.daemon_build import (
     guarded,
     ingress_warnings,
     own_addresses,
+    regex_warnings,
 )
 from nftblockd.daemon_fleet import FleetWiring
 from nftblockd.daemon_reload import ReloadLogic
@@ -106,6 +107,8 @@ class Daemon(FleetWiring, ReloadLogic):
         self.metrics = Metrics()
         self.metrics_server: MetricsServer | None = None
         self.filters = build_filters(cfg)
+        for warning in regex_warnings(cfg, self.filters):
+            log.warning("%s", warning)
         # actions (docs/actions.md): fed after each kernel commit, never awaited by the ban path
         self.actions = ActionHub(cfg, build_actions(cfg)) if cfg.actions else None
         self._actions_task: asyncio.Task[None] | None = None
