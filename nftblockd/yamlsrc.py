@@ -52,13 +52,21 @@ EXPANSION_FLOOR = 10_000
 MAX_DEPTH = 200  # nesting; a config is a few levels deep, and deeper inputs would exhaust Python's stack
 
 
+# libyaml's parser when PyYAML has it (Debian's python3-yaml does): 200k keys compose in 1.9 s instead of 10.7 s,
+# with the same nodes and marks.
+_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_yaml(text: str, file: str) -> Located:
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
-        raise YamlError(file, line, f"invalid YAML: {exc.problem or exc}") from None
+        problem = exc.problem or str(exc)
+        if "nesting depth" in problem:  # libyaml's own bound on nesting
+            problem = "nested too deeply"
+        raise YamlError(file, line, f"invalid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise YamlError(file, 1, f"invalid YAML: {exc}") from None
     except RecursionError:

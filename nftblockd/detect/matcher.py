@@ -212,6 +212,10 @@ class UnsupportedRegex(ValueError):
     """The regex uses a construct nftblockd does not implement (fail2ban's <SKIPLINES>, multi-line)."""
 
 
+# A regex that cannot be used: a tag outside what is supported, or an error compiling it.
+_UNUSABLE: tuple[type[Exception], ...] = (UnsupportedRegex, *REGEX_ERRORS)
+
+
 def expand_tags(regex: str) -> str:
     """Replace `<HOST>`, `<ADDR>`, `<IP4>`, `<IP6>`, `<F-ID/>`, `<F-NAME>...</F-NAME>` with regex groups.
 
@@ -732,7 +736,7 @@ class Filter:
         try:
             pattern = expand_tags(src.text)
             rx = re.compile(cheap_optionals(pattern))
-        except (UnsupportedRegex, *REGEX_ERRORS) as exc:
+        except _UNUSABLE as exc:
             raise FilterError(src.where, f"invalid prefix: {exc}") from None
         risk = lint_regex("^" + pattern) if engine == "auto" else None
         if risk or engine == "re2":
@@ -775,7 +779,7 @@ class Filter:
             if lint_regex("^" + prefix):
                 return
             re.compile(prefix)
-        except (*REGEX_ERRORS, UnsupportedRegex):
+        except _UNUSABLE:
             return
         branches: list[str] = []
         marks: dict[str, tuple[_Rule, str]] = {}  # marker group -> rule, prefix of its renamed groups
@@ -1184,7 +1188,7 @@ def _multiline(definition: FilterDef, notes: list[str]) -> _MultiLine | None:
     def compile_ml(src: RegexSource) -> re.Pattern[str]:
         try:
             return re.compile(expand_tags(expand_skiplines(src.text)), re.MULTILINE)
-        except (*REGEX_ERRORS, UnsupportedRegex) as exc:
+        except _UNUSABLE as exc:
             raise FilterError(src.where, f"invalid regex: {exc}") from None
 
     rules = tuple((i, compile_ml(src)) for i, src in enumerate(definition.failregex))
@@ -1204,7 +1208,7 @@ def _check_groups(pattern: str, where: str, definition: FilterDef) -> tuple[str,
     names = set(own)
     for extra in (definition.prefregex, definition.prefix):
         if extra is not None:
-            with contextlib.suppress(*REGEX_ERRORS, UnsupportedRegex):
+            with contextlib.suppress(*_UNUSABLE):
                 names |= set(re.compile(expand_tags(extra.text)).groupindex)
     if not names & {"ip4", "ip6", "dns", "fid", "mlfid"}:
         raise FilterError(where, "failregex has no <HOST> (or <ADDR>, <F-ID>) to take the address from")
