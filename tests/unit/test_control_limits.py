@@ -78,3 +78,40 @@ async def test_more_targets_than_one_request_may_carry_are_refused_before_parsin
     assert reply["error"] == {"code": "bad_request", "message": f"ban: {MAX_TARGETS + 1} targets; at most "
                               f"{MAX_TARGETS} per request (send them in several)"}
     assert rig.fake.transactions == []
+
+
+async def test_unfinished_requests_of_all_connections_share_one_bound() -> None:
+    # Eight peers sending 60 MiB without a newline held 481 MiB; each stayed under the 64 MiB request limit.
+    from nftblockd.control.server import ControlServer, Peer
+    from tests.helpers.sources import wait_for_condition
+
+    async def handler(cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
+        return {"pad": len(args["pad"])}
+
+    d = Path(tempfile.mkdtemp(prefix="nblim-", dir="/tmp"))
+    srv = ControlServer(d / "c.sock", handler, max_request=1 << 20, max_buffered=1 << 20)
+    await srv.start()
+    try:
+        head = b'{"v": 1, "id": 1, "cmd": "ping", "args": {"pad": "' + b"x" * 600_000
+        r1, w1 = await asyncio.open_unix_connection(str(srv.path))
+        w1.write(head)
+        await w1.drain()
+        await wait_for_condition(lambda: srv.buffered == len(head), what="the first partial request held")
+        r2, w2 = await asyncio.open_unix_connection(str(srv.path))
+        w2.write(head)
+        await w2.drain()
+        refused = json.loads(await r2.readline())
+        assert refused["error"]["code"] == "bad_request"
+        assert refused["error"]["message"].startswith(f"unfinished requests on the control socket hold over "
+                                                      f"{1 << 20} bytes; this one")
+        assert await r2.read() == b""  # closed
+        assert srv.over_budget == 1
+        await wait_for_condition(lambda: srv.buffered == len(head), what="the refused one's bytes released")
+        w1.write(b'"}}\n')  # the first one, within the bound, is answered
+        assert json.loads(await r1.readline())["result"] == {"pad": 600_000}
+        assert srv.buffered == 0
+        w1.close()
+        w2.close()
+    finally:
+        await srv.close()
+        shutil.rmtree(d, ignore_errors=True)
