@@ -55,6 +55,8 @@ from nftblockd.kernel.fleetsink import EnforcerFleetSink
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.kernel.sink import JailBanSink
 from nftblockd.kernel.writer import KernelWriter
+from nftblockd.service.health import Degraded, assess
+from nftblockd.service.health import samples as health_samples
 from nftblockd.service.loops import every
 from nftblockd.service.metrics import Metrics, MetricsServer
 from nftblockd.service.sdnotify import Notifier, watchdog_loop
@@ -105,6 +107,7 @@ class Daemon(FleetWiring, ReloadLogic):
         self.link_watch: links.LinkWatch | None = None  # made in run(), before the table setup
         self.allow = self._allowlist(cfg)
         self.metrics = Metrics()
+        self.metrics.degraded.read = lambda: health_samples(self.degraded())
         self.metrics_server: MetricsServer | None = None
         self.filters = build_filters(cfg)
         for warning in regex_warnings(cfg, self.filters):
@@ -452,6 +455,15 @@ class Daemon(FleetWiring, ReloadLogic):
             log.warning("%d log sources were not ready after %.0fs; continuing without waiting", len(pending),
                         limit)
 
+    def degraded(self) -> list[Degraded]:
+        """Why the daemon is degraded now (service/health.py): `status`, its exit code and the metric."""
+        dead = [(j.jail.name, why) for j in self.jails for s in j.sources
+                if (why := getattr(s, "dead", lambda: None)()) is not None]
+        saving = self.persister.status()
+        return assess(dead, state_in_memory=self.store is not None and not self.store.persistent,
+                      state_error=(saving.last_error or "failing") if saving.degraded else None,
+                      batch_error=self.enforcer.batcher.last_error)
+
     def _status_extra(self) -> dict[str, Any]:
         jails = []
         for j in self.jails:
@@ -477,7 +489,8 @@ class Daemon(FleetWiring, ReloadLogic):
                      "salvaged_rows": sum(p.salvaged_rows for p in self.store.problems),
                      "salvage_dropped_rows": sum(p.dropped_rows for p in self.store.problems),
                      "truncated_bytes": sum(p.truncated_bytes for p in self.store.problems)}
-        out = {"jails": jails, "tracker": {"tracked": self.tracker.tracked, "evictions": self.tracker.evictions,
+        out = {"degraded": [{"reason": d.reason, "message": d.message} for d in self.degraded()],
+               "jails": jails, "tracker": {"tracked": self.tracker.tracked, "evictions": self.tracker.evictions,
                                            "evicted_several": self.tracker.evicted_several}, "store": store}
         if self.cfg.fleet is not None:
             out["fleet"] = self._fleet_status()
