@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -83,3 +84,15 @@ def test_a_yaml_filter_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(FilterError, match="is a FIFO, not a regular file"):
         load_filter(str(fifo))
+
+
+def test_ban_from_stdin_is_bounded_per_line_and_in_targets() -> None:
+    # `ban - < /dev/zero` read forever (no newline ever came); a list over what one request carries was read
+    # whole, then refused by the daemon.
+    from nftblockd.clitargets import MAX_STDIN_LINE, MAX_STDIN_TARGETS, UsageError, targets_from_stream
+
+    with open("/dev/zero") as zero, pytest.raises(UsageError, match=f"stdin line 1: longer than {MAX_STDIN_LINE}"):
+        targets_from_stream(zero)
+    with pytest.raises(UsageError, match=f"more than {MAX_STDIN_TARGETS} targets"):
+        targets_from_stream(io.StringIO("203.0.113.7\n" * (MAX_STDIN_TARGETS + 1)))
+    assert len(targets_from_stream(io.StringIO("203.0.113.7\n" * 3))) == 3
