@@ -60,6 +60,15 @@ def test_a_config_that_is_a_device_is_one_problem_not_an_empty_config() -> None:
         "/dev/null: cannot read the config: is a character device, not a regular file; refused"]
 
 
+def test_check_config_of_a_fifo_answers_at_once(tmp_path: Path) -> None:
+    # Before: --check-config FIFO hung until a writer came.
+    fifo = tmp_path / "c.yaml"
+    os.mkfifo(fifo)
+    cfg, problems = examine_config(fifo)
+    assert cfg is None and [p.reason for p in problems] == [
+        "cannot read the config: is a FIFO, not a regular file; refused"]
+
+
 def test_a_config_over_the_cap_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(boundedread, "CONFIG_MAX_BYTES", 64)
     p = tmp_path / "big.yaml"

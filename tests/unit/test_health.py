@@ -52,3 +52,30 @@ async def test_status_exits_3_and_says_degraded_on_its_first_line() -> None:
     assert (await _status({"degraded": [{"reason": "state", "message": "m"}]}, "--json"))[0] == 3
     code, out = await _status({"degraded": []})
     assert code == 0 and out.startswith("nftblockd ")
+
+
+async def test_the_batcher_keeps_the_last_whole_batch_failure_until_one_succeeds() -> None:
+    # What `batches` in the degraded list reads: a failed transaction, not a refused element.
+    from nftblockd.kernel.bans import SetOp
+    from nftblockd.kernel.batcher import ApplyOutcome, Batcher, Group
+
+    fail = [True]
+
+    async def apply(groups: list[Group]) -> ApplyOutcome:
+        if fail[0]:
+            raise OSError(105, "No buffer space available")
+        return ApplyOutcome({}, [], 1, set())
+
+    b = Batcher(apply, max_ops=100, delay=0)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(b.run(stop))
+    try:
+        assert b.last_error is None
+        await (await b.submit([SetOp("s", 5, True, 10**12)]))
+        assert b.last_error == "[Errno 105] No buffer space available"
+        fail[0] = False
+        await (await b.submit([SetOp("s", 6, True, 10**12)]))
+        assert b.last_error is None
+    finally:
+        stop.set()
+        await asyncio.wait_for(runner, 5)
