@@ -711,6 +711,10 @@ class Daemon(FleetWiring, ReloadLogic):
             return list(by.items())
 
         mx.lines_invalid.read = invalid_lines
+        srv = self.server
+        if srv is not None:
+            mx.control_closed.read = lambda: [(("idle",), srv.idle_closed), (("evicted",), srv.evicted),
+                                              (("over_budget",), srv.over_budget)]
 
     def _feed_changes(self, feed: FeedConfig, added: list[tuple[int, int]], removed: list[tuple[int, int]],
                       now: float) -> None:

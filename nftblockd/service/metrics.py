@@ -179,6 +179,11 @@ class Metrics:
             "that can never deliver, e.g. a journal jail without journald), state (bans not saved: the state "
             "database in memory, or saving fails), batches (the last kernel batch failed); every reason is there "
             "at 0 from the start", ["reason"], registry=r)
+        self.control_closed = Live(
+            "counter", "nftblock_control_closed", "Control connections the daemon closed, by reason: idle (sent "
+            "nothing for the idle timeout), evicted (the longest idle, to make room for a newcomer), over_budget "
+            "(its unfinished request took those of all connections over the bound; docs/limits.md)", ["reason"],
+            registry=r)
         self.state_problems = Counter(
             "nftblock_state_problems", "Problems the state database had and nftblockd worked around, by kind "
             "(corrupt: salvaged and replaced; unwritable, locked...: kept in memory)", ["kind"], registry=r)

@@ -34,6 +34,7 @@ def test_a_healthy_daemon_has_every_reason_at_zero(netns: NetNS, tmp_path: Path)
         assert d.cli("status").returncode == 0
         wait_for(lambda: "nftblock_degraded" in scrape(netns, 9790), timeout=10, what="metrics")
         assert _degraded(netns) == {"source": 0, "state": 0, "batches": 0}
+        assert 'nftblock_control_closed_total{reason="over_budget"} 0.0' in scrape(netns, 9790)
     finally:
         d.close()
 
