@@ -105,3 +105,20 @@ def test_ban_from_stdin_is_bounded_per_line_and_in_targets() -> None:
     with pytest.raises(UsageError, match=f"more than {MAX_STDIN_TARGETS} targets"):
         targets_from_stream(io.StringIO("203.0.113.7\n" * (MAX_STDIN_TARGETS + 1)))
     assert len(targets_from_stream(io.StringIO("203.0.113.7\n" * 3))) == 3
+
+
+def test_import_fail2ban_config_refuses_an_include_of_a_fifo_or_device_in_one_line(tmp_path: Path) -> None:
+    # Before: /dev/zero was read to 3.7 GB, then a traceback; a FIFO hung the command.
+    from nftblockd.cli import main
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for target in (str(fifo), "/dev/zero"):
+        (tmp_path / "jail.conf").write_text(f"[INCLUDES]\nbefore = {target}\n[sshd]\nenabled = true\n")
+        out, err = io.StringIO(), io.StringIO()
+        code = main(["import-fail2ban-config", str(tmp_path)], stdin=io.StringIO(), stdout=out, stderr=err,
+                    environ={})
+        assert code == 1 and out.getvalue() == ""
+        assert err.getvalue().endswith(f"{target}: is a {'FIFO' if target == str(fifo) else 'character device'}, "
+                                       "not a regular file; refused\n")
+        assert err.getvalue().count("\n") == 1
