@@ -122,3 +122,13 @@ def test_import_fail2ban_config_refuses_an_include_of_a_fifo_or_device_in_one_li
         assert err.getvalue().endswith(f"{target}: is a {'FIFO' if target == str(fifo) else 'character device'}, "
                                        "not a regular file; refused\n")
         assert err.getvalue().count("\n") == 1
+
+
+async def test_a_feed_file_source_that_is_a_fifo_is_a_failed_fetch_not_a_hang(tmp_path: Path) -> None:
+    from nftblockd.feeds.fetch import FeedError
+    from tests.unit.test_feed_fetch import fetcher, make_cfg
+
+    fifo = tmp_path / "drop.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(FeedError, match=r"cannot read .*drop\.txt: is a FIFO, not a regular file; refused"):
+        await fetcher(make_cfg(path=str(fifo)), tmp_path / "cache").fetch()
