@@ -2,8 +2,9 @@
 
 This is the only place that turns errors into exit codes and messages: 0 ok; 1 failed (the daemon refused or
 reported an error, a target was refused, the daemon is not running); 2 bad usage (arguments, an invalid
-address). Every failure is one line on stderr starting with `nftblock: `. Human output by default; `--json`
-prints the daemon's result object unchanged, for scripts.
+address); 3 from `status` only: the daemon runs but is degraded. Every failure is one line on stderr
+starting with `nftblock: `. Human output by default; `--json` prints the daemon's result object unchanged,
+for scripts.
 
 Addresses are validated here, before anything is sent, so that a typo on line 70,000 of a bulk list is
 reported with its line number and nothing is banned.
@@ -52,6 +53,7 @@ SOCKET_ENV = "NFTBLOCK_SOCKET"
 CLIENT_TIMEOUT = 120.0  # seconds to wait for the daemon; a bulk ban waits for the kernel's acknowledgement
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_DEGRADED = 3  # `status`: the daemon runs but is degraded (a dead source, bans not saved, failing batches)
 _MAX_ERROR_LINES = 20  # per-target failures printed before "... and N more"
 
 
@@ -663,18 +665,30 @@ def _cmd_reload(ctx: _Context, ns: Any) -> int:
     return EXIT_OK
 
 
-def _cmd_status(ctx: _Context, ns: Any) -> int:
-    result = ctx.call("status", {})
-    if ctx.json:
-        ctx.print_json(result)
-        return EXIT_OK
+def _status_head(result: Mapping[str, Any], degraded: list[dict[str, Any]]) -> str:
+    """The first line of `status`: version, uptime, table; it starts with DEGRADED (and the reasons) if so."""
     up = result.get("uptime")
     head = f"nftblockd {result.get('version', '?')}"
     if isinstance(up, int | float):
         head += f", up {format_duration(float(up))}"
     if result.get("table"):
         head += f", table {result['table']}"
-    ctx.print(head)
+    if degraded:
+        head = f"DEGRADED ({', '.join(dict.fromkeys(str(d.get('reason')) for d in degraded))}): {head}"
+    return head
+
+
+def _cmd_status(ctx: _Context, ns: Any) -> int:
+    """Exit 0 healthy, 3 degraded (the first line says DEGRADED and why), 1 when the daemon cannot answer."""
+    result = ctx.call("status", {})
+    degraded = [d for d in result.get("degraded") or () if isinstance(d, dict)]
+    code = EXIT_DEGRADED if degraded else EXIT_OK
+    if ctx.json:
+        ctx.print_json(result)
+        return code
+    ctx.print(_status_head(result, degraded))
+    for d in degraded:
+        ctx.print(f"degraded: {d.get('reason')}: {d.get('message')}")
     if result.get("kernel"):
         ctx.print(f"kernel: {_kv(result['kernel'])}")
     sets = result.get("sets") or []
@@ -704,7 +718,7 @@ def _cmd_status(ctx: _Context, ns: Any) -> int:
     if isinstance(result.get("fleet"), dict):
         ctx.print("fleet:")
         _print_fleet(ctx, result["fleet"], "  ")
-    return EXIT_OK
+    return code
 
 
 def _cmd_fleet(ctx: _Context, ns: Any) -> int:

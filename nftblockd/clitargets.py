@@ -159,6 +159,12 @@ def targets_from_lines(lines: Iterable[str]) -> Targets:
 
 
 _STDIN_BLOCK = 1 << 20  # bytes read from stdin at a time: validated while the writer is still writing
+# `ban -`/`unban -` read stdin whole before sending: a line (a target and its comment) longer than this, or
+# more targets than one request may carry, is refused while reading, not after filling memory (`ban - <
+# /dev/zero` never ends a line). control.protocol.MAX_TARGETS, repeated so that the CLI imports no control
+# module it does not need; tests/unit/test_limits_doc.py holds them equal.
+MAX_STDIN_LINE = 64 * 1024
+MAX_STDIN_TARGETS = 1_000_000
 
 
 class _Lines:
@@ -254,6 +260,7 @@ def targets_from_stream(stream: TextIO, block: int = _STDIN_BLOCK) -> Targets:
             cut = data.rfind("\n") + 1 if chunk else len(data)
             data, tail = data[:cut], data[cut:]
             _take(acc, data)
+            _check_bounds(acc, len(tail))
             if not chunk:
                 return acc.result()
     btail = b""
@@ -269,8 +276,19 @@ def targets_from_stream(stream: TextIO, block: int = _STDIN_BLOCK) -> Targets:
             line = acc.lineno + before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n") + 1
             raise UsageError(f"stdin line {line}: not text ({exc.reason}); nothing was sent") from None
         _take(acc, text)
+        _check_bounds(acc, len(btail))
         if not bblock:
             return acc.result()
+
+
+def _check_bounds(acc: _Lines, unfinished: int) -> None:
+    if unfinished > MAX_STDIN_LINE:
+        raise UsageError(f"stdin line {acc.lineno + 1}: longer than {MAX_STDIN_LINE} bytes (not a list of "
+                         "targets?); nothing was sent")
+    n = sum(map(len, acc.chunks))
+    if n > MAX_STDIN_TARGETS:
+        raise UsageError(f"stdin: more than {MAX_STDIN_TARGETS} targets (one request carries at most that "
+                         "many); split the list; nothing was sent")
 
 
 def _take(acc: _Lines, text: str) -> None:

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from nftblockd import boundedread
 from nftblockd.config_model import (
     ACTION_EVENTS,
     ACTION_TYPES,
@@ -71,8 +72,8 @@ def examine_config(path: str | Path) -> tuple[Config | None, list[Problem]]:
     that need more than the file (filters that do not compile), so that one run reports them all."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = boundedread.read_text(p, boundedread.CONFIG_MAX_BYTES)
+    except OSError as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         return None, [Problem(str(p), 0, "", f"cannot read the config: {reason}")]
     return examine_text(text, str(p))

@@ -39,6 +39,7 @@ from nftblockd.daemon_build import (
     guarded,
     ingress_warnings,
     own_addresses,
+    regex_warnings,
 )
 from nftblockd.daemon_fleet import FleetWiring
 from nftblockd.daemon_reload import ReloadLogic
@@ -54,6 +55,8 @@ from nftblockd.kernel.fleetsink import EnforcerFleetSink
 from nftblockd.kernel.ruleset import plan_ruleset
 from nftblockd.kernel.sink import JailBanSink
 from nftblockd.kernel.writer import KernelWriter
+from nftblockd.service.health import Degraded, assess
+from nftblockd.service.health import samples as health_samples
 from nftblockd.service.loops import every
 from nftblockd.service.metrics import Metrics, MetricsServer
 from nftblockd.service.sdnotify import Notifier, watchdog_loop
@@ -104,8 +107,11 @@ class Daemon(FleetWiring, ReloadLogic):
         self.link_watch: links.LinkWatch | None = None  # made in run(), before the table setup
         self.allow = self._allowlist(cfg)
         self.metrics = Metrics()
+        self.metrics.degraded.read = lambda: health_samples(self.degraded())
         self.metrics_server: MetricsServer | None = None
         self.filters = build_filters(cfg)
+        for warning in regex_warnings(cfg, self.filters):
+            log.warning("%s", warning)
         # actions (docs/actions.md): fed after each kernel commit, never awaited by the ban path
         self.actions = ActionHub(cfg, build_actions(cfg)) if cfg.actions else None
         self._actions_task: asyncio.Task[None] | None = None
@@ -449,6 +455,15 @@ class Daemon(FleetWiring, ReloadLogic):
             log.warning("%d log sources were not ready after %.0fs; continuing without waiting", len(pending),
                         limit)
 
+    def degraded(self) -> list[Degraded]:
+        """Why the daemon is degraded now (service/health.py): `status`, its exit code and the metric."""
+        dead = [(j.jail.name, why) for j in self.jails for s in j.sources
+                if (why := getattr(s, "dead", lambda: None)()) is not None]
+        saving = self.persister.status()
+        return assess(dead, state_in_memory=self.store is not None and not self.store.persistent,
+                      state_error=(saving.last_error or "failing") if saving.degraded else None,
+                      batch_error=self.enforcer.batcher.last_error)
+
     def _status_extra(self) -> dict[str, Any]:
         jails = []
         for j in self.jails:
@@ -474,7 +489,8 @@ class Daemon(FleetWiring, ReloadLogic):
                      "salvaged_rows": sum(p.salvaged_rows for p in self.store.problems),
                      "salvage_dropped_rows": sum(p.dropped_rows for p in self.store.problems),
                      "truncated_bytes": sum(p.truncated_bytes for p in self.store.problems)}
-        out = {"jails": jails, "tracker": {"tracked": self.tracker.tracked, "evictions": self.tracker.evictions,
+        out = {"degraded": [{"reason": d.reason, "message": d.message} for d in self.degraded()],
+               "jails": jails, "tracker": {"tracked": self.tracker.tracked, "evictions": self.tracker.evictions,
                                            "evicted_several": self.tracker.evicted_several}, "store": store}
         if self.cfg.fleet is not None:
             out["fleet"] = self._fleet_status()
@@ -695,6 +711,10 @@ class Daemon(FleetWiring, ReloadLogic):
             return list(by.items())
 
         mx.lines_invalid.read = invalid_lines
+        srv = self.server
+        if srv is not None:
+            mx.control_closed.read = lambda: [(("idle",), srv.idle_closed), (("evicted",), srv.evicted),
+                                              (("over_budget",), srv.over_budget)]
 
     def _feed_changes(self, feed: FeedConfig, added: list[tuple[int, int]], removed: list[tuple[int, int]],
                       now: float) -> None:

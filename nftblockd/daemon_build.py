@@ -17,7 +17,8 @@ from nftblockd.actions.f2baction import F2bAction, check_action, load_action
 from nftblockd.addr import IPAddr
 from nftblockd.config import Config, ConfigError, Problem
 from nftblockd.detect.filterload import load_filter
-from nftblockd.detect.matcher import Filter, FilterError
+from nftblockd.detect.matcher import Filter, FilterError, UnsupportedRegex, expand_tags
+from nftblockd.detect.rxlint import exponential_risk
 from nftblockd.events import Origin
 from nftblockd.kernel import links, ownaddr
 
@@ -141,6 +142,29 @@ def build_actions(cfg: Config) -> dict[str, F2bAction]:
     out, problems = compile_actions(cfg)
     if problems:
         raise ConfigError(problems)
+    return out
+
+
+def regex_warnings(cfg: Config, filters: dict[str, Filter]) -> list[Problem]:
+    """A warning for each regex of a jail's filter that backtracks exponentially (`^(a+)+$`,
+    rxlint.exponential_risk): the matcher runs it on RE2, or on `re` over a capped line, but the operator
+    should rewrite it. The shipped filters and fail2ban's stock ones have none."""
+    out = []
+    for j in cfg.jails:
+        flt = filters.get(j.name)
+        if flt is None:
+            continue
+        d = flt.definition
+        for src in (*d.failregex, *d.ignoreregex, *(x for x in (d.prefregex, d.prefix) if x is not None)):
+            try:
+                risk = exponential_risk(expand_tags(src.text))
+            except UnsupportedRegex:
+                continue
+            if risk is not None:
+                out.append(Problem(cfg.file, j.filter_line or j.line, f"jails.{j.name}.filter",
+                                   f"{src.where}: {risk}: rewrite it so each character can be matched one way "
+                                   "(a possessive or atomic repeat, or one repeat instead of two nested)",
+                                   warning=True))
     return out
 
 

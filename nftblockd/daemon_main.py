@@ -16,6 +16,7 @@ from nftblockd.daemon_build import (
     device_names,
     ingress_warnings,
     log_file_warnings,
+    regex_warnings,
 )
 from nftblockd.detect import native
 from nftblockd.service.logsetup import setup_logging
@@ -39,6 +40,7 @@ def check_config(path: str) -> int:
     cfg, problems = examine_config(path)
     if cfg is not None:
         problems = problems + compile_filters(cfg)[1] + compile_actions(cfg)[1] + log_file_warnings(cfg)
+        problems += regex_warnings(cfg, compile_filters(cfg)[0])
         fleet = fleet_client_problem(cfg, path)
         if fleet is not None:
             problems.append(fleet)
@@ -96,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         return run(cfg, a.config, Overrides(a.socket, a.state_dir, a.metrics))
     except KeyboardInterrupt:
         return 130
+    except ConfigError as exc:  # found while building (a filter that does not compile): the operator's, no traceback
+        import logging
+        logging.getLogger("nftblockd").critical("nftblockd cannot run: %s", exc)
+        print(f"nftblockd: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # the one place that turns a fatal error into an exit code and a sentence
         import logging
         logging.getLogger("nftblockd").critical("nftblockd cannot run: %s", exc, exc_info=True)

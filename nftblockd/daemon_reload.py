@@ -25,6 +25,7 @@ from nftblockd.daemon_build import (
     apply_overrides,
     build_actions,
     build_filters,
+    regex_warnings,
 )
 from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.matcher import Filter
@@ -117,6 +118,8 @@ class ReloadLogic:
         try:
             new = apply_overrides(load_config(self.config_path), self.overrides)
             filters = build_filters(new)  # a filter that does not compile refuses the reload, as at a start
+            for warning in regex_warnings(new, filters):
+                log.warning("%s", warning)
             f2b_actions = build_actions(new)
             policies = self._policies(new)
             Tracker(policies, self.allow)  # policies the tracker refuses (a bad watch list) refuse the reload

@@ -344,6 +344,16 @@ def _req_str(cmd: str, args: dict[str, Any], key: str) -> str:
     return v
 
 
+# Targets one ban or unban may carry, strings and packed hosts together: as many as one `nftblock ban -` sends
+# (a million addresses is what the request-size limit was sized for). More is refused whole, with the count.
+MAX_TARGETS: Final = 1_000_000
+
+
+def _count_targets(cmd: str, n: int) -> None:
+    if n > MAX_TARGETS:
+        raise ProtocolError(f"{cmd}: {n} targets; at most {MAX_TARGETS} per request (send them in several)")
+
+
 def _targets(cmd: str, args: dict[str, Any], packed: bool = False) -> list[Any]:
     """`targets`; with `packed` addresses (`hosts4`) it may be absent or empty."""
     t = args.get("targets")
@@ -394,6 +404,7 @@ def _parse_ban(args: dict[str, Any]) -> BanArgs:
     jail = _bounded("ban: 'jail'", _opt_str("ban", args, "jail") or "")
     hosts4, hosts6 = _packed("ban", args, 4), _packed("ban", args, 6)
     targets = _targets("ban", args, bool(hosts4 or hosts6))
+    _count_targets("ban", len(targets) + len(hosts4) // 4 + len(hosts6) // 16)
     reply = _reply("ban", args)
     if all(type(t) is str for t in targets):  # the bulk case: no per-target objects to check
         return BanArgs(UniformItems(targets, timeout, comment, jail), _opt_str("ban", args, "set"), origin, True,
@@ -425,6 +436,7 @@ def _parse_ban(args: dict[str, Any]) -> BanArgs:
 def _parse_unban(args: dict[str, Any]) -> UnbanArgs:
     _check_keys("unban", args, ("targets", "set", "origin", "jail", "reply"))
     targets = _targets("unban", args)
+    _count_targets("unban", len(targets))
     if not all(isinstance(t, str) for t in targets):
         raise ProtocolError("unban: 'targets' must be a list of strings")
     return UnbanArgs(tuple(targets), _opt_str("unban", args, "set"), _origin("unban", args),

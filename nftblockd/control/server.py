@@ -56,6 +56,10 @@ _PEERGROUPS_BUF: Final = 1024  # Python caps getsockopt buffers at 1024 bytes: 2
 _READ_CHUNK: Final = 256 * 1024
 _REFUSE_LINGER: Final = 1.0  # seconds a refused peer gets to finish sending before we hang up
 _REFUSE_DRAIN: Final = 1024 * 1024  # ... and bytes
+# Unfinished requests held across all connections: each may hold up to max_request (64 MiB), so eight peers
+# sending 60 MiB without a newline held 481 MiB. Two whole maximal requests fit; the connection whose bytes
+# go past it is answered bad_request and closed (`over_budget` counts them).
+MAX_BUFFERED: Final = 2 * DEFAULT_MAX_REQUEST
 
 
 class ControlServerError(Exception):
@@ -83,6 +87,7 @@ class _Connection:
     busy: bool = False  # handling a request: let it finish on close
     active: float = 0.0  # monotonic time of the last bytes read or the last answer sent
     evicted_for_room: bool = False
+    buffered: int = 0  # bytes of an unfinished request held by its decoder
 
 
 class ControlServer:
@@ -103,6 +108,7 @@ class ControlServer:
         max_connections: int = 64,
         close_timeout: float = 5.0,
         idle_timeout: float = 60.0,
+        max_buffered: int = MAX_BUFFERED,
     ) -> None:
         self.path = Path(path)
         self._handler = handler
@@ -115,6 +121,9 @@ class ControlServer:
         self._idle_timeout = idle_timeout
         self.idle_closed = 0  # connections closed for idling past idle_timeout
         self.evicted = 0  # idle connections closed to make room for a newcomer
+        self.over_budget = 0  # connections closed for holding unfinished requests past max_buffered in all
+        self._max_buffered = max_buffered
+        self._buffered = 0  # sum of the connections' `buffered`
         self._server: asyncio.AbstractServer | None = None
         self._inode: tuple[int, int] | None = None
         self._connections: set[_Connection] = set()
@@ -173,6 +182,11 @@ class ControlServer:
     @property
     def connections(self) -> int:
         return len(self._connections)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of unfinished requests held across all connections (at most max_buffered + one read)."""
+        return self._buffered
 
     # --- socket file -----------------------------------------------------------------------------------
 
@@ -248,6 +262,8 @@ class ControlServer:
             # closed to make room for a newcomer: that is this connection's end, not the server's
         finally:
             self._connections.discard(conn)
+            self._buffered -= conn.buffered
+            conn.buffered = 0
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -294,6 +310,17 @@ class ControlServer:
                 conn.active = time.monotonic()
                 if self._closing:
                     return  # pipelined requests after this one are not started during shutdown
+            self._buffered += decoder.buffered - conn.buffered
+            conn.buffered = decoder.buffered
+            if self._buffered > self._max_buffered:
+                self.over_budget += 1
+                log.warning("control: closing the connection of pid %d: unfinished requests of all connections "
+                            "hold %d bytes, over %d (this one %d)", peer.pid, self._buffered, self._max_buffered,
+                            conn.buffered)
+                await self._send(writer, encode_error(None, "bad_request", f"unfinished requests on the control "
+                                                      f"socket hold over {self._max_buffered} bytes; this one "
+                                                      f"({conn.buffered} bytes so far) was discarded"))
+                return
             if not data:
                 return
 

@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nftblockd import boundedread
+from nftblockd.boundedread import BoundedReadError
 from nftblockd.detect.matcher import FilterDef, FilterError, RegexSource
 from nftblockd.detect.multiline import MAX_MAXLINES
 
@@ -234,11 +236,13 @@ def _strip_inline_comment(line: str) -> str:
 
 def _read_one(path: Path) -> _Parsed | None:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = boundedread.read_text(path, boundedread.FILTER_MAX_BYTES)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FilterError(str(path), f"cannot read: {exc}") from None
+    except BoundedReadError as exc:
+        raise FilterError(str(path), exc.reason) from None
+    except OSError as exc:
+        raise FilterError(str(path), f"cannot read: {exc.strerror or exc}") from None
     return _parse_ini(text, str(path))
 
 

@@ -12,6 +12,7 @@ from datetime import tzinfo
 from pathlib import Path
 from typing import Any
 
+from nftblockd import boundedread
 from nftblockd.detect.f2b import read_filter
 from nftblockd.detect.matcher import Engine, Filter, FilterDef, FilterError, RegexSource, compile_filter
 from nftblockd.detect.sysloghead import SYSLOG
@@ -73,7 +74,10 @@ def load_filter(spec: str, *, search_dirs: Sequence[Path] = (), tz: tzinfo | Non
     if "/" in name:
         if not path.is_file():
             raise FilterError("", f"filter {name!r}: no such file")
-        head = path.read_text(encoding="utf-8", errors="replace")[:65536]
+        try:
+            head = boundedread.read_bytes(path, boundedread.FILTER_MAX_BYTES)[:65536].decode(errors="replace")
+        except OSError as exc:
+            raise FilterError("", f"filter {name!r}: {exc.strerror or exc}") from None
         if re.search(r"^\s*\[Definition\]", head, re.MULTILINE):
             return _load_conf(path, opts, tz, engine)
         return compile_filter(load_yaml_filter(path, opts), tz=tz, engine=engine)
@@ -142,9 +146,9 @@ def load_yaml_filter(path: Path, opts: Mapping[str, str] | None = None) -> Filte
     from nftblockd.yamlsrc import YamlError, load_yaml
 
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        text = boundedread.read_text(path, boundedread.FILTER_MAX_BYTES)
+    except OSError as exc:
+        reason = exc.strerror or exc
         raise FilterError(str(path), f"cannot read the filter: {reason}") from None
     try:
         doc = load_yaml(text, str(path))

@@ -67,7 +67,7 @@ from nftblockd.detect.multiline import MAX_MAXLINES, BufferedLine, expand_skipli
 from nftblockd.detect.native import Hooks as NativeHooks
 from nftblockd.detect.native import Parts as NativeParts
 from nftblockd.detect.native import build as build_native
-from nftblockd.detect.rxlint import lint_regex, literal_heads, matches_newline, required_literal
+from nftblockd.detect.rxlint import REGEX_ERRORS, lint_regex, literal_heads, matches_newline, required_literal
 from nftblockd.detect.rxopt import cheap_optionals
 from nftblockd.detect.sysloghead import syslog_head
 from nftblockd.detect.timestamps import DateParser, DatePatternError
@@ -212,6 +212,10 @@ class UnsupportedRegex(ValueError):
     """The regex uses a construct nftblockd does not implement (fail2ban's <SKIPLINES>, multi-line)."""
 
 
+# A regex that cannot be used: a tag outside what is supported, or an error compiling it.
+_UNUSABLE: tuple[type[Exception], ...] = (UnsupportedRegex, *REGEX_ERRORS)
+
+
 def expand_tags(regex: str) -> str:
     """Replace `<HOST>`, `<ADDR>`, `<IP4>`, `<IP6>`, `<F-ID/>`, `<F-NAME>...</F-NAME>` with regex groups.
 
@@ -302,7 +306,7 @@ class _Compiled:
 def _compile_one(pattern: str, where: str, engine: Engine) -> _Compiled:
     try:
         rx = re.compile(cheap_optionals(pattern))
-    except re.error as exc:
+    except REGEX_ERRORS as exc:
         rx2 = _re2_finder(pattern) if engine != "re" else None
         if rx2 is None:
             raise FilterError(where, f"invalid regex: {exc}") from None
@@ -571,7 +575,7 @@ def _lane(pattern: str, marks: dict[str, tuple[_Rule, str]], pre_only: Mapping[s
     """The fast lane's regex for `pattern` and the plan of each rule marker in it (None: `re` refuses it)."""
     try:
         rx = re.compile(cheap_optionals(pattern))
-    except re.error:
+    except REGEX_ERRORS:
         return None
     gi = rx.groupindex
     pre = {n: gi[n] for n in pre_only}
@@ -732,7 +736,7 @@ class Filter:
         try:
             pattern = expand_tags(src.text)
             rx = re.compile(cheap_optionals(pattern))
-        except (UnsupportedRegex, re.error) as exc:
+        except _UNUSABLE as exc:
             raise FilterError(src.where, f"invalid prefix: {exc}") from None
         risk = lint_regex("^" + pattern) if engine == "auto" else None
         if risk or engine == "re2":
@@ -775,7 +779,7 @@ class Filter:
             if lint_regex("^" + prefix):
                 return
             re.compile(prefix)
-        except (re.error, UnsupportedRegex):
+        except _UNUSABLE:
             return
         branches: list[str] = []
         marks: dict[str, tuple[_Rule, str]] = {}  # marker group -> rule, prefix of its renamed groups
@@ -1184,7 +1188,7 @@ def _multiline(definition: FilterDef, notes: list[str]) -> _MultiLine | None:
     def compile_ml(src: RegexSource) -> re.Pattern[str]:
         try:
             return re.compile(expand_tags(expand_skiplines(src.text)), re.MULTILINE)
-        except (re.error, UnsupportedRegex) as exc:
+        except _UNUSABLE as exc:
             raise FilterError(src.where, f"invalid regex: {exc}") from None
 
     rules = tuple((i, compile_ml(src)) for i, src in enumerate(definition.failregex))
@@ -1199,12 +1203,12 @@ def _check_groups(pattern: str, where: str, definition: FilterDef) -> tuple[str,
     regex's group names."""
     try:
         own = tuple(re.compile(pattern).groupindex)
-    except re.error:
+    except REGEX_ERRORS:
         own = tuple(_re2_group_names(pattern))
     names = set(own)
     for extra in (definition.prefregex, definition.prefix):
         if extra is not None:
-            with contextlib.suppress(re.error, UnsupportedRegex):
+            with contextlib.suppress(*_UNUSABLE):
                 names |= set(re.compile(expand_tags(extra.text)).groupindex)
     if not names & {"ip4", "ip6", "dns", "fid", "mlfid"}:
         raise FilterError(where, "failregex has no <HOST> (or <ADDR>, <F-ID>) to take the address from")

@@ -17,7 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["lint_regex", "literal_heads", "matches_newline", "required_literal"]
+__all__ = ["REGEX_ERRORS", "exponential_risk", "lint_regex", "literal_heads", "matches_newline", "required_literal"]
+
+# What compiling or parsing a regex can raise besides re.error: a repeat count over re's limit (OverflowError),
+# groups nested too deep for the parser (RecursionError). Each is the regex's fault, reported with its line.
+REGEX_ERRORS: tuple[type[Exception], ...] = (re.error, OverflowError, RecursionError)
 
 _sre: Any = importlib.import_module("re._parser")
 _C: Any = importlib.import_module("re._constants")
@@ -248,7 +252,7 @@ def lint_regex(pattern: str) -> str | None:
     """
     try:
         parsed = _sre.parse(pattern)
-    except re.error as exc:
+    except REGEX_ERRORS as exc:
         return f"not a valid regex: {exc}"
     icase = bool(parsed.state.flags & _C.SRE_FLAG_IGNORECASE)
     items = _drop_trailing_catch_all(list(parsed))
@@ -260,6 +264,66 @@ def lint_regex(pattern: str) -> str | None:
     if not anchored and info.unbounded:
         return "not anchored with ^ and holds an unbounded repeat (search retries it at every position)"
     return None
+
+
+def exponential_risk(pattern: str) -> str | None:
+    """Why `pattern` backtracks exponentially (`^(a+)+$`: an unbounded repeat of a body that can split the
+    same text two ways), or None. Narrower than `lint_regex`, which also names quadratic and unanchored
+    shapes that RE2 or the line cap make harmless: this is the shape an operator is warned about, since on
+    `re` one line of 30 characters can take minutes. The shipped filters and fail2ban's stock ones have none."""
+    try:
+        parsed = _sre.parse(pattern)
+    except REGEX_ERRORS:
+        return None  # compiling reports it
+    icase = bool(parsed.state.flags & _C.SRE_FLAG_IGNORECASE)
+    for op, av in _sre_walk(parsed):
+        if str(op) not in ("MAX_REPEAT", "MIN_REPEAT") or not (av[1] == _C.MAXREPEAT or av[1] >= _BIG_REPEAT):
+            continue
+        sub = av[2]
+        body = _seq_info(sub, icase)
+        # Sure cases only: the body's trailing repeat can take every character a round must hold, so a run
+        # splits into rounds in exponentially many ways (`(a+)+`, `(\w+\s?)+`). A round with a character its
+        # tail cannot take (sendmail-reject's `(?:, arg\d+=\S*)*`: the space) splits one way only; a
+        # lookaround in the body is left to lint_regex and RE2.
+        inner = list(sub)
+        while len(inner) == 1 and str(inner[0][0]) == "SUBPATTERN":
+            inner = list(inner[0][1][3])
+        must = 0
+        for sop, sav in inner:
+            item = _node_info(sop, sav, icase)
+            must |= 0 if item.nullable else item.chars
+        if must & ~body.tail == 0 and not _has_lookaround(sub):
+            risk = _nested_risk(sub, body, icase)
+            if risk is not None:
+                return risk
+    return None
+
+
+def _has_lookaround(items: Any) -> bool:
+    return any(str(op) in ("ASSERT", "ASSERT_NOT") for op, _av in _sre_walk(items))
+
+
+def _sre_walk(items: Any) -> list[tuple[Any, Any]]:
+    """Every node of a parse tree, depth first."""
+    out: list[tuple[Any, Any]] = []
+    stack = [list(items)]
+    while stack:
+        for op, av in stack.pop():
+            out.append((op, av))
+            name = str(op)
+            if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                stack.append(list(av[2]))
+            elif name == "SUBPATTERN":
+                stack.append(list(av[3]))
+            elif name == "ATOMIC_GROUP":
+                stack.append(list(av))
+            elif name in ("ASSERT", "ASSERT_NOT"):
+                stack.append(list(av[1]))
+            elif name == "BRANCH":
+                stack += [list(alt) for alt in av[1]]
+            elif name == "GROUPREF_EXISTS":
+                stack += [list(x) for x in av[1:] if x is not None]
+    return out
 
 
 def _literal_runs(items: Any, icase: bool, runs: list[str], cur: list[str]) -> None:
@@ -294,7 +358,7 @@ def matches_newline(pattern: str) -> bool:
     """True if the regex spells a line break: it was written for fail2ban's multi-line buffer."""
     try:
         parsed = _sre.parse(pattern)
-    except re.error:
+    except REGEX_ERRORS:
         return False
 
     def walk(items: Any) -> bool:
@@ -317,7 +381,7 @@ def required_literal(pattern: str, min_len: int = 3) -> str | None:
     """The longest literal text every match of `pattern` contains, or None if there is none that long."""
     try:
         parsed = _sre.parse(pattern)
-    except re.error:
+    except REGEX_ERRORS:
         return None
     icase = bool(parsed.state.flags & _C.SRE_FLAG_IGNORECASE)
     runs: list[str] = []
@@ -334,7 +398,7 @@ def literal_heads(pattern: str, limit: int = 32) -> frozenset[str] | None:
     invalid), or None when some match may start with a non-literal."""
     try:
         parsed = _sre.parse(pattern)
-    except re.error:
+    except REGEX_ERRORS:
         return None
     if parsed.state.flags & _C.SRE_FLAG_IGNORECASE:
         return None

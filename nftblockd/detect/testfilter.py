@@ -14,9 +14,9 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TextIO
 
+from nftblockd import boundedread
 from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.matcher import (
     FilterError,
@@ -70,7 +70,7 @@ def _journal_lines(matches: Sequence[tuple[str, str]], path: str | None, err: Te
 
 def _file_lines(logfile: str, err: TextIO) -> tuple[list[str], None] | None:
     try:
-        data = Path(logfile).read_bytes()
+        data = boundedread.read_bytes(logfile, boundedread.LOG_SAMPLE_MAX_BYTES)
     except OSError as exc:
         print(f"test-filter: cannot read {logfile}: {exc.strerror or exc}", file=err)
         return None

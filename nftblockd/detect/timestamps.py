@@ -225,7 +225,7 @@ def _finish(body: str, line_begin: bool, unbounded: bool, begin: bool = True, en
         body = _LINE_BEGIN + body
     try:
         return _Template(re.compile(body), group, anchored)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:
         raise DatePatternError(f"invalid datepattern {body!r}: {exc}") from None
 
 
@@ -295,7 +295,7 @@ def _first_chars(pattern: str) -> frozenset[str] | None:
     """The ASCII characters a match of an anchored pattern can begin with; None when that is unknown."""
     try:
         items = list(_sre.parse(pattern))
-    except re.error:
+    except (re.error, OverflowError, RecursionError):
         return None
     chars: set[str] = set()
     try:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio  # noqa: TID251 (an IO edge: HTTP and file fetches with timeouts, on the event loop)
 import contextlib
 import email.utils
+import errno
 import hashlib
 import json
 import logging
@@ -63,8 +64,9 @@ from typing import Literal, Protocol
 
 import aiohttp
 
-from nftblockd import __version__
+from nftblockd import __version__, boundedread
 from nftblockd.addr import IPNet
+from nftblockd.boundedread import BoundedReadError
 from nftblockd.config import FeedConfig
 from nftblockd.durations import PERMANENT, BanLength, format_duration
 from nftblockd.feeds.aggregate import Policy, Sanitised, SanitiseStats, sanitise
@@ -853,10 +855,14 @@ class FeedFetcher:
 
 
 def _read_capped(path: Path, cap: int) -> bytes | None:
-    """The file's bytes, or None if it holds more than `cap` (never more than cap + 1 bytes are read)."""
-    with open(path, "rb") as f:
-        data = f.read(cap + 1)
-    return None if len(data) > cap else data
+    """The file's bytes, or None if it holds more than `cap` (never more than cap + 1 bytes are read); a
+    FIFO or a device is refused (BoundedReadError, an OSError) rather than waited on or read forever."""
+    try:
+        return boundedread.read_bytes(path, cap)
+    except BoundedReadError as exc:
+        if exc.errno == errno.EFBIG:
+            return None
+        raise
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -31,6 +31,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
+from nftblockd import boundedread
 from nftblockd.addr import format_target
 from nftblockd.config import FleetConfig
 from nftblockd.fleet.catchup import ServerView, StreamId, format_id, parse_id
@@ -99,8 +100,7 @@ def _password(cfg: FleetConfig) -> str | None:
     if cfg.password_file is None:
         return None
     try:
-        with open(cfg.password_file, encoding="utf-8") as f:
-            return f.read().strip()
+        return boundedread.read_text(cfg.password_file, boundedread.SECRET_MAX_BYTES).strip()
     except OSError as exc:
         raise LinkError(f"cannot read the fleet password file {cfg.password_file}: {exc.strerror}") from None
 

@@ -187,6 +187,7 @@ class Batcher:
         self.flushes = 0
         self.ops_flushed = 0
         self.failures = 0
+        self.last_error: str | None = None  # why the last batch failed whole (None after one that did not)
         self.waiting_submitters = 0
 
     def oldest_pending_age(self, now: float) -> float:
@@ -291,8 +292,10 @@ class Batcher:
             try:
                 outcome = await self._apply(groups)
                 failures = [OpFailure(s, k, e, t) for (s, k), (e, t) in outcome.failed.items()]
+                self.last_error = None
             except Exception as exc:  # a kernel error must reach the submitters, not kill the loop
                 log.exception("applying a batch of %d ops failed", n)
+                self.last_error = str(exc) or type(exc).__name__
                 failures = [OpFailure(g.set_name, k, getattr(exc, "errno", 5) or 5, str(exc))
                             for g in groups for k in g.keys]
         self._flushing = False

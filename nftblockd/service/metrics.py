@@ -176,6 +176,16 @@ class Metrics:
                                    "not yet saved to the state database (retried every 5 s)", registry=r)
         self.state_degraded = Gauge("nftblock_state_degraded", "1 while saving to the state database fails",
                                     registry=r)
+        self.degraded = Live(
+            "gauge", "nftblock_degraded", "1 while the daemon is degraded for this reason: source (a log source "
+            "that can never deliver, e.g. a journal jail without journald), state (bans not saved: the state "
+            "database in memory, or saving fails), batches (the last kernel batch failed); every reason is there "
+            "at 0 from the start", ["reason"], registry=r)
+        self.control_closed = Live(
+            "counter", "nftblock_control_closed", "Control connections the daemon closed, by reason: idle (sent "
+            "nothing for the idle timeout), evicted (the longest idle, to make room for a newcomer), over_budget "
+            "(its unfinished request took those of all connections over the bound; docs/limits.md)", ["reason"],
+            registry=r)
         self.state_problems = Counter(
             "nftblock_state_problems", "Problems the state database had and nftblockd worked around, by kind "
             "(corrupt: salvaged and replaced; unwritable, locked...: kept in memory)", ["kind"], registry=r)

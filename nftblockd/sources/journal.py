@@ -100,6 +100,7 @@ class JournalSource:
         self._save_handle: asyncio.TimerHandle | None = None
         self._failure: OSError | None = None
         self._no_files: str | None = None  # why there is nothing to read (no journal files), while it lasts
+        self._dead = False  # ... and it never will: no journald runs
 
     # ------------------------------------------------------------------ run
 
@@ -162,6 +163,7 @@ class JournalSource:
             # the bytes of the journal files it opened (has_runtime_files() only speaks of local journals)
             if reader.get_usage() > 0:
                 self._no_files = None
+                self._dead = False
                 return
         except OSError:
             return
@@ -176,6 +178,7 @@ class JournalSource:
             no_journald = not os.path.exists(JOURNALD_SOCKET)
             why = "no journal files in /run/log/journal or /var/log/journal" + (
                 f" and no {JOURNALD_SOCKET}: systemd-journald is not running" if no_journald else "")
+        self._dead = no_journald
         if why == self._no_files:
             return
         self._no_files = why
@@ -184,6 +187,10 @@ class JournalSource:
             log.warning("source %s: %s; nothing can be read until it runs", self.name, why)
         else:  # a journald that has not written its first file yet (a fresh volatile journal) is normal
             log.info("source %s: %s yet; they are read as soon as they appear", self.name, why)
+
+    def dead(self) -> str | None:
+        """Why this source can never deliver (no journald runs), for the daemon's health; None otherwise."""
+        return self._no_files if self._dead else None
 
     def missing(self) -> list[str]:
         """Why this source reads nothing, for `status` (empty while journal files exist)."""

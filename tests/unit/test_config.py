@@ -189,3 +189,16 @@ def test_zero_and_overlong_durations_are_refused_with_their_line(tmp_path: Path)
     assert any(line.startswith(f"{cfg}:8: jails.sshd.escalation.max: must be at most 3650d") for line in lines)
     assert any(line.startswith(f"{cfg}:13: feeds.f.refresh: must be longer than 0") for line in lines), lines
     assert any(line.startswith(f"{cfg}:14: blocklists.fb.timeout: a ban timeout is at most") for line in lines)
+
+
+def test_unknown_keys_are_listed_up_to_a_bound_then_counted() -> None:
+    # 200k unknown keys made 200k problems (12-21 s, 344 MB), each repeating the known keys.
+    from nftblockd.config_reader import MAX_UNKNOWN_KEYS
+
+    text = "jails:\n  x:\n" + "".join(f"    k{i}: 1\n" for i in range(2000))
+    _cfg, problems = examine_text(text, "c.yaml")
+    unknown = [p for p in problems if "unknown key" in p.reason]
+    assert len(unknown) == MAX_UNKNOWN_KEYS + 1
+    assert str(unknown[-1]) == (f"c.yaml:{3 + MAX_UNKNOWN_KEYS}: jails.x.k{MAX_UNKNOWN_KEYS}: unknown key "
+                                f"'k{MAX_UNKNOWN_KEYS}' and {2000 - MAX_UNKNOWN_KEYS - 1} more after it (only the "
+                                f"first {MAX_UNKNOWN_KEYS} of a mapping are listed one by one)")

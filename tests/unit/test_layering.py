@@ -36,6 +36,7 @@ PURE = {
     "nftblockd.kernel.bans", "nftblockd.kernel.nfmsg", "nftblockd.kernel.rtnl",
     "nftblockd.control.protocol", "nftblockd.control.wire", "nftblockd.sources.linesplit",
     "nftblockd.migrate.f2bjail", "nftblockd.migrate.render", "nftblockd.detect.multiline",
+    "nftblockd.service.health",
 }
 IMPURE_IMPORTS = {"asyncio", "sqlite3", "pyroute2", "subprocess", "aiohttp", "redis", "systemd",
                   "asyncinotify", "prometheus_client", "time", "threading"}

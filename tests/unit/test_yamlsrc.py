@@ -73,3 +73,26 @@ def test_check_config_reports_both_with_file_and_line(tmp_path: Path) -> None:
 def test_deep_nesting_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="nested"):
         parse_config("a: " + "[" * 1000 + "]" * 1000 + "\n", "deep.yaml")
+
+
+# Issue 33: each of these crashed `--check-config` and the daemon with a traceback (a tag SafeLoader cannot
+# construct, a merge key, an int past Python's 4300-digit limit) or, for `!custom`, was taken silently.
+@pytest.mark.parametrize(("text", "line", "reason"), [
+    ("table: !!python/name:os.system x\n", 1, "the YAML tag !!python/name:os.system is not supported"),
+    ("jails: !custom {}\n", 1, "the YAML tag !custom is not supported"),
+    ("batch:\n  max_ops: !!binary aGVsbG8=\n", 2, "the YAML tag !!binary is not supported"),
+    ("a: &a {x: 1}\nbatch:\n  <<: *a\n", 3, "YAML merge keys (<<) are not supported"),
+    ("batch:\n  max_ops: " + "9" * 5000 + "\n", 2, "a number written with 5000 characters"),
+    ("x: 2020-13-45\n", 1, "invalid value '2020-13-45'"),
+])
+def test_tags_merge_keys_and_huge_numbers_are_problems_with_their_line(text: str, line: int, reason: str) -> None:
+    doc = load_yaml(text, "c.yaml")
+    assert [(p.line, p.reason.startswith(reason)) for p in doc.problems] == [(line, True)]
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, "c.yaml")
+    assert f"c.yaml:{line}: {reason}" in str(err.value)
+
+
+def test_plain_values_and_explicit_standard_tags_still_load() -> None:
+    doc = load_yaml("a: !!str 12\nb: 3\nc: [1.5, null, true]\n", "c.yaml")
+    assert doc.problems == [] and doc.value == {"a": "12", "b": 3, "c": [1.5, None, True]}
