@@ -408,15 +408,25 @@ def test_the_imported_actions_with_an_actionunban_run_on_unban(box: Container) -
 
 
 def test_an_unban_runs_each_unban_action_once(box: Container) -> None:
-    # Until the importer says so itself (above), the operator's edit: both run on unban too.
+    # Until the importer says so itself (above), the operator's edit: both run on unban too. And nftblockd's
+    # own webhook (the daemon's aiohttp, not a process) to the same host, through the same drop-in.
     cfg = config_doc(box)
     for name in ("note", "webhook"):
         cfg["actions"][name]["on"] = ["ban", "unban"]
+    cfg["actions"]["hook"] = {"type": "webhook", "url": WEBHOOK_URL, "on": ["ban", "unban"]}
+    cfg["jails"]["nginx_http_auth"]["actions"].append("hook")
     box.write(CONFIG, yaml.safe_dump(cfg, sort_keys=False))
     assert box.run("systemctl", "reload", UNIT, check=False).returncode == 0, box.journal(UNIT, "-o", "cat")
     box.run("nftblock", "unban", WEB)
-    box.wait_for(lambda: all(action_counts(box, WEB, "nginx-http-auth", "unban")[:2]), "the unban actions")
+
+    def native() -> list[dict[str, Any]]:
+        return [e for e in (json.loads(m) for m in webhook_log(box) if m.startswith("{"))
+                if (e["event"], e["address"]) == ("unban", WEB)]
+
+    box.wait_for(lambda: all(action_counts(box, WEB, "nginx-http-auth", "unban")[:2]) and native(),
+                 "the unban actions")
     assert action_counts(box, WEB, "nginx-http-auth", "unban") == (1, 1, 0)  # the mail action has no unban
+    assert [e["jail"] for e in native()] == ["nginx_http_auth"]
     assert WEB not in kernel_elements(box, "default_ip4")
 
 
