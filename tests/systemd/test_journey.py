@@ -423,7 +423,7 @@ def test_an_unban_runs_each_unban_action_once(box: Container) -> None:
         return [e for e in (json.loads(m) for m in webhook_log(box) if m.startswith("{"))
                 if (e["event"], e["address"]) == ("unban", WEB)]
 
-    box.wait_for(lambda: all(action_counts(box, WEB, "nginx-http-auth", "unban")[:2]) and native(),
+    box.wait_for(lambda: all(action_counts(box, WEB, "nginx-http-auth", "unban")[:2]) and bool(native()),
                  "the unban actions")
     assert action_counts(box, WEB, "nginx-http-auth", "unban") == (1, 1, 0)  # the mail action has no unban
     assert [e["jail"] for e in native()] == ["nginx_http_auth"]
@@ -442,7 +442,7 @@ def test_actions_run_without_the_daemons_capability(box: Container) -> None:
     now = box.run("date", "+%Y-%m-%dT%H:%M:%S").stdout.strip()
     box.run("sh", "-c", "cat >> /var/log/myapp.log",
             input="".join(f"{now} myapp[77]: login failed for user u{i} from 198.51.100.13\n" for i in range(2)))
-    caps = box.wait_for(lambda: tagged(box, "f2b-caps"), "the command action's capabilities")
+    caps = box.wait_for(lambda: tagged(box, "f2b-caps") or None, "the command action's capabilities")
     fields = {k: int(v, 16) for k, v in re.findall(r"(Cap\w+):\s+([0-9a-f]+)", caps[0])}
     # Nothing permitted, effective or ambient: CAP_NET_ADMIN stays with the daemon. (The inheritable set
     # keeps it, which grants nothing: no file capability counts under NoNewPrivileges=.)
@@ -473,7 +473,7 @@ def test_a_feed_from_another_host_through_its_drop_in(box: Container) -> None:
     box.write(CONFIG, yaml.safe_dump(cfg, sort_keys=False))
     dropin(box, "feed.conf", FEED_DROPIN)
     box.run("systemctl", "restart", UNIT)
-    f = box.wait_for(lambda: (f := feeds(box)) and (f["peer"]["entries"] or f["peer"]["error"]) and f,
+    f = box.wait_for(lambda: ((f := feeds(box)) and (f["peer"]["entries"] or f["peer"]["error"]) and f) or None,
                      "the feed's first fetch")
     assert f["peer"]["entries"] == 1 and f["peer"]["error"] is None, f
     assert FEED_ENTRY in kernel_elements(box, "feeds_net4")
