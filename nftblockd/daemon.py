@@ -42,7 +42,6 @@ from nftblockd.daemon_build import (
 )
 from nftblockd.daemon_fleet import FleetWiring
 from nftblockd.daemon_reload import ReloadLogic
-from nftblockd.detect import native
 from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.subnet import SubnetEscalator
 from nftblockd.detect.subnetrun import SubnetRunner
@@ -340,7 +339,6 @@ class Daemon(FleetWiring, ReloadLogic):
                 log.info("nftblockd ready: table inet %s, %d jails, control socket %s", self.plan.table,
                          len(self.jails), self.cfg.control.socket)
                 log.info("%s", start_line(self.cfg, self.config_path or "the config file"))
-                log.info("log matcher: %s", native.describe())  # under the unit's W^X: interpreted
                 await self.stop.wait()
                 self.notifier.stopping()
                 self._tg = None
