@@ -11,13 +11,15 @@ each leaving the system as the next expects, as one operator's day would:
 2. A realistic fail2ban runs first (Debian's own fail2ban package, started by the test): journal sshd,
    nginx-http-auth, postfix, recidive, a custom filter with `prefregex`, fail2ban's sendmail-whois-matches
    mail action (to a sendmail stub that writes the mail to the journal), a webhook action and a command
-   action (both `action.d` files of the operator's own); it holds one ban of its own.
+   action (both `action.d` files of the operator's own); it holds a ban made with fail2ban-client, and its
+   sshd jail bans the first attacker again from the journal.
 3. The README's three migration commands, after the documented drop-in for the webhook's host. fail2ban
    stops; its ban is taken over. The journal of the migrated service's first start is recorded.
 4. Real failed ssh logins (a hostile user name) and real nginx, postfix and application log lines (hostile
    user names too) give bans in the kernel set.
 5. Each action ran once per ban and once per unban (where the file has an actionunban), under the unit, as
-   the user `nftblockd` without capabilities; no shell ran what a user name carried.
+   the user `nftblockd` without capabilities; no shell ran what a user name carried. nftblockd's own
+   webhook (the daemon's HTTP client, not a process) reaches the other host through the same drop-in.
 6. The matcher engine the unit runs is reported (MemoryDenyWriteExecute=yes: PCRE2 without its JIT).
 7. An HTTP feed on another host, through its documented drop-in.
 8. The upgrade to this build keeps bans, state and config.
