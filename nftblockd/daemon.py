@@ -60,6 +60,7 @@ from nftblockd.service.health import samples as health_samples
 from nftblockd.service.loops import every
 from nftblockd.service.metrics import Metrics, MetricsServer
 from nftblockd.service.sdnotify import Notifier, watchdog_loop
+from nftblockd.service.startline import start_line
 from nftblockd.sources.base import MemoryPositionStore, PositionStore
 from nftblockd.state.change import StateChange
 from nftblockd.state.persister import Persister, PersistStatus
@@ -343,6 +344,7 @@ class Daemon(FleetWiring, ReloadLogic):
                 tune_gc()
                 log.info("nftblockd ready: table inet %s, %d jails, control socket %s", self.plan.table,
                          len(self.jails), self.cfg.control.socket)
+                log.info("%s", start_line(self.cfg, self.config_path or "the config file"))
                 await self.stop.wait()
                 self.notifier.stopping()
                 self._tg = None

@@ -19,8 +19,8 @@
 #   /etc/nftblockd/nftblockd.yaml       conffile (config/nftblockd.yaml)
 #   /etc/fail2ban/action.d/nftblock.conf, nftblock.py
 #                                       conffiles (fail2ban reads its actions from there)
-#   /usr/share/doc/nftblockd/           README, copyright, changelog, examples (unit drop-in for feeds,
-#                                       Grafana)
+#   /usr/share/doc/nftblockd/           README, copyright, changelog, docs/*.md (what the README and the
+#                                       config's comments name), examples (unit drop-in for feeds, Grafana)
 #   /usr/share/man/man8/nftblockd.8.gz, nftblock.8.gz, /usr/share/man/man5/nftblockd.yaml.5.gz
 #                                       rendered now by packaging/manpages.py from the real parsers and
 #                                       the example config, so they cannot drift from the programs
@@ -211,6 +211,10 @@ install -m 0644 "$EXAMPLE_CONFIG" "$PKG/etc/nftblockd/nftblockd.yaml"
 install -m 0644 packaging/fail2ban/action.d/nftblock.conf packaging/fail2ban/action.d/nftblock.py \
     "$PKG/etc/fail2ban/action.d/"
 install -m 0644 README.md packaging/debian/copyright "$DOC/"
+# The docs the README, the config's comments and the unit name (docs/actions.md, docs/fleet.md, ...), at the
+# same relative paths as in the repository: /usr/share/doc/nftblockd/docs/.
+install -d "$DOC/docs"
+install -m 0644 docs/*.md "$DOC/docs/"
 gzip -9n <packaging/debian/changelog >"$DOC/changelog.gz"
 "$PYTHON" packaging/manpages.py "$STAGE/man" --example "$EXAMPLE_CONFIG" --version "$VERSION"
 gzip -9n <"$STAGE/man/nftblockd.yaml.5" >"$MAN/man5/nftblockd.yaml.5.gz"

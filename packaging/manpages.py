@@ -5,7 +5,8 @@
 writes OUT_DIR/nftblockd.8 (from nftblockd.daemon_main.build_parser), OUT_DIR/nftblock.8 (from
 nftblockd.cli.build_parser, every command and sub-command) and OUT_DIR/nftblockd.yaml.5 (from the commented
 example config: each top-level key with the comment above it and its example). packaging/build-deb.sh runs
-it at build time, so a new option, command or config section reaches the pages without anyone editing them;
+it at build time, so a new option, command or config section reaches the pages without anyone editing them
+(and KEY_REFERENCE below lists every config key: a key the reader learns without an entry fails the test);
 tests/unit/test_manpages.py checks that they do.
 
 This is a build tool, not part of the package: it imports the parsers and writes files, nothing else.
@@ -84,6 +85,150 @@ table, the blocklists and the chain can only change with a restart.
 
 The sections below are the commented example configuration shipped as /etc/nftblockd/nftblockd.yaml, one
 top-level key at a time."""
+
+
+# Every key the config reader knows, with its default: tests/unit/test_manpages.py checks that none is missing
+# (it reads the keys from nftblockd/config.py and config_sections.py). NAME stands for a name of the operator's.
+KEY_REFERENCE: tuple[tuple[str, str], ...] = (
+    ('table',
+     'The nftables table nftblockd owns, "inet NAME" or a mapping (default inet nftblock). Only a restart '
+     'moves it.'),
+    ('table.family', "The table's family: inet only (it covers IPv4 and IPv6)."),
+    ('table.name', "The table's name (default nftblock)."),
+    ('table.protect',
+     'Make the table owned by the daemon (flags owner,persist), so that others cannot flush or delete it '
+     '(default true).'),
+    ('chain', 'The base chain the drop rules live in.'),
+    ('chain.hook', 'prerouting (default), input or forward.'),
+    ('chain.priority', 'A number or a named priority such as raw (default raw).'),
+    ('chain.ingress', 'Interfaces that also get an ingress chain, which drops even earlier (default none).'),
+    ('control', 'The control socket the nftblock(8) CLI talks to.'),
+    ('control.socket', 'Its path (default /run/nftblockd/control.sock).'),
+    ('control.mode', 'Its mode, octal, owner and group bits only (default 0600: root only).'),
+    ('control.group', "A group let in with the mode's group bits; the daemon must belong to it."),
+    ('state_dir', 'Where saved bans (SQLite) and cached feed copies live (default /var/lib/nftblockd).'),
+    ('batch', 'How bans are grouped into netlink transactions.'),
+    ('batch.max_ops', 'Element operations per transaction at most (default 10000).'),
+    ('batch.delay', 'How long a batch waits for more operations (default 2ms).'),
+    ('reconcile', "The periodic comparison of the kernel's sets with the daemon's state."),
+    ('reconcile.interval', 'How often (default 30s).'),
+    ('allowlist', 'Addresses and ranges never banned by anything; also kernel allow sets looked up before a drop.'),
+    ('allowlist_self', "Also never ban this machine's own addresses (default true)."),
+    ('blocklists', 'Named blocklists, each four kernel sets NAME_ip4, NAME_ip6, NAME_net4, NAME_net6.'),
+    ('blocklists.NAME.timeout', 'The default ban duration, or permanent (default 1h).'),
+    ('blocklists.NAME.size', 'The most elements each of its sets holds (default 262144).'),
+    ('blocklists.NAME.subnet_escalation',
+     'Ban a whole prefix when enough of its addresses are banned; never a prefix holding an allowlisted '
+     'address.'),
+    ('blocklists.NAME.subnet_escalation.enabled', 'false turns it off (default true when the mapping is given).'),
+    ('blocklists.NAME.subnet_escalation.ipv4_prefix', 'The IPv4 prefix length counted and banned (default 24).'),
+    ('blocklists.NAME.subnet_escalation.ipv6_prefix', 'The IPv6 prefix length (default 48).'),
+    ('blocklists.NAME.subnet_escalation.threshold', 'Bans in one prefix that ban the prefix (default 5).'),
+    ('blocklists.NAME.subnet_escalation.window', 'Within this time (default 10m).'),
+    ('blocklists.NAME.subnet_escalation.bantime', 'How long the prefix is banned (default 1d).'),
+    ('blocklists.NAME.subnet_escalation.max_prefixes', 'Prefixes tracked at most (default 100000).'),
+    ('metrics', 'The Prometheus endpoint; absent: none.'),
+    ('metrics.listen', 'ADDRESS:PORT, e.g. 127.0.0.1:9789.'),
+    ('jails', 'Named jails: log files or journal entries matched by a filter, failures counted per address.'),
+    ('jails.NAME.enabled', 'false keeps the jail in the file but does not run it (default true).'),
+    ('jails.NAME.files', 'Log files (globs allowed) the jail tails.'),
+    ('jails.NAME.journal', 'Read the systemd journal instead of files.'),
+    ('jails.NAME.journal.matches',
+     'Journal fields and values: values of one field are ORed, fields ANDed (e.g. _SYSTEMD_UNIT: '
+     'ssh.service).'),
+    ('jails.NAME.journal.path', 'A directory of journal files instead of the local journal.'),
+    ('jails.NAME.filter', 'A built-in filter name, a YAML filter file or a fail2ban filter.d file, with [options].'),
+    ('jails.NAME.maxretry', 'Failures that give a ban (default 5).'),
+    ('jails.NAME.findtime', 'Within this time (default 10m).'),
+    ('jails.NAME.bantime', "The ban's duration, or permanent (default 1h)."),
+    ('jails.NAME.escalation', 'Longer bans for repeat offenders: bantime times factor per earlier ban, up to max.'),
+    ('jails.NAME.escalation.factor', 'The factor (default 2).'),
+    ('jails.NAME.escalation.max', 'The longest ban it gives (default 7d).'),
+    ('jails.NAME.escalation.enabled', 'false turns it off (default true).'),
+    ('jails.NAME.blocklist', 'The blocklist its bans go to (default default).'),
+    ('jails.NAME.ignoreip', 'Addresses and ranges this jail never bans (the allowlist applies as well).'),
+    ('jails.NAME.ipv6_prefix', 'IPv6 offenders are counted and banned by this prefix (default 64).'),
+    ('jails.NAME.recidive', 'Count the bans of other jails instead of log lines (default false).'),
+    ('jails.NAME.watch', 'With recidive: the jails whose bans count (default all).'),
+    ('jails.NAME.actions', "Names of actions (see actions) run on this jail's bans and unbans."),
+    ('jails.NAME.fleet_maxretry',
+     "With fleet mode: failures of all hosts that give a ban, counted on the fleet's server."),
+    ('jails.NAME.fleet_findtime', "Within this time (default the jail's findtime)."),
+    ('feeds', 'Named threat feeds, fetched over HTTP(S) or read from a file, applied to a blocklist.'),
+    ('feeds.NAME.url', "The feed's URL (http or https)."),
+    ('feeds.NAME.path', 'A local file instead of a URL.'),
+    ('feeds.NAME.format', 'plain (default), csv or json.'),
+    ('feeds.NAME.column', 'With csv or json: the column (number) or field (name) holding the address.'),
+    ('feeds.NAME.blocklist', 'The blocklist it fills (a blocklist filled by feeds takes no jail bans).'),
+    ('feeds.NAME.refresh', 'How often it is fetched (default 1h).'),
+    ('feeds.NAME.jitter', 'A random share of refresh added, so that hosts do not fetch at once (default 0.1).'),
+    ('feeds.NAME.timeout', "A fetch's bound (default 30s)."),
+    ('feeds.NAME.allow_empty', 'An answer with no entries is a real, empty list, applied at once (default false).'),
+    ('feeds.NAME.max_size', 'The largest body accepted, in bytes (default 64 MiB).'),
+    ('feeds.NAME.max_shrink',
+     'A refresh that removes more than this share of the entries is held for review (default 0.5).'),
+    ('feeds.NAME.max_stale', 'Withdraw the entries after this long without a successful fetch (default: never).'),
+    ('feeds.NAME.max_retry_after',
+     "A server's Retry-After is honoured up to this (default: up to refresh; 0: ignored)."),
+    ('feeds.NAME.defer_removals', 'An entry that leaves the list stays blocked one more refresh (default false).'),
+    ('feeds.NAME.ban_timeout', "Each entry's timeout in the kernel (default permanent)."),
+    ('feeds.NAME.min_prefix_v4', 'The broadest IPv4 range accepted (default /8).'),
+    ('feeds.NAME.min_prefix_v6', 'The broadest IPv6 range accepted (default /16).'),
+    ('feeds.NAME.allow_special', 'Accept private, loopback and other special-purpose ranges (default false).'),
+    ('feeds.NAME.actions', 'Actions run on entries a refresh adds (ban) and removes (unban).'),
+    ('leave_bans_on_stop', 'Leave the bans in the kernel at a stop, where they expire (default true).'),
+    ('log_level', 'debug, info (default), warning or error.'),
+    ('fleet', 'Share bans with other nftblockd hosts through a Redis/Valkey server (docs/fleet.md).'),
+    ('fleet.name', "The fleet's name: hosts with the same name share bans."),
+    ('fleet.host_id', "This host's name in the fleet (default the host name)."),
+    ('fleet.url',
+     'The server, redis:// or rediss:// (under the packaged unit its address needs an IPAddressAllow= '
+     'drop-in).'),
+    ('fleet.sentinel', 'Find the server through Redis Sentinel instead of url.'),
+    ('fleet.sentinel.hosts', 'The Sentinels, HOST:PORT each.'),
+    ('fleet.sentinel.service', 'The service (master) name the Sentinels watch.'),
+    ('fleet.username', 'The ACL user.'),
+    ('fleet.password_file', 'A file holding the password (readable by the daemon only).'),
+    ('fleet.tls', 'Mutual TLS to the server.'),
+    ('fleet.tls.ca', 'The CA certificate file.'),
+    ('fleet.tls.cert', "This host's certificate file."),
+    ('fleet.tls.key', "This host's key file."),
+    ('fleet.share', 'What this host publishes.'),
+    ('fleet.share.jails', 'The jails whose bans are shared (default all).'),
+    ('fleet.share.cli', 'Share bans made with nftblock ban (default true).'),
+    ('fleet.blocklist', "The blocklist other hosts' bans go to (default default)."),
+    ('fleet.trust', "Bounds on what other hosts' bans may do here."),
+    ('fleet.trust.min_prefix_v4', 'The broadest IPv4 range taken from the fleet (default /16).'),
+    ('fleet.trust.min_prefix_v6', 'The broadest IPv6 range taken.'),
+    ('fleet.trust.max_ban', 'The longest ban taken (default 7d).'),
+    ('fleet.trust.allow_permanent', 'Take permanent bans (default false).'),
+    ('fleet.trust.rate', 'Bans per second taken from the fleet at most (default 2000).'),
+    ('fleet.trust.burst', 'The burst above that rate.'),
+    ('fleet.history', 'How far back a host that connects catches up (default 7d).'),
+    ('fleet.actions', 'Actions run on bans and unbans received from other hosts.'),
+    ('fleet.count', 'Bounds on fleet-wide failure counting (fleet_maxretry).'),
+    ('fleet.count.rate', 'Counted failures per second this host sends at most (default 100).'),
+    ('fleet.count.burst', 'The burst above that rate (default 1000).'),
+    ('actions', 'Named actions run after a ban (or unban) is in the kernel, never delaying it (docs/actions.md).'),
+    ('actions.NAME.type', 'command, webhook or fail2ban.'),
+    ('actions.NAME.on', 'The events that run it: ban, unban (default [ban]).'),
+    ('actions.NAME.timeout', "A run's bound (default 30s)."),
+    ('actions.NAME.retries', 'Retries of a failed run (default 2).'),
+    ('actions.NAME.retry_delay', "The first retry's delay, doubling (default 1s)."),
+    ('actions.NAME.queue', 'Events queued at most; more are skipped and counted (default 1000).'),
+    ('actions.NAME.concurrency', 'Runs at once (default 1).'),
+    ('actions.NAME.rate', 'Runs per second at most (default 1).'),
+    ('actions.NAME.burst', 'The burst above that rate (default 20).'),
+    ('actions.NAME.argv', 'command: the program (an absolute path) and its arguments, each one template.'),
+    ('actions.NAME.env', 'command: environment variables, each a template.'),
+    ('actions.NAME.url',
+     'webhook: the URL POSTed to (under the packaged unit its host needs an IPAddressAllow= drop-in).'),
+    ('actions.NAME.headers', 'webhook: HTTP headers.'),
+    ('actions.NAME.batch', 'webhook: events sent in one request at most (default 1).'),
+    ('actions.NAME.file', 'fail2ban: the action.d file.'),
+    ('actions.NAME.options', "fail2ban: the action's options, as action = X[tag=value] in a jail."),
+    ('actions.NAME.lifecycle', 'fail2ban: run actionstart and actionstop (default true).'),
+)
 
 
 # --- roff ----------------------------------------------------------------------------------------------
@@ -253,6 +398,9 @@ def config_page(example: Path, version: str, date: str) -> str:
         if s.comment:
             lines += [esc(s.comment), ".PP"]
         lines += [".nf", ".RS 4", *(esc(x) for x in s.example.splitlines()), ".RE", ".fi"]
+    lines += [".SH KEY REFERENCE", esc("Every key, written as its path in the file; NAME is a name of yours.")]
+    for key, text in KEY_REFERENCE:
+        lines += [".TP", f"\\fB{esc(key)}\\fR", esc(text)]
     lines += [".SH FILES", "/etc/nftblockd/nftblockd.yaml",
               ".SH SEE ALSO", esc("nftblockd(8), nftblock(8), nft(8)")]
     return "\n".join(lines) + "\n"

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: subprocesses, HTTP, per-action worker tasks)
 import contextlib
-import errno
 import logging
 import os
 import signal
@@ -293,9 +292,6 @@ class ActionRunner:
 # -- the real executor ---------------------------------------------------------------------------------
 
 
-SETPRIV = "/usr/bin/setpriv"
-
-
 def ambient_caps(status: str) -> int:
     """The ambient capability mask in /proc/self/status text (0 when it says nothing)."""
     for line in status.splitlines():
@@ -304,23 +300,28 @@ def ambient_caps(status: str) -> int:
     return 0
 
 
-def cap_drop_prefix(ambient: int, setpriv_exists: bool) -> tuple[str, ...]:
-    """The argv prefix that starts an action without the daemon's ambient capabilities.
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4  # <linux/prctl.h>
+
+
+def clear_ambient_caps() -> None:
+    """Empty the calling thread's ambient capability set; raises OSError.
 
     The packaged service runs as an unprivileged user holding CAP_NET_ADMIN as an *ambient* capability, and
-    ambient capabilities pass to every program it runs: a mail script could then rewrite the firewall. util-
-    linux's setpriv lowers them (lowering needs no privilege) before exec'ing the action. Nothing to drop
-    (root without ambient capabilities, as in the tests): no prefix."""
-    if ambient == 0 or not setpriv_exists:
-        return ()
-    return (SETPRIV, "--ambient-caps=-all", "--inh-caps=-all", "--")
+    ambient capabilities pass to every program it runs: a mail script could then rewrite the firewall. With
+    the ambient set empty, an exec'd program of a non-root user gets no capability: its permitted set is what
+    its file grants, and `NoNewPrivileges=` (set by the unit) makes exec ignore file capabilities. The
+    daemon's own effective and permitted sets stay: ambient capabilities only matter at exec.
 
+    This is prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL): lowering needs no privilege, and prctl is in
+    the unit's `@system-service`, where capset(2), which setpriv uses, is `@privileged` and refused.
+    Capabilities are per thread and a child is forked from the calling thread: the executor calls this in
+    the thread that spawns, before each spawn (one system call)."""
+    import ctypes  # the C library's prctl: Python's os module has none
 
-def unrunnable(program: str) -> str | None:
-    """Why `program` (an absolute path: config.py refuses others) cannot be exec'd, or None. Two stat calls."""
-    if os.access(program, os.X_OK):
-        return None
-    return os.strerror(errno.EACCES if os.path.exists(program) else errno.ENOENT)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 class RealExecutor:
@@ -333,9 +334,7 @@ class RealExecutor:
                 ambient = ambient_caps(f.read())
         except OSError:
             ambient = 0
-        self.prefix = cap_drop_prefix(ambient, os.path.exists(SETPRIV))
-        if ambient and not self.prefix:
-            log.warning("actions inherit the daemon's ambient capabilities (%s is missing)", SETPRIV)
+        self.drop_ambient = ambient != 0  # nothing to drop (root without ambient capabilities, as in tests)
 
     async def __call__(self, run: Run) -> None:
         if isinstance(run, CommandRun):
@@ -344,13 +343,15 @@ class RealExecutor:
             await self._post(run)
 
     async def _command(self, run: CommandRun) -> None:
-        # Through setpriv, a program that cannot be exec'd is setpriv's exit status 127, which reads as a failed
-        # run and is retried; without the prefix exec's OSError says it at once. One verdict for both.
-        if self.prefix and (why := unrunnable(run.argv[0])):
-            raise RunFailed(f"cannot run {run.argv[0]}: {why}", retry=False)
+        if self.drop_ambient:
+            try:
+                clear_ambient_caps()
+            except OSError as exc:  # never run an action with the firewall's capability
+                raise RunFailed(f"cannot run {run.argv[0]}: lowering the ambient capabilities failed: "
+                                f"{exc.strerror}", retry=False) from None
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.prefix, *run.argv, env=run.env, cwd="/", stdin=asyncio.subprocess.DEVNULL,
+                *run.argv, env=run.env, cwd="/", stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             raise RunFailed(f"cannot run {run.argv[0]}: {exc.strerror or exc}", retry=False) from None
@@ -402,4 +403,4 @@ class RealExecutor:
 
 
 __all__ = ["ActionRunner", "ActionStats", "Executor", "RealExecutor", "RunFailed", "TokenBucket", "ambient_caps",
-           "cap_drop_prefix"]
+           "clear_ambient_caps"]

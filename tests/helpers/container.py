@@ -108,6 +108,18 @@ class Container:
     def journal(self, unit: str, *args: str) -> str:
         return self.run("journalctl", "--no-pager", "-b", "-u", unit, *args).stdout
 
+    def peer_netns(self, ns: str, local: str, remote: Sequence[str], prefix: int = 24) -> None:
+        """A network namespace `ns` inside the container behind a veth pair: the container's end holds
+        `local`, the namespace's end the `remote` addresses. A server started there (`ip netns exec NS`) is
+        on another host as far as the unit's IPAddressAllow= is concerned: not loopback, not this host's
+        own address. (The host kernel may have no `dummy` module; veth is always there.)"""
+        dev = f"v-{ns}"[:15]
+        script = [f"ip netns add {ns}", f"ip link add {dev} type veth peer name eth0 netns {ns}",
+                  f"ip address add {local}/{prefix} dev {dev}", f"ip link set {dev} up",
+                  f"ip -n {ns} link set eth0 up", f"ip -n {ns} link set lo up",
+                  *(f"ip -n {ns} address add {a}/{prefix} dev eth0" for a in remote)]
+        self.sh("\n".join(script))
+
     def wait_for(self, check: Callable[[], T | None], what: str, bound: float = 60.0,
                  interval: float = 0.1) -> T:
         """Poll `check` until it returns something other than None/False; fail after `bound` seconds."""

@@ -49,8 +49,10 @@ CONTROL=$HERE/../../packaging/debian/control
 # network namespace, python3's http.server for a feed, the ssh client for failed logins). redis-server is
 # what the fleet test (NFTBLOCKD_TEST_EXTRA=redis-server) adds: named here too, its tree and this one are the
 # same (one key: the list is sorted and made unique), so a fresh machine builds two trees, not four.
+# fail2ban: the journey test (test_journey.py) migrates a running fail2ban as the README says; its unit is
+# disabled in the tree (below), so the other tests boot without it.
 BASE_PKGS=(systemd systemd-sysv dbus libnss-systemd nftables iproute2 procps python3 openssh-server
-           openssh-client redis-server)
+           openssh-client redis-server fail2ban)
 # Debian 13's lintian checks the .deb inside (its checks differ from 12's). Not in Debian 12's tree: 12's
 # lintian is the build host's (make deps; tests/unit/test_lintian.py), and lintian brings about 160
 # packages, half of a tree's build time.
@@ -114,6 +116,8 @@ cmd_rootfs() {
              systemd-networkd-wait-online.service fstrim.timer; do
         ln -sf /dev/null "$tmp/etc/systemd/system/$u"
     done
+    # fail2ban is there to be migrated by the journey test, which starts it; not at every boot.
+    rm -f "$tmp/etc/systemd/system/multi-user.target.wants/fail2ban.service"
     rm -f "$tmp/var/cache/apt/archives/"*.deb
     rootfs_packages >"$tmp/.packages"
     echo "$((SECONDS - t0))" >"$tmp/.build-seconds"

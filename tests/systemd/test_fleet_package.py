@@ -3,9 +3,10 @@
 
 The daemons: the packaged nftblockd.service, and a second instance of the same unit file with its own config
 (table, state directory, runtime directory and control socket, metrics port, fleet host_id), so both run
-under the shipped sandbox (IPAddressAllow=localhost reaches the server on loopback). The server is Debian's
-redis-server binary, started by the test as a transient unit on a non-default loopback port (the packaged
-redis-server.service is stopped first).
+under the shipped sandbox. The server is Debian's redis-server binary, started by the test as a transient
+unit (the packaged redis-server.service is stopped first) on another host as a real fleet's is: a network
+namespace behind a veth pair (Container.peer_netns), so the unit reaches it only through the drop-in
+docs/fleet.md gives (`IPAddressAllow=` the server's address), installed for both units.
 
 Debian 13's python3-redis (6.1) serves, Debian 12's (4.3.4) does not (docs/fleet.md): on bookworm the test
 first checks the refusal (one journal line naming the package and version, no traceback), then does what the
@@ -29,7 +30,10 @@ pytestmark = pytest.mark.systemd
 
 EXTRA = ("redis-server",)
 PORT = 16379
-URL = f"redis://127.0.0.1:{PORT}/0"
+REDIS_NS, REDIS_LOCAL, REDIS_HOST = "redis", "10.78.1.254", "10.78.1.1"
+URL = f"redis://{REDIS_HOST}:{PORT}/0"
+# docs/fleet.md, "Under the packaged service": the fleet server's address, and nothing else.
+DROPIN = f"[Service]\nIPAddressAllow={REDIS_HOST}\n"
 A, B = "nftblockd.service", "nftblockd-b.service"
 NEED = "fleet mode needs"
 
@@ -94,16 +98,20 @@ def box(request: pytest.FixtureRequest, built_deb: Path,
         c.run("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q", "--no-install-recommends",
               f"/tmp/{built_deb.name}")
         c.run("systemctl", "disable", "--now", "redis-server.service", check=False)
-        c.run("systemd-run", "--unit=fleet-redis", "--", "/usr/bin/redis-server", "--port", str(PORT),
-              "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize", "no")
-        c.wait_for(lambda: c.run("redis-cli", "-p", str(PORT), "ping", check=False).stdout.strip() == "PONG",
-                   "redis-server answering", bound=30)
+        c.peer_netns(REDIS_NS, REDIS_LOCAL, [REDIS_HOST])
+        c.run("systemd-run", "--unit=fleet-redis", "--", "ip", "netns", "exec", REDIS_NS, "/usr/bin/redis-server",
+              "--port", str(PORT), "--bind", REDIS_HOST, "--protected-mode", "no", "--save", "", "--appendonly",
+              "no", "--daemonize", "no")
+        c.wait_for(lambda: c.run("redis-cli", "-h", REDIS_HOST, "-p", str(PORT), "ping", check=False
+                                 ).stdout.strip() == "PONG", "redis-server answering", bound=30)
         c.write("/etc/nftblockd/nftblockd.yaml",
                 config("nftblock", "a", "/run/nftblockd/control.sock", "/var/lib/nftblockd", "127.0.0.1:9789"))
         c.write("/etc/nftblockd/b.yaml",
                 config("nftblock_b", "b", "/run/nftblockd-b/control.sock", "/var/lib/nftblockd-b", "127.0.0.1:9790"))
         c.run("chmod", "0644", "/etc/nftblockd/nftblockd.yaml", "/etc/nftblockd/b.yaml")
         c.write(f"/etc/systemd/system/{B}", second_unit(c))
+        for unit in (A, B):
+            c.write(f"/etc/systemd/system/{unit}.d/fleet.conf", DROPIN)
         c.run("systemctl", "daemon-reload")
         yield c
     finally:

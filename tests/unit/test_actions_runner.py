@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,7 +20,6 @@ from nftblockd.actions.runner import (
     RunFailed,
     TokenBucket,
     ambient_caps,
-    cap_drop_prefix,
 )
 from nftblockd.config import ActionConfig
 
@@ -188,20 +190,45 @@ async def test_the_real_executor_runs_without_a_shell_and_kills_what_times_out(t
     await ex.close()
 
 
-def test_actions_are_started_without_the_daemons_ambient_capabilities() -> None:
+def test_the_ambient_capability_mask_is_read_from_proc_status() -> None:
     status = "Name:\tnftblockd\nCapInh:\t0000000000001000\nCapAmb:\t0000000000001000\n"
     assert ambient_caps(status) == 0x1000 and ambient_caps("CapAmb:\t0000000000000000\n") == 0
-    assert cap_drop_prefix(0x1000, True) == ("/usr/bin/setpriv", "--ambient-caps=-all", "--inh-caps=-all", "--")
-    assert cap_drop_prefix(0, True) == () and cap_drop_prefix(0x1000, False) == ()
 
 
-@pytest.mark.skipif(not Path("/usr/bin/setpriv").exists(), reason="util-linux setpriv is not installed")
-async def test_the_setpriv_prefix_runs_the_action() -> None:
+# Run by a non-root user holding CAP_NET_ADMIN as an ambient capability, as the packaged unit's daemon does:
+# the action must start with no capability at all, while the daemon keeps its own.
+NO_CAPS_ACTION = """
+import asyncio
+from nftblockd.actions.render import CommandRun
+from nftblockd.actions.runner import RealExecutor, RunFailed
+
+async def main() -> None:
     ex = RealExecutor()
-    ex.prefix = cap_drop_prefix(0x1000, True)
-    await ex(CommandRun(("/bin/sh", "-c", "grep -q '^CapAmb:.0000000000000000$' /proc/self/status"), {}, 5.0))
-    # A program that cannot run is refused for good, as without the prefix, not setpriv's 127 retried.
-    with pytest.raises(RunFailed, match="cannot run /nonexistent/prog: No such file") as exc:
+    check = ("grep -q '^CapAmb:.0000000000000000$' /proc/self/status"
+             " && grep -q '^CapPrm:.0000000000000000$' /proc/self/status")
+    try:
+        await ex(CommandRun(("/bin/sh", "-c", check), {}, 5.0))
+    except RunFailed as exc:
+        print("action has capabilities:", exc)
+    print("daemon", [l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1])
+    try:
         await ex(CommandRun(("/nonexistent/prog",), {}, 1.0))
-    assert not exc.value.retry
+    except RunFailed as exc:
+        print("missing", exc.retry, exc)
     await ex.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a user an ambient capability needs root")
+def test_actions_start_without_the_daemons_ambient_capability() -> None:
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=+net_admin",
+                           "--ambient-caps=+net_admin", "--bounding-set=-all,+net_admin", sys.executable, "-c",
+                           NO_CAPS_ACTION], capture_output=True, text=True, check=False, timeout=60,
+                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])}, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    assert "action has capabilities" not in proc.stdout, proc.stdout
+    assert "daemon 0000000000001000" in proc.stdout, proc.stdout  # the daemon keeps CAP_NET_ADMIN
+    assert "missing False cannot run /nonexistent/prog: No such file" in proc.stdout, proc.stdout

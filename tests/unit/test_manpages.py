@@ -135,3 +135,54 @@ def test_man_renders_the_pages_without_warnings(pages: dict[str, str], tmp_path:
                               env={"LC_ALL": "C.UTF-8", "MANROFFSEQ": "", "MANWIDTH": "80", "PATH": "/usr/bin:/bin"})
         assert proc.returncode == 0 and proc.stderr == "", (name, proc.stderr)
         assert re.search(r"\S", proc.stdout)
+
+
+# The config reader's sections: the function of config.py / config_sections.py that reads it -> the path of
+# its keys in the page's KEY REFERENCE (a function that reads nested mappings, such as jails' escalation or
+# fleet's tls, has their keys too: each must be somewhere below that path).
+READERS = {"build": "", "table": "table.", "chain": "chain.", "control": "control.", "batch": "batch.",
+           "reconcile": "reconcile.", "metrics": "metrics.", "blocklists": "blocklists.NAME.",
+           "subnet_escalation": "blocklists.NAME.subnet_escalation.", "jails": "jails.NAME.",
+           "feeds": "feeds.NAME.", "action": "actions.NAME.", "fleet": "fleet."}
+
+
+def reader_keys() -> dict[str, set[str]]:
+    """Every key each reader function accepts: the string sets given to SectionReader.mapping, directly or
+    through a local name (an action's `common | specific[type]`)."""
+    out: dict[str, set[str]] = {}
+    for name in ("config.py", "config_sections.py"):
+        tree = ast.parse((ROOT / "nftblockd" / name).read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            local = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                     for t in n.targets if isinstance(t, ast.Name)}
+            for call in ast.walk(fn):
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and call.func.attr == "mapping" and len(call.args) == 3):
+                    continue
+                arg = call.args[2]
+                sources = [arg, *(local[n.id] for n in ast.walk(arg) if isinstance(n, ast.Name) and n.id in local)]
+                keys = {c.value for src in sources for st in ast.walk(src) if isinstance(st, ast.Set)
+                        for c in st.elts if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+                if keys:
+                    out.setdefault(fn.name, set()).update(keys)
+    return out
+
+
+def test_every_config_key_the_reader_knows_is_in_the_page(pages: dict[str, str]) -> None:
+    text = pages["nftblockd.yaml.5"]
+    assert ".SH KEY REFERENCE" in text
+    reference = text.split(".SH KEY REFERENCE", 1)[1].split("\n.SH ", 1)[0]
+    terms = [plain(m) for m in re.findall(r"^\.TP\n\\fB(.+?)\\fR$", reference, re.M)]
+    known = reader_keys()
+    assert set(known) == set(READERS), f"a config section without a page path: {set(known) ^ set(READERS)}"
+    assert sum(map(len, known.values())) > 90  # the walk found the reader's sets
+
+    def described(prefix: str, key: str) -> bool:
+        if not prefix:  # a top-level key: itself
+            return key in terms
+        return any(t.startswith(prefix) and t.rsplit(".", 1)[-1] == key for t in terms)
+
+    missing = sorted(f"{READERS[fn]}{k}" for fn, keys in known.items() for k in keys if not described(READERS[fn], k))
+    assert missing == [], f"keys the config reader knows but nftblockd.yaml(5) does not describe: {missing}"

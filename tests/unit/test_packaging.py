@@ -804,3 +804,27 @@ def test_entry_scripts_run(extracted: Path) -> None:
         proc = subprocess.run([str(extracted / "usr/bin/nftblockd"), "--check-config", str(config)],
                               capture_output=True, text=True, check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@needs_dpkg
+def test_the_package_carries_the_docs_and_pages_it_names(extracted: Path) -> None:
+    # Every docs/NAME.md the shipped config, the README and the unit name is in /usr/share/doc/nftblockd/docs,
+    # and every man: and file: page of the unit's Documentation= is in the package.
+    doc = extracted / "usr/share/doc/nftblockd"
+    named = set()
+    for text in ((extracted / "etc/nftblockd/nftblockd.yaml").read_text(), (doc / "README.md").read_text(),
+                 (extracted / "usr/lib/systemd/system/nftblockd.service").read_text()):
+        named |= set(re.findall(r"\bdocs/([a-z0-9-]+\.md)", text))
+    assert {"actions.md", "fleet.md", "packaging.md"} <= named
+    missing = sorted(n for n in named if not (doc / "docs" / n).is_file())
+    assert missing == [], missing
+    unit = (extracted / "usr/lib/systemd/system/nftblockd.service").read_text()
+    pages = [p for line in unit.splitlines() if line.startswith("Documentation=")
+             for p in line.split("=", 1)[1].split()]
+    assert any(p.startswith("man:") for p in pages), pages
+    for p in pages:
+        if p.startswith("man:"):
+            name, section = re.fullmatch(r"man:([\w.-]+)\((\d)\)", p).groups()  # type: ignore[union-attr]
+            assert (extracted / f"usr/share/man/man{section}/{name}.{section}.gz").is_file(), p
+        else:
+            assert p.startswith("file:/") and (extracted / p.removeprefix("file:/")).is_file(), p
