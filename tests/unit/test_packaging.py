@@ -808,7 +808,7 @@ def test_entry_scripts_run(extracted: Path) -> None:
 
 @needs_dpkg
 def test_the_package_carries_the_docs_and_pages_it_names(extracted: Path) -> None:
-    # Every docs/NAME.md the shipped config, the README and the unit name is in /usr/share/doc/nftblockd/docs,
+    # Every docs/*.md file the shipped config, the README and the unit name is in /usr/share/doc/nftblockd/docs,
     # and every man: and file: page of the unit's Documentation= is in the package.
     doc = extracted / "usr/share/doc/nftblockd"
     named = set()
