@@ -853,32 +853,31 @@ def _cmd_import_fail2ban(ctx: _Context, ns: Any) -> int:
 
 
 def _cmd_import_fail2ban_config(ctx: _Context, ns: Any) -> int:
+    import os
+
     from nftblockd.detect.matcher import FilterError
     from nftblockd.migrate.f2bjail import plan_migration
     from nftblockd.migrate.host import FsHost, read_jails
+    from nftblockd.migrate.output import OutputError, write_config
     from nftblockd.migrate.render import render_config
 
-    if not posix.access(f"{ns.confdir}/jail.conf", posix.R_OK):
+    # The config names filter and action files by the paths found here: absolute, whatever the working
+    # directory is when the daemon reads it
+    confdir = os.path.abspath(ns.confdir)
+    if not posix.access(f"{confdir}/jail.conf", posix.R_OK):
         raise Failed(f"{ns.confdir}/jail.conf: cannot read it (is {ns.confdir} fail2ban's directory?)")
     try:
-        plan = plan_migration(read_jails(ns.confdir), ns.confdir, FsHost(ns.confdir))
+        plan = plan_migration(read_jails(confdir), confdir, FsHost(confdir))
     except FilterError as exc:
         raise Failed(f"cannot read fail2ban's jails: {exc}") from None
     text = render_config(plan)
     if ns.output is None:
         ctx.out.write(text)
     else:
-        flags = posix.O_WRONLY | posix.O_CREAT | posix.O_CLOEXEC | (posix.O_TRUNC if ns.force else posix.O_EXCL)
         try:
-            fd = posix.open(ns.output, flags, 0o600)  # it may hold API keys (abuseipdb), as jail.local did
-        except FileExistsError:
-            raise Failed(f"{ns.output} exists; give --force to overwrite it") from None
-        except OSError as exc:
-            raise Failed(f"{ns.output}: {exc.strerror}") from None
-        try:
-            posix.write(fd, text.encode())
-        finally:
-            posix.close(fd)
+            write_config(ns.output, text, replace=ns.force)
+        except OutputError as exc:
+            raise Failed(str(exc)) from None
     for d in plan.dropped:
         ctx.err.write(f"nftblock: not carried over: {d}\n")
     where = "stdout" if ns.output is None else ns.output

@@ -20,12 +20,12 @@ _JOURNALMATCH = "journalmatch: "  # how read_filter reports a filter's journalma
 
 def read_jails(confdir: str | Path) -> F2bConfig:
     """jail.conf, jail.d/*.conf, jail.local, jail.d/*.local and what they include, merged as fail2ban does."""
-    return read_config(Path(confdir) / "jail.conf")
+    return read_config(Path(confdir).absolute() / "jail.conf")
 
 
 class FsHost:
     def __init__(self, confdir: str | Path, unit_dirs: tuple[str, ...] = _UNIT_DIRS) -> None:
-        self.confdir = Path(confdir)
+        self.confdir = Path(confdir).absolute()  # the paths it answers end up in the config
         self.unit_dirs = unit_dirs
 
     def _find(self, sub: str, name: str) -> str | None:

@@ -160,7 +160,7 @@ def test_cli_writes_0600_and_refuses_to_overwrite(tmp_path: Path) -> None:
     first = target.read_text()
     err = io.StringIO()
     assert main(["import-fail2ban-config", str(etc), "-o", str(target)], stdout=out, stderr=err) == 1
-    assert "exists; give --force" in err.getvalue()
+    assert "exists; give --force to merge" in err.getvalue()
     assert main(["import-fail2ban-config", str(etc), "-o", str(target), "--force"], stdout=out, stderr=err) == 0
     assert target.read_text() == first
     out = io.StringIO()
@@ -169,6 +169,47 @@ def test_cli_writes_0600_and_refuses_to_overwrite(tmp_path: Path) -> None:
     err = io.StringIO()
     assert main(["import-fail2ban-config", str(tmp_path / "nowhere")], stdout=out, stderr=err) == 1
     assert "jail.conf: cannot read it" in err.getvalue()
+
+
+def test_a_relative_dir_gives_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    _setup(tmp_path, "actions")
+    monkeypatch.chdir(tmp_path)
+    assert main(["import-fail2ban-config", "fail2ban", "-o", "out.yaml"], stdout=io.StringIO(),
+                stderr=io.StringIO()) == 0
+    doc = load_yaml((tmp_path / "out.yaml").read_text(), "x").value
+    paths = [j["filter"].split("[")[0] for j in doc["jails"].values()] + [a["file"] for a in doc["actions"].values()]
+    assert paths and all(p.startswith(f"{tmp_path}/fail2ban/") for p in paths), paths
+    monkeypatch.chdir("/")
+    _valid(tmp_path / "out.yaml", capsys)
+
+
+def test_force_never_writes_through_a_symlink(tmp_path: Path) -> None:
+    etc, _ = _setup(tmp_path, "custom")
+    victim = tmp_path / "shadow"
+    victim.write_text("root:x:0:0\n")
+    link = tmp_path / "nftblockd.yaml"
+    link.symlink_to(victim)
+    err = io.StringIO()
+    assert main(["import-fail2ban-config", str(etc), "-o", str(link), "--force"], stdout=io.StringIO(),
+                stderr=err) == 1
+    assert f"{link} is a symbolic link (to {victim}): not written through it" in err.getvalue()
+    assert victim.read_text() == "root:x:0:0\n" and link.is_symlink()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_force_replaces_the_file_atomically_keeping_its_group_mode(tmp_path: Path) -> None:
+    etc, _ = _setup(tmp_path, "custom")
+    target = tmp_path / "nftblockd.yaml"
+    target.write_text("log_level: info\n")
+    target.chmod(0o644)
+    before = target.stat().st_ino
+    assert main(["import-fail2ban-config", str(etc), "-o", str(target), "--force"], stdout=io.StringIO(),
+                stderr=io.StringIO()) == 0
+    st = target.stat()
+    assert st.st_ino != before  # a new file renamed into place, not the old one truncated
+    assert st.st_mode & 0o777 == 0o640  # the group the daemon reads it with keeps its read access
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
 # --- pure parts, with a fake host ------------------------------------------------------------------------
