@@ -34,6 +34,9 @@ _TRUE = ("true", "yes", "1", "on")
 # fail2ban's bantime.increment formula without multipliers: bantime * 2**count * factor, for count >= 1
 _F2B_GROWTH = 2.0
 _F2B_MAX_SHIFT = 20  # fail2ban stops doubling after 20 earlier bans
+# fail2ban's default bantime.formula (jail.conf's comment, and ObserverThread's when none is set): what
+# nftblockd's escalation with factor 2 computes, so naming it in a config is no loss
+_F2B_DEFAULT_FORMULA = "ban.Time*(1<<(ban.Countifban.Count<20else20))*banFactor"
 
 
 class Host(Protocol):
@@ -62,12 +65,15 @@ class Host(Protocol):
 class Dropped:
     """Something of the fail2ban setup the generated config does not carry over, and why."""
 
-    jail: str  # fail2ban's jail name, or "" for the setup as a whole
+    jail: str  # fail2ban's jail name, "DEFAULT" for a [DEFAULT] option, or "" for the setup as a whole
     what: str
     reason: str
+    jails: tuple[str, ...] = ()  # the enabled jails it concerns, when more than `jail` says
 
     def __str__(self) -> str:
-        return f"[{self.jail}] {self.what}: {self.reason}" if self.jail else f"{self.what}: {self.reason}"
+        where = f"[{self.jail}] " if self.jail else ""
+        which = f" (jails {', '.join(self.jails)})" if self.jails else ""
+        return f"{where}{self.what}: {self.reason}{which}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +238,40 @@ def plan_migration(cfg: F2bConfig, source: str, host: Host) -> Migration:
         actions=tuple(actions.values()),
         allowlist=tuple(sorted(common, key=_addr_key)),
         allowlist_self=selfs != {False},
-        dropped=tuple(dropped),
+        dropped=_once(dropped, cfg),
     )
+
+
+def _once(dropped: Sequence[Dropped], cfg: F2bConfig) -> tuple[Dropped, ...]:
+    """Each fact once: the same item with the same reason in several jails is one entry naming them, and
+    one that comes from [DEFAULT] (no jail sets the option itself) is said of [DEFAULT]."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for d in dropped:
+        if d.jail and not d.jails:
+            groups.setdefault((d.what, d.reason), []).append(d.jail)
+    out: list[Dropped] = []
+    for d in dropped:
+        if not d.jail or d.jails:
+            out.append(d)
+            continue
+        names = groups.pop((d.what, d.reason), None)
+        if names is None:
+            continue  # said with the first jail it concerns
+        names = list(dict.fromkeys(names))
+        opt = _option_of(d.what)
+        inherited = [n for n in names if opt in cfg.defaults and opt not in cfg.own_options(n)]
+        own = [n for n in names if n not in inherited]
+        if inherited:
+            out.append(Dropped("DEFAULT", d.what, d.reason, tuple(inherited)))
+        if own:
+            out.append(Dropped(", ".join(own), d.what, d.reason))
+    return tuple(out)
+
+
+def _option_of(what: str) -> str:
+    """The fail2ban option a Dropped's `what` is about: `usedns = yes` -> usedns, `ignoreip x` -> ignoreip."""
+    word = what.split(maxsplit=1)[0] if what.strip() else ""
+    return word.split("=", 1)[0]
 
 
 def _replace(p: JailPlan, **kw: object) -> JailPlan:
@@ -391,7 +429,7 @@ def _escalation(jail: _Jail, bantime: BanLength, drop: _Drop) -> tuple[float, fl
             drop("bantime.factor", f"x {factor:g} on top of bantime.multipliers: nftblockd's escalation is "
                                    "bantime x factor^n, from the multipliers alone")
     else:
-        if formula:
+        if formula and "".join(formula.split()) != _F2B_DEFAULT_FORMULA:
             drop("bantime.formula", "nftblockd's escalation is bantime x factor^n up to a max; fail2ban's "
                                     "default formula was assumed (factor 2)")
         if factor != 1:

@@ -110,8 +110,9 @@ def test_custom_filters_and_what_cannot_be_carried(tmp_path: Path, capsys: pytes
     assert by["myapp"].bantime is PERMANENT
     dropped = {(d.jail, d.what) for d in m.dropped}
     assert ("myapp", "ignorecommand") in dropped
-    assert ("sshd", "usedns = yes") in dropped and ("myapp", "usedns = yes") in dropped
-    assert ("sshd", "ignoreip myhost.example.org") in dropped
+    assert ("DEFAULT", "usedns = yes") in dropped and ("DEFAULT", "ignoreip myhost.example.org") in dropped
+    assert len(m.dropped) == 3  # each [DEFAULT] fact once, not once per jail
+    assert "[DEFAULT] usedns = yes: " in text and "(jails sshd, myapp)" in text
     for d in m.dropped:
         assert str(d).split(":")[0] in text  # every one is in the file, with its reason
     _valid(out, capsys)
@@ -289,6 +290,24 @@ def test_actions_shared_renamed_and_refused() -> None:
         ("mail_whois", (("dest", "x@y"),)), ("mail_whois_2", (("dest", "z@y"),))]
     assert m.jails[1].actions == ("mail_whois", "mail_whois_2")
     assert {(d.jail, d.what) for d in m.dropped} == {("a", "action broken"), ("d", "the whole jail")}
+
+
+def test_default_facts_are_reported_once_and_fail2bans_own_defaults_not_at_all() -> None:
+    text = ("[DEFAULT]\nfilter = %(__name__)s\nlogpath = /var/log/x.log\nenabled = true\nusedns = yes\n"
+            "bantime.increment = true\nbantime.rndtime = 5m\nbantime.factor = 1\nbantime.overalljails = false\n"
+            "bantime.formula = ban.Time * (1<<(ban.Count if ban.Count<20 else 20)) * banFactor\n"
+            "ignoreip = 127.0.0.1/8 ::1 name.example.org\nlogtimezone = UTC\n"
+            "[a]\n[b]\n[c]\nlogtimezone = UTC\n[d]\nlogtimezone = UTC\n[e]\nusedns = no\n")
+    m = plan_migration(_cfg(text), "/f", FakeHost())
+    lines = [str(d) for d in m.dropped]
+    assert [(d.jail, d.what) for d in m.dropped] == [
+        ("DEFAULT", "bantime.rndtime"), ("DEFAULT", "usedns = yes"), ("DEFAULT", "logtimezone"),
+        ("c, d", "logtimezone"), ("DEFAULT", "ignoreip name.example.org")], lines
+    assert lines[1].endswith("(jails a, b, c, d)")  # e sets usedns = no itself
+    assert lines[2].endswith("(jails a, b, e)") and lines[4].endswith("(jails a, b, c, d, e)")
+    m = plan_migration(_cfg(BASE + "bantime.increment = true\nbantime.formula = ban.Time * 3\n[a]\n"), "/f",
+                       FakeHost())
+    assert [(d.jail, d.what) for d in m.dropped] == [("DEFAULT", "bantime.formula")]  # not fail2ban's own
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
