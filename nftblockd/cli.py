@@ -816,6 +816,7 @@ def _cmd_import_fail2ban(ctx: _Context, ns: Any) -> int:
         raise Failed(f"cannot read fail2ban bans from {ns.db}: {exc}") from None
     items: dict[str, dict[str, Any]] = {}
     skipped: list[str] = []
+    jail_of = _our_jails(ctx, {b.jail for b in bans}) if bans else {}
     for ban in bans:
         try:
             target = canonical_target(str(ban.ip))
@@ -834,7 +835,7 @@ def _cmd_import_fail2ban(ctx: _Context, ns: Any) -> int:
         if prev is not None and (prev["timeout"] == "permanent" or
                                  (timeout != "permanent" and prev["timeout"] >= timeout)):
             continue  # the same address in several jails: the longest ban wins
-        items[target] = {"target": target, "timeout": timeout, "jail": ban.jail,
+        items[target] = {"target": target, "timeout": timeout, "jail": jail_of.get(ban.jail, ban.jail),
                          "reason": f"imported from fail2ban jail {ban.jail}"}
     _report_each(ctx, skipped)
     if not items:
@@ -850,6 +851,24 @@ def _cmd_import_fail2ban(ctx: _Context, ns: Any) -> int:
         ctx.print(f"imported {n} ban{'s' if n != 1 else ''} from {ns.db}{extra}")
     _report_each(ctx, refused)
     return EXIT_FAILED if refused or skipped else EXIT_OK
+
+
+def _our_jails(ctx: _Context, f2b_jails: set[str]) -> dict[str, str]:
+    """fail2ban's jail names -> the running daemon's jails they became at the config's import, so that the
+    taken-over bans are the jails' own (`unban --all --jail`, escalation, recidive). A fail2ban jail with no
+    counterpart keeps its name, said once."""
+    from nftblockd.migrate.f2bjail import our_jail
+
+    status = ctx.call("status", {})
+    running = {j["name"] for j in status.get("jails") or () if isinstance(j, dict) and isinstance(j.get("name"), str)}
+    out: dict[str, str] = {}
+    for name in sorted(f2b_jails):
+        ours = our_jail(name, running)
+        if ours is None:
+            ctx.err.write(f"nftblock: fail2ban jail {name} has no nftblockd jail: its bans keep the name {name}\n")
+        else:
+            out[name] = ours
+    return out
 
 
 def _cmd_import_fail2ban_config(ctx: _Context, ns: Any) -> int:

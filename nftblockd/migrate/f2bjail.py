@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,7 +26,7 @@ from nftblockd.detect.filterload import parse_spec
 from nftblockd.detect.matcher import FilterError
 from nftblockd.durations import MAX_TIMEOUT, PERMANENT, BanLength
 
-__all__ = ["ActionPlan", "Dropped", "Host", "JailPlan", "Migration", "f2b_seconds", "plan_migration",
+__all__ = ["ActionPlan", "Dropped", "Host", "JailPlan", "Migration", "f2b_seconds", "our_jail", "plan_migration",
            "secret_options", "split_spec"]
 
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,23}$")  # config.NAME_RE
@@ -282,6 +282,17 @@ def _replace(p: JailPlan, **kw: object) -> JailPlan:
 
 def _addr_key(a: str) -> tuple[int, str]:
     return (6 if ":" in a else 4, a)
+
+
+def our_jail(f2b_name: str, jails: Collection[str]) -> str | None:
+    """The jail among `jails` (the running daemon's) that fail2ban's jail `f2b_name` became when its config was
+    imported: the same name, or the name the import gives it (`nginx-http-auth` -> `nginx_http_auth`); None
+    when neither runs. (Two fail2ban jails that differ only in such characters, `a-b` and `a_b`, became
+    `a_b` and `a_b_2`: the bans of both are taken to be `a_b`'s.)"""
+    if f2b_name in jails:
+        return f2b_name
+    name = _our_name(f2b_name, set())
+    return name if name in jails else None
 
 
 def _our_name(f2b_name: str, used: set[str]) -> str:

@@ -20,7 +20,7 @@ from nftblockd.cli import main
 from nftblockd.daemon_main import check_config
 from nftblockd.detect.f2b import F2bConfig, _parse_ini
 from nftblockd.durations import PERMANENT
-from nftblockd.migrate.f2bjail import Migration, f2b_seconds, plan_migration, split_spec
+from nftblockd.migrate.f2bjail import Migration, f2b_seconds, our_jail, plan_migration, split_spec
 from nftblockd.migrate.host import FsHost, read_jails
 from nftblockd.migrate.render import render_config, yaml_scalar
 from nftblockd.yamlsrc import load_yaml
@@ -391,3 +391,12 @@ def test_jail_names_that_nftblockd_cannot_take_are_renamed() -> None:
     assert split_spec("  name  ") == ("name", {})
     with pytest.raises(ValueError):
         split_spec("two words")
+
+
+@given(st.text(alphabet="ab-_.9X", min_size=1, max_size=30))
+def test_taken_over_bans_find_the_jail_their_fail2ban_jail_became(name: str) -> None:
+    m = plan_migration(_cfg(BASE + f"[{name}]\n"), "/f", FakeHost())
+    running = {j.name for j in m.jails} | {"other"}
+    assert our_jail(name, running) == (m.jails[0].name if m.jails else None)
+    assert our_jail("nginx-http-auth", {"nginx_http_auth"}) == "nginx_http_auth"
+    assert our_jail("sshd", {"sshd", "sshd_2"}) == "sshd" and our_jail("gone", {"sshd"}) is None
