@@ -272,7 +272,8 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
                     help=f"fail2ban's configuration directory (default: {DEFAULT_F2B_DIR})")
     sp.add_argument("-o", "--output", metavar="FILE", help="write the config to FILE (mode 0600) instead of "
                     "stdout")
-    sp.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    sp.add_argument("--force", action="store_true", help="FILE exists: merge the import into it (all it holds "
+                    "is kept; a jail of the same name is replaced, its old text kept as a comment)")
     return p
 
 
@@ -877,7 +878,8 @@ def _cmd_import_fail2ban_config(ctx: _Context, ns: Any) -> int:
     from nftblockd.detect.matcher import FilterError
     from nftblockd.migrate.f2bjail import plan_migration
     from nftblockd.migrate.host import FsHost, read_jails
-    from nftblockd.migrate.output import OutputError, write_config
+    from nftblockd.migrate.merge import Merged, MergeError, merge_config
+    from nftblockd.migrate.output import OutputError, read_existing, write_config
     from nftblockd.migrate.render import render_config
 
     # The config names filter and action files by the paths found here: absolute, whatever the working
@@ -889,14 +891,25 @@ def _cmd_import_fail2ban_config(ctx: _Context, ns: Any) -> int:
         plan = plan_migration(read_jails(confdir), confdir, FsHost(confdir))
     except FilterError as exc:
         raise Failed(f"cannot read fail2ban's jails: {exc}") from None
-    text = render_config(plan)
-    if ns.output is None:
-        ctx.out.write(text)
-    else:
-        try:
+    merged: Merged | None = None
+    try:
+        old = read_existing(ns.output) if ns.output is not None and ns.force else None
+        if old is not None and old.text is not None:
+            # the config nftblockd runs: what it holds stays (metrics, feeds, fleet, its own jails, ...)
+            merged = merge_config(old.text, ns.output, plan)
+            text = merged.text
+        else:
+            text = render_config(plan)
+        if ns.output is None:
+            ctx.out.write(text)
+        else:
             write_config(ns.output, text, replace=ns.force)
-        except OutputError as exc:
-            raise Failed(str(exc)) from None
+    except (OutputError, MergeError) as exc:
+        raise Failed(str(exc)) from None
+    if merged is not None:
+        ctx.err.write(f"nftblock: merged into {ns.output}, keeping {', '.join(merged.kept) or 'nothing'}\n")
+        for note in merged.notes:
+            ctx.err.write(f"nftblock: {note}\n")
     for d in plan.dropped:
         ctx.err.write(f"nftblock: not carried over: {d}\n")
     where = "stdout" if ns.output is None else ns.output

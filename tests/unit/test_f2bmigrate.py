@@ -22,7 +22,7 @@ from nftblockd.detect.f2b import F2bConfig, _parse_ini
 from nftblockd.durations import PERMANENT
 from nftblockd.migrate.f2bjail import Migration, f2b_seconds, our_jail, plan_migration, split_spec
 from nftblockd.migrate.host import FsHost, read_jails
-from nftblockd.migrate.render import render_config, yaml_scalar
+from nftblockd.migrate.render import BEGIN, render_config, yaml_scalar
 from nftblockd.yamlsrc import load_yaml
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fail2ban"
@@ -163,7 +163,10 @@ def test_cli_writes_0600_and_refuses_to_overwrite(tmp_path: Path) -> None:
     assert main(["import-fail2ban-config", str(etc), "-o", str(target)], stdout=out, stderr=err) == 1
     assert "exists; give --force to merge" in err.getvalue()
     assert main(["import-fail2ban-config", str(etc), "-o", str(target), "--force"], stdout=out, stderr=err) == 0
-    assert target.read_text() == first
+    again = target.read_text()  # merged into its own output: the same config, its notes once
+    assert load_yaml(again, "x").value == load_yaml(first, "x").value and again.count(BEGIN) == 1
+    assert main(["import-fail2ban-config", str(etc), "-o", str(target), "--force"], stdout=out, stderr=err) == 0
+    assert target.read_text() == again
     out = io.StringIO()
     assert main(["import-fail2ban-config", str(etc)], stdout=out, stderr=io.StringIO()) == 0
     assert out.getvalue() == first
