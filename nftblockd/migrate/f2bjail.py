@@ -60,6 +60,10 @@ class Host(Protocol):
     def real_unit(self, unit: str) -> str:
         """The unit `unit` is an alias of (journald records the real name), or `unit` itself."""
 
+    def log_access(self, path: str) -> str | None:
+        """Why the packaged service could not read the log file (or glob) `path`, or None when it can or
+        cannot be told yet (a file that does not exist)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Dropped:
@@ -371,9 +375,10 @@ def _plan_jail(jail: _Jail, host: Host, dropped: list[Dropped],  # noqa: C901
         else:
             if bname not in ("auto", "pyinotify", "polling", "gamin"):
                 drop(f"backend = {backend_spec}", "unknown backend; the jail tails its logpath")
-            files = _logpaths(jail.get("logpath") or "", drop)
+            given = jail.get("logpath") or ""
+            files = _logpaths(given, drop, host)
             if not files:
-                raise ValueError("no logpath")
+                raise ValueError("no logpath the service may read" if given.strip() else "no logpath")
 
     # -- what fail2ban would also have applied
     for opt in ("failregex", "ignoreregex", "prefregex", "maxlines", "datepattern"):
@@ -478,13 +483,20 @@ class _Drop(Protocol):
     def __call__(self, what: str, reason: str) -> None: ...
 
 
-def _logpaths(value: str, drop: _Drop) -> tuple[str, ...]:
+def _logpaths(value: str, drop: _Drop, host: Host) -> tuple[str, ...]:
     out = []
     for line in value.split("\n"):
         words = line.split()
         if not words:
             continue
         path = words[0]
+        if not path.startswith("/"):
+            drop(f"logpath {path}", "not an absolute path")
+            continue
+        why = host.log_access(path)
+        if why is not None:  # a jail that would never read a line, or a file that is not a log (/etc/shadow)
+            drop(f"logpath {path}", why)
+            continue
         if words[1:] == ["head"]:
             drop(f"logpath {path} head", "nftblockd reads a new file from its end, as fail2ban's `tail`")
         elif words[1:] not in ([], ["tail"]):

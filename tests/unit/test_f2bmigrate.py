@@ -242,6 +242,9 @@ class FakeHost:
     def real_unit(self, unit: str) -> str:
         return unit
 
+    def log_access(self, path: str) -> str | None:
+        return "the service may not read it" if "shadow" in path else None
+
 
 def _cfg(text: str) -> F2bConfig:
     cfg = F2bConfig()
