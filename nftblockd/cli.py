@@ -272,6 +272,10 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
                     help=f"fail2ban's configuration directory (default: {DEFAULT_F2B_DIR})")
     sp.add_argument("-o", "--output", metavar="FILE", help="write the config to FILE (mode 0600) instead of "
                     "stdout")
+    sp.add_argument("--dropin", metavar="FILE", help="write the systemd drop-in the imported actions need "
+                    "(IPAddressAllow= for the hosts they reach, ...) to FILE (default with -o: fail2ban-actions.conf "
+                    "in /etc/systemd/system/nftblockd.service.d for a config in /etc/nftblockd, else in a "
+                    "nftblockd.service.d directory beside the config)")
     sp.add_argument("--force", action="store_true", help="FILE exists: merge the import into it (all it holds "
                     "is kept; a jail of the same name is replaced, its old text kept as a comment)")
     return p
@@ -872,6 +876,76 @@ def _our_jails(ctx: _Context, f2b_jails: set[str]) -> dict[str, str]:
     return out
 
 
+SYSTEM_DROPIN = "/etc/systemd/system/nftblockd.service.d/fail2ban-actions.conf"
+PACKAGED_CONFIG_DIR = "/etc/nftblockd/"  # the unit's ConfigurationDirectory: its config is read from here
+
+
+def _write_dropin(ctx: _Context, ns: Any, plan: Any, renamed: Mapping[str, str]) -> None:
+    """What the imported actions need from the packaged unit's sandbox: written as a drop-in, or one line
+    saying why none is needed (migrate/dropin.py)."""
+    import os
+
+    from nftblockd.migrate import netfacts
+    from nftblockd.migrate.dropin import MARKER, needs_of, render_dropin
+    from nftblockd.migrate.output import OutputError, write_config
+
+    needs = [needs_of(renamed.get(a.name, a.name), netfacts.action_scripts(a.file, dict(a.options)))
+             for a in plan.actions]
+    names = {h for n in needs for h in n.hosts}
+    mail = netfacts.mail_facts()
+    names |= set(mail.relays) if any(n.mail for n in needs) and mail.kind == "msmtp" else set()
+    resolved = {h: netfacts.resolve(h) for h in sorted(names) if not _is_ip(h)}
+    config = os.path.abspath(ns.output) if ns.output is not None else "stdout"
+    drop = render_dropin(needs, config, resolved, netfacts.resolvers(), mail)
+    path = ns.dropin
+    if path is None and ns.output is not None:
+        # the packaged unit reads /etc/nftblockd/nftblockd.yaml: its drop-in goes where systemd reads it;
+        # for a config elsewhere (which that unit does not run) it goes beside the config
+        path = SYSTEM_DROPIN if config.startswith(PACKAGED_CONFIG_DIR) else os.path.join(
+            os.path.dirname(config), "nftblockd.service.d", "fail2ban-actions.conf")
+    if drop.text is None:
+        ctx.err.write(f"nftblock: {drop.said[0]}\n")
+        if path is not None and _ours(path, MARKER):
+            os.unlink(path)  # an earlier import's allowances, no longer needed
+            ctx.err.write(f"nftblock: removed {path}, which an earlier import wrote\n")
+        return
+    if path is None:
+        ctx.err.write("nftblock: the imported actions need a drop-in for the packaged unit; give -o or --dropin "
+                      "FILE to write it:\n")
+    else:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
+            write_config(path, drop.text, replace=True)
+        except (OutputError, OSError) as exc:
+            raise Failed(f"the drop-in: {exc}") from None
+        ctx.err.write(f"nftblock: wrote the unit's drop-in for the imported actions to {path}; apply it with "
+                      "systemctl daemon-reload && systemctl restart nftblockd\n")
+    for line in drop.said:
+        ctx.err.write(f"nftblock:   {line}\n")
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        _socket.inet_pton(_socket.AF_INET6 if ":" in text else _socket.AF_INET, text)
+    except OSError:
+        return False
+    return True
+
+
+def _ours(path: str, marker: str) -> bool:
+    """A regular file (not a link) whose first line is `marker`."""
+    import os
+    import stat
+
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().rstrip("\n") == marker
+    except OSError:
+        return False
+
+
 def _cmd_import_fail2ban_config(ctx: _Context, ns: Any) -> int:
     import os
 
@@ -910,6 +984,7 @@ def _cmd_import_fail2ban_config(ctx: _Context, ns: Any) -> int:
         ctx.err.write(f"nftblock: merged into {ns.output}, keeping {', '.join(merged.kept) or 'nothing'}\n")
         for note in merged.notes:
             ctx.err.write(f"nftblock: {note}\n")
+    _write_dropin(ctx, ns, plan, dict(merged.renamed) if merged is not None else {})
     for d in plan.dropped:
         ctx.err.write(f"nftblock: not carried over: {d}\n")
     where = "stdout" if ns.output is None else ns.output

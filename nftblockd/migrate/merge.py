@@ -58,6 +58,7 @@ class Merged:
     text: str
     kept: tuple[str, ...]  # the existing file's top-level keys, kept
     notes: tuple[str, ...]  # what the merge changed in what the file held, one sentence each
+    renamed: tuple[tuple[str, str], ...] = ()  # the plan's action name -> the name it has in the text
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +85,12 @@ def merge_config(existing: str, file: str, m: Migration) -> Merged:
         r = merge_config(redone, file, m)
         lost = ["the file's top level was written again from its values (in flow style, its comments could "
                 "not be kept)"] if "#" in existing else []
-        return Merged(r.text, r.kept, (*lost, *r.notes))
+        return Merged(r.text, r.kept, (*lost, *r.notes), r.renamed)
     blocks = _blocks(lines, doc)
     by_key = {b.key: b for b in blocks}
     notes: list[str] = []
     plan = m  # the header names every action's secrets, also those the file already held
-    m, jails_text = _jails_and_actions(lines, doc, by_key, m, notes)
+    m, jails_text, renamed = _jails_and_actions(lines, doc, by_key, m, notes)
     edits: dict[str, list[str]] = {}  # key -> the lines that replace its block
     appended: list[str] = []
 
@@ -123,7 +124,7 @@ def merge_config(existing: str, file: str, m: Migration) -> Merged:
     if problems:  # an alias to an anchor in a replaced jail, say
         raise MergeError(f"{file}: the merged config would not load ({problems[0]}): not merged")
     kept = tuple(b.key for b in blocks)
-    return Merged(text, kept, tuple(notes))
+    return Merged(text, kept, tuple(notes), tuple(renamed.items()))
 
 
 def _allowlist(lines: Sequence[str], doc: Located, by_key: dict[str, _Block], m: Migration, file: str,
@@ -254,7 +255,7 @@ def _same_action(old: object, a: ActionPlan) -> bool:
 
 
 def _jails_and_actions(lines: Sequence[str], doc: Located, by_key: dict[str, _Block], m: Migration,
-                       notes: list[str]) -> tuple[Migration, dict[str, list[str]]]:
+                       notes: list[str]) -> tuple[Migration, dict[str, list[str]], dict[str, str]]:
     value: dict[str, Any] = doc.value
     old_actions = value.get("actions") if isinstance(value.get("actions"), dict) else {}
     assert isinstance(old_actions, dict)
@@ -278,7 +279,8 @@ def _jails_and_actions(lines: Sequence[str], doc: Located, by_key: dict[str, _Bl
         new_actions.append(replace(a, name=name))
     jails = tuple(replace(j, actions=tuple(rename.get(x, x) for x in j.actions)) for j in m.jails)
     m = replace(m, jails=jails, actions=tuple(new_actions))
-    return m, {**_jails_text(lines, doc, by_key, m, notes), **_actions_text(lines, doc, by_key, m, notes)}
+    texts = {**_jails_text(lines, doc, by_key, m, notes), **_actions_text(lines, doc, by_key, m, notes)}
+    return m, texts, rename
 
 
 def _jails_text(lines: Sequence[str], doc: Located, by_key: dict[str, _Block], m: Migration,

@@ -22,6 +22,7 @@ from nftblockd.migrate.merge import MergeError, merge_config
 from nftblockd.migrate.render import BEGIN
 from nftblockd.yamlsrc import load_yaml
 from tests.unit.test_f2bmigrate import _setup, _valid
+from tests.unit.test_f2bmigrate import no_host_network as no_host_network  # autouse: the drop-in's host facts
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "nftblockd.yaml"
 _WRITTEN = {"jails", "actions", "allowlist"}

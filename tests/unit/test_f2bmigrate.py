@@ -28,6 +28,17 @@ from nftblockd.yamlsrc import load_yaml
 DATA = Path(__file__).resolve().parents[1] / "data" / "fail2ban"
 
 
+@pytest.fixture(autouse=True)
+def no_host_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drop-in's host facts faked: no name is resolved, this host's resolv.conf and sendmail do not count."""
+    from nftblockd.migrate import netfacts
+    from nftblockd.migrate.dropin import MailFacts
+
+    monkeypatch.setattr(netfacts, "resolve", lambda name: "not resolved in tests")
+    monkeypatch.setattr(netfacts, "resolvers", lambda: ())
+    monkeypatch.setattr(netfacts, "mail_facts", lambda: MailFacts("other"))
+
+
 def _setup(tmp_path: Path, scenario: str | None) -> tuple[Path, FsHost]:
     etc = tmp_path / "fail2ban"
     shutil.copytree(DATA / "debian", etc)

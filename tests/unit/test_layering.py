@@ -36,6 +36,7 @@ PURE = {
     "nftblockd.kernel.bans", "nftblockd.kernel.nfmsg", "nftblockd.kernel.rtnl",
     "nftblockd.control.protocol", "nftblockd.control.wire", "nftblockd.sources.linesplit",
     "nftblockd.migrate.f2bjail", "nftblockd.migrate.render", "nftblockd.migrate.merge", "nftblockd.migrate.sandbox",
+    "nftblockd.migrate.dropin",
     "nftblockd.detect.multiline",
 }
 IMPURE_IMPORTS = {"asyncio", "sqlite3", "pyroute2", "subprocess", "aiohttp", "redis", "systemd",
