@@ -39,8 +39,14 @@ def _escape(c: str) -> str:
     return f"\\x{o:02x}" if o <= 0xFF else f"\\u{o:04x}"
 
 
+def _printable(text: str) -> str:
+    return "".join(c if c in '"\\' or _escape(c) == c else _escape(c) for c in text)
+
+
 def comment_lines(text: str, indent: str = "", width: int = 110, first: str = "# ", rest: str = "# ") -> list[str]:
-    """`text` as comment lines of at most `width` characters (a longer word stays whole)."""
+    """`text` as comment lines of at most `width` characters (a longer word stays whole). A character YAML
+    refuses even in a comment (control characters: fail2ban's files are outside input) is written escaped."""
+    text = _printable(text)
     out: list[str] = []
     line = ""
     for word in text.split():
@@ -124,7 +130,7 @@ def flow_value(v: object) -> str:
 
 def render_jail(j: JailPlan) -> list[str]:
     """One jail as lines of a `jails:` mapping, indented by 2."""
-    out = [f"  {j.name}:", f"    {IMPORTED}{j.f2b_name}]"]
+    out = [f"  {j.name}:", f"    {IMPORTED}{_printable(j.f2b_name)}]"]
     for n in j.notes:
         out += comment_lines(n, "    ")
     if j.recidive:
