@@ -143,15 +143,6 @@ def render_dropin(needs: Sequence[ActionNeeds], config: str, resolved: Mapping[s
             lines += [f"# {a.name}: {h}, {via}; its addresses when imported (a name's addresses change:",
                       "# import again, or write the provider's ranges)", f"IPAddressAllow={addrs}"]
             said.append(f"action {a.name} reaches {h} ({via}): IPAddressAllow={addrs}")
-        if a.mail and mail.kind in ("postfix", "exim"):
-            why = (f"{mail.kind}'s sendmail hands mail to a set-{'group' if mail.kind == 'postfix' else 'user'}-id "
-                   "helper, which the unit's NoNewPrivileges=yes refuses: install msmtp-mta (a sendmail that "
-                   "speaks SMTP to a relay itself) and import again, see docs/actions.md")
-            lines += [f"# {a.name}: mails through sendmail; {why}"]
-            said.append(f"action {a.name}: {why}")
-        elif a.mail and mail.kind == "missing":
-            lines += [f"# {a.name}: mails through sendmail, and this host has no /usr/sbin/sendmail"]
-            said.append(f"action {a.name} mails through sendmail, and this host has no /usr/sbin/sendmail")
         for d in a.writes:
             if not _SAFE_PATH.fullmatch(d):  # systemd would read % as a specifier, \\ as an escape
                 lines += [f"# {a.name}: writes into {d!r}: give it ReadWritePaths= by hand (systemd.unit(5) escapes)"]
@@ -159,6 +150,17 @@ def render_dropin(needs: Sequence[ActionNeeds], config: str, resolved: Mapping[s
                 continue
             lines += [f"# {a.name}: writes into {d}", f"ReadWritePaths=-{d}"]
             said.append(f"action {a.name} writes into {d}: ReadWritePaths=-{d}")
+    mailers = [a.name for a in needs if a.mail]
+    if mailers and mail.kind in ("postfix", "exim"):  # one fact, said once for all the mail actions
+        why = (f"{mail.kind}'s sendmail hands mail to a set-{'group' if mail.kind == 'postfix' else 'user'}-id "
+               "helper, which the unit's NoNewPrivileges=yes refuses: install msmtp-mta (a sendmail that "
+               "speaks SMTP to a relay itself) and import again, see docs/actions.md")
+        lines += [f"# {', '.join(mailers)}: mail through sendmail; {why}"]
+        said.append(f"action{'s' if len(mailers) > 1 else ''} {', '.join(mailers)}: {why}")
+    elif mailers and mail.kind == "missing":
+        lines += [f"# {', '.join(mailers)}: mail through sendmail, and this host has no /usr/sbin/sendmail"]
+        said.append(f"action{'s' if len(mailers) > 1 else ''} {', '.join(mailers)} mail through sendmail, and "
+                    "this host has no /usr/sbin/sendmail")
     far = [r for r in resolvers if not _loopback(r)]
     if names and far:
         lines += ["# the resolvers the names above are looked up through (/etc/resolv.conf)",

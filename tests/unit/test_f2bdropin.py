@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 from nftblockd.cli import main
 from nftblockd.migrate import netfacts
 from nftblockd.migrate.dropin import MARKER, ActionNeeds, MailFacts, needs_of, render_dropin, url_hosts
-from tests.unit.test_f2bmigrate import _setup
+from nftblockd.yamlsrc import load_yaml
+from tests.unit.test_f2bmigrate import _setup, _valid
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "nftblockd.yaml"
 
 WEBHOOK = """[Definition]
 actionstart =
@@ -160,3 +163,28 @@ def test_needs_of_any_scripts_renders(scripts: list[str]) -> None:
         for ln in d.text.splitlines():
             assert ln.startswith("#") or ln == "[Service]" or re.fullmatch(
                 r"IPAddressAllow=[0-9a-f.: ]+|ReadWritePaths=-/[A-Za-z0-9._/+@:,=-]*", ln), ln
+
+
+def test_the_journey_setup_into_the_installed_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """tests/data/fail2ban/scenarios/journey (sshd from the journal, nginx with a webhook, postfix, a
+    prefregex filter, recidive, the sendmail mail action everywhere) by the README's first command into the
+    example config: everything kept, each [DEFAULT] fact once, and the drop-in for the webhook."""
+    etc, _ = _setup(tmp_path, "journey")
+    target = tmp_path / "nftblockd.yaml"
+    target.write_text(EXAMPLE.read_text())
+    err = io.StringIO()
+    assert main(["import-fail2ban-config", str(etc), "-o", str(target), "--force"], stdout=io.StringIO(),
+                stderr=err) == 0, err.getvalue()
+    lines = err.getvalue().splitlines()
+    dropped = [ln for ln in lines if "not carried over:" in ln]
+    assert len(dropped) == 3 and not any("bantime.formula" in ln for ln in dropped), dropped
+    assert sum("[DEFAULT] usedns = yes" in ln for ln in dropped) == 1
+    v = load_yaml(target.read_text(), "x").value
+    assert v["metrics"] == {"listen": "127.0.0.1:9789"} and set(v["blocklists"]) == {"default", "feeds"}
+    assert set(v["jails"]) == {"sshd", "nginx_http_auth", "postfix", "myapp", "recidive"}
+    assert v["jails"]["myapp"]["filter"] == f"{etc}/filter.d/myapp-pref.conf"
+    assert v["jails"]["sshd"]["escalation"] == {"factor": 2, "max": "7d"}
+    dropin = (tmp_path / "nftblockd.service.d" / "fail2ban-actions.conf").read_text()
+    assert [ln for ln in dropin.splitlines() if ln.startswith("IPAddressAllow")] == ["IPAddressAllow=192.0.2.10"]
+    assert sum("set-group-id helper" in ln for ln in lines) == 1  # the mail fact once, for all five
+    _valid(target, capsys)
