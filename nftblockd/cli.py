@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any, NoReturn, TextIO
 
+    from nftblockd.migrate.f2bjail import Migration
+
 DEFAULT_SOCKET = "/run/nftblockd/control.sock"
 DEFAULT_F2B_DB = "/var/lib/fail2ban/fail2ban.sqlite3"
 DEFAULT_F2B_DIR = "/etc/fail2ban"
@@ -270,8 +272,8 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
              "write an nftblockd config with fail2ban's enabled jails (no daemon needed)")
     sp.add_argument("confdir", nargs="?", default=DEFAULT_F2B_DIR, metavar="DIR",
                     help=f"fail2ban's configuration directory (default: {DEFAULT_F2B_DIR})")
-    sp.add_argument("-o", "--output", metavar="FILE", help="write the config to FILE (mode 0600) instead of "
-                    "stdout")
+    sp.add_argument("-o", "--output", metavar="FILE", help="write the config to FILE instead of stdout (a new "
+                    "file mode 0600; never through a symbolic link)")
     sp.add_argument("--dropin", metavar="FILE", help="write the systemd drop-in the imported actions need "
                     "(IPAddressAllow= for the hosts they reach, ...) to FILE (default with -o: fail2ban-actions.conf "
                     "in /etc/systemd/system/nftblockd.service.d for a config in /etc/nftblockd, else in a "
@@ -876,17 +878,13 @@ def _our_jails(ctx: _Context, f2b_jails: set[str]) -> dict[str, str]:
     return out
 
 
-SYSTEM_DROPIN = "/etc/systemd/system/nftblockd.service.d/fail2ban-actions.conf"
-PACKAGED_CONFIG_DIR = "/etc/nftblockd/"  # the unit's ConfigurationDirectory: its config is read from here
-
-
-def _write_dropin(ctx: _Context, ns: Any, plan: Any, renamed: Mapping[str, str]) -> None:
+def _write_dropin(ctx: _Context, ns: Any, plan: Migration, renamed: Mapping[str, str]) -> None:
     """What the imported actions need from the packaged unit's sandbox: written as a drop-in, or one line
     saying why none is needed (migrate/dropin.py)."""
     import os
 
     from nftblockd.migrate import netfacts
-    from nftblockd.migrate.dropin import MARKER, needs_of, render_dropin
+    from nftblockd.migrate.dropin import MARKER, default_path, needs_of, render_dropin
     from nftblockd.migrate.output import OutputError, write_config
 
     needs = [needs_of(renamed.get(a.name, a.name), netfacts.action_scripts(a.file, dict(a.options)))
@@ -897,12 +895,7 @@ def _write_dropin(ctx: _Context, ns: Any, plan: Any, renamed: Mapping[str, str])
     resolved = {h: netfacts.resolve(h) for h in sorted(names) if not _is_ip(h)}
     config = os.path.abspath(ns.output) if ns.output is not None else "stdout"
     drop = render_dropin(needs, config, resolved, netfacts.resolvers(), mail)
-    path = ns.dropin
-    if path is None and ns.output is not None:
-        # the packaged unit reads /etc/nftblockd/nftblockd.yaml: its drop-in goes where systemd reads it;
-        # for a config elsewhere (which that unit does not run) it goes beside the config
-        path = SYSTEM_DROPIN if config.startswith(PACKAGED_CONFIG_DIR) else os.path.join(
-            os.path.dirname(config), "nftblockd.service.d", "fail2ban-actions.conf")
+    path = ns.dropin if ns.dropin is not None or ns.output is None else default_path(config)
     if drop.text is None:
         ctx.err.write(f"nftblock: {drop.said[0]}\n")
         if path is not None and _ours(path, MARKER):

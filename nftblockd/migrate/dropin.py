@@ -31,9 +31,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["MARKER", "ActionNeeds", "DropIn", "MailFacts", "needs_of", "render_dropin", "url_hosts"]
+__all__ = ["MARKER", "SYSTEM_DROPIN", "ActionNeeds", "DropIn", "MailFacts", "default_path", "needs_of",
+           "render_dropin", "url_hosts"]
 
 MARKER = "# nftblockd.service drop-in written by `nftblock import-fail2ban-config`"
+SYSTEM_DROPIN = "/etc/systemd/system/nftblockd.service.d/fail2ban-actions.conf"
+_PACKAGED_CONFIG_DIR = "/etc/nftblockd/"  # the unit's ConfigurationDirectory: ExecStart reads its config there
 _URL = re.compile(r"\b(?:https?|ftps?)://(?:[^\s/@\"']*@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)")
 # a mail program where a command starts (`| mail -s`, `/usr/sbin/sendmail -f`), not the word in a text
 _MAIL = re.compile(r"(?:^|[|;&(`]\s*|/)(?:sendmail|mailx?)(?=\s|$)", re.MULTILINE)
@@ -109,6 +112,14 @@ def needs_of(name: str, scripts: Sequence[str]) -> ActionNeeds:
                 continue
             writes[posixpath.dirname(path) or "/"] = None
     return ActionNeeds(name, tuple(hosts), mail, tuple(writes))
+
+
+def default_path(config: str) -> str:
+    """Where the drop-in for the (absolute) config path `config` goes: systemd's directory for the unit
+    when the packaged unit runs that config, else beside the config (that unit does not run it)."""
+    if config.startswith(_PACKAGED_CONFIG_DIR):
+        return SYSTEM_DROPIN
+    return posixpath.join(posixpath.dirname(config), "nftblockd.service.d", "fail2ban-actions.conf")
 
 
 def render_dropin(needs: Sequence[ActionNeeds], config: str, resolved: Mapping[str, tuple[str, ...] | str],

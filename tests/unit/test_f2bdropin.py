@@ -15,7 +15,16 @@ from hypothesis import strategies as st
 
 from nftblockd.cli import main
 from nftblockd.migrate import netfacts
-from nftblockd.migrate.dropin import MARKER, ActionNeeds, MailFacts, needs_of, render_dropin, url_hosts
+from nftblockd.migrate.dropin import (
+    MARKER,
+    SYSTEM_DROPIN,
+    ActionNeeds,
+    MailFacts,
+    default_path,
+    needs_of,
+    render_dropin,
+    url_hosts,
+)
 from nftblockd.yamlsrc import load_yaml
 from tests.unit.test_f2bmigrate import _setup, _valid
 
@@ -188,3 +197,9 @@ def test_the_journey_setup_into_the_installed_config(tmp_path: Path, capsys: pyt
     assert [ln for ln in dropin.splitlines() if ln.startswith("IPAddressAllow")] == ["IPAddressAllow=192.0.2.10"]
     assert sum("set-group-id helper" in ln for ln in lines) == 1  # the mail fact once, for all five
     _valid(target, capsys)
+
+
+def test_the_drop_in_goes_where_the_packaged_unit_reads_it() -> None:
+    assert default_path("/etc/nftblockd/nftblockd.yaml") == SYSTEM_DROPIN
+    assert SYSTEM_DROPIN.startswith("/etc/systemd/system/nftblockd.service.d/")
+    assert default_path("/srv/x/c.yaml") == "/srv/x/nftblockd.service.d/fail2ban-actions.conf"
