@@ -87,6 +87,10 @@ class FsHost:
 
     def log_access(self, path: str) -> str | None:
         why = hidden_by(path)
+        if why is None and not any(c in path for c in _GLOB):
+            real = os.path.realpath(path)  # a link into a hidden place (/var/log/app -> /home/app/logs)
+            why = hidden_by(real) if real != path else None
+            why = f"{path} is {real}: {why}" if why else None
         if why is not None:
             return why
         who, groups = self._identity()

@@ -145,3 +145,16 @@ def test_this_hosts_shadow_is_refused(tmp_path: Path) -> None:
     why = {(d.jail, d.what): d.reason for d in m.dropped}
     assert "may not read /etc/shadow (owner root, group shadow, mode 0640)" in why[("sshd", "logpath /etc/shadow")]
     assert "hides /home (ProtectHome=yes)" in why[("myapp", "logpath /home/app/log/*.log")]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a link in /var/lib")
+def test_a_link_into_a_hidden_place_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "app.log").write_text("")
+    link = Path("/var/lib") / f"nftblockd-test-{os.getpid()}.log"  # outside what the unit hides...
+    link.symlink_to(tmp_path / "app.log")  # ...pointing into its private /tmp
+    try:
+        why = FsHost(tmp_path).log_access(str(link))
+    finally:
+        link.unlink()
+    assert why is not None and f"{link} is {tmp_path}/app.log: " in why and "PrivateTmp=yes" in why
