@@ -78,7 +78,8 @@ def render_header(m: Migration) -> list[str]:
     secrets = secret_options(m.actions)
     if secrets:
         lines += ["#", *comment_lines(f"It holds credentials copied from fail2ban's files ({', '.join(secrets)}): "
-                                 "keep it readable by root only (import-fail2ban-config -o writes it 0600).")]
+                                 "keep it from other users (import-fail2ban-config -o writes a new file 0600, and a "
+                                 "replaced one keeps its mode less others' access).")]
     if m.dropped:
         lines += ["#", "# NOT CARRIED OVER (each with the reason; also printed on stderr):"]
         for d in m.dropped:
