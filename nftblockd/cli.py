@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any, NoReturn, TextIO
 
+    from nftblockd.migrate.f2bjail import Migration
+
 DEFAULT_SOCKET = "/run/nftblockd/control.sock"
 DEFAULT_F2B_DB = "/var/lib/fail2ban/fail2ban.sqlite3"
 DEFAULT_F2B_DIR = "/etc/fail2ban"
@@ -272,9 +274,14 @@ def build_parser(out: TextIO | None = None) -> argparse.ArgumentParser:
              "write an nftblockd config with fail2ban's enabled jails (no daemon needed)")
     sp.add_argument("confdir", nargs="?", default=DEFAULT_F2B_DIR, metavar="DIR",
                     help=f"fail2ban's configuration directory (default: {DEFAULT_F2B_DIR})")
-    sp.add_argument("-o", "--output", metavar="FILE", help="write the config to FILE (mode 0600) instead of "
-                    "stdout")
-    sp.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    sp.add_argument("-o", "--output", metavar="FILE", help="write the config to FILE instead of stdout (a new "
+                    "file mode 0600; never through a symbolic link)")
+    sp.add_argument("--dropin", metavar="FILE", help="write the systemd drop-in the imported actions need "
+                    "(IPAddressAllow= for the hosts they reach, ...) to FILE (default with -o: fail2ban-actions.conf "
+                    "in /etc/systemd/system/nftblockd.service.d for a config in /etc/nftblockd, else in a "
+                    "nftblockd.service.d directory beside the config)")
+    sp.add_argument("--force", action="store_true", help="FILE exists: merge the import into it (all it holds "
+                    "is kept; a jail of the same name is replaced, its old text kept as a comment)")
     return p
 
 
@@ -830,6 +837,7 @@ def _cmd_import_fail2ban(ctx: _Context, ns: Any) -> int:
         raise Failed(f"cannot read fail2ban bans from {ns.db}: {exc}") from None
     items: dict[str, dict[str, Any]] = {}
     skipped: list[str] = []
+    jail_of = _our_jails(ctx, {b.jail for b in bans}) if bans else {}
     for ban in bans:
         try:
             target = canonical_target(str(ban.ip))
@@ -848,7 +856,7 @@ def _cmd_import_fail2ban(ctx: _Context, ns: Any) -> int:
         if prev is not None and (prev["timeout"] == "permanent" or
                                  (timeout != "permanent" and prev["timeout"] >= timeout)):
             continue  # the same address in several jails: the longest ban wins
-        items[target] = {"target": target, "timeout": timeout, "jail": ban.jail,
+        items[target] = {"target": target, "timeout": timeout, "jail": jail_of.get(ban.jail, ban.jail),
                          "reason": f"imported from fail2ban jail {ban.jail}"}
     _report_each(ctx, skipped)
     if not items:
@@ -866,33 +874,124 @@ def _cmd_import_fail2ban(ctx: _Context, ns: Any) -> int:
     return EXIT_FAILED if refused or skipped else EXIT_OK
 
 
+def _our_jails(ctx: _Context, f2b_jails: set[str]) -> dict[str, str]:
+    """fail2ban's jail names -> the running daemon's jails they became at the config's import, so that the
+    taken-over bans are the jails' own (`unban --all --jail`, escalation, recidive). A fail2ban jail with no
+    counterpart keeps its name, said once."""
+    from nftblockd.migrate.f2bjail import our_jail
+
+    status = ctx.call("status", {})
+    running = {j["name"] for j in status.get("jails") or () if isinstance(j, dict) and isinstance(j.get("name"), str)}
+    out: dict[str, str] = {}
+    for name in sorted(f2b_jails):
+        ours = our_jail(name, running)
+        if ours is None:
+            ctx.err.write(f"nftblock: fail2ban jail {name} has no nftblockd jail: its bans keep the name {name}\n")
+        else:
+            out[name] = ours
+    return out
+
+
+def _write_dropin(ctx: _Context, ns: Any, plan: Migration, renamed: Mapping[str, str]) -> None:
+    """What the imported actions need from the packaged unit's sandbox: written as a drop-in, or one line
+    saying why none is needed (migrate/dropin.py)."""
+    import os
+
+    from nftblockd.migrate import netfacts
+    from nftblockd.migrate.dropin import MARKER, default_path, needs_of, render_dropin
+    from nftblockd.migrate.output import OutputError, write_config
+
+    needs = [needs_of(renamed.get(a.name, a.name), netfacts.action_scripts(a.file, dict(a.options)))
+             for a in plan.actions]
+    names = {h for n in needs for h in n.hosts}
+    mail = netfacts.mail_facts()
+    names |= set(mail.relays) if any(n.mail for n in needs) and mail.kind == "msmtp" else set()
+    resolved = {h: netfacts.resolve(h) for h in sorted(names) if not _is_ip(h)}
+    config = os.path.abspath(ns.output) if ns.output is not None else "stdout"
+    drop = render_dropin(needs, config, resolved, netfacts.resolvers(), mail)
+    path = ns.dropin if ns.dropin is not None or ns.output is None else default_path(config)
+    if drop.text is None:
+        ctx.err.write(f"nftblock: {drop.said[0]}\n")
+        if path is not None and _ours(path, MARKER):
+            os.unlink(path)  # an earlier import's allowances, no longer needed
+            ctx.err.write(f"nftblock: removed {path}, which an earlier import wrote\n")
+        return
+    if path is None:
+        ctx.err.write("nftblock: the imported actions need a drop-in for the packaged unit; give -o or --dropin "
+                      "FILE to write it:\n")
+    else:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
+            write_config(path, drop.text, replace=True)
+        except (OutputError, OSError) as exc:
+            raise Failed(f"the drop-in: {exc}") from None
+        ctx.err.write(f"nftblock: wrote the unit's drop-in for the imported actions to {path}; apply it with "
+                      "systemctl daemon-reload && systemctl restart nftblockd\n")
+    for line in drop.said:
+        ctx.err.write(f"nftblock:   {line}\n")
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        _socket.inet_pton(_socket.AF_INET6 if ":" in text else _socket.AF_INET, text)
+    except OSError:
+        return False
+    return True
+
+
+def _ours(path: str, marker: str) -> bool:
+    """A regular file (not a link) whose first line is `marker`."""
+    import os
+    import stat
+
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().rstrip("\n") == marker
+    except OSError:
+        return False
+
+
 def _cmd_import_fail2ban_config(ctx: _Context, ns: Any) -> int:
+    import os
+
     from nftblockd.detect.matcher import FilterError
     from nftblockd.migrate.f2bjail import plan_migration
     from nftblockd.migrate.host import FsHost, read_jails
+    from nftblockd.migrate.merge import Merged, MergeError, merge_config
+    from nftblockd.migrate.output import OutputError, read_existing, write_config
     from nftblockd.migrate.render import render_config
 
-    if not posix.access(f"{ns.confdir}/jail.conf", posix.R_OK):
+    # The config names filter and action files by the paths found here: absolute, whatever the working
+    # directory is when the daemon reads it
+    confdir = os.path.abspath(ns.confdir)
+    if not posix.access(f"{confdir}/jail.conf", posix.R_OK):
         raise Failed(f"{ns.confdir}/jail.conf: cannot read it (is {ns.confdir} fail2ban's directory?)")
     try:
-        plan = plan_migration(read_jails(ns.confdir), ns.confdir, FsHost(ns.confdir))
+        plan = plan_migration(read_jails(confdir), confdir, FsHost(confdir))
     except FilterError as exc:
         raise Failed(f"cannot read fail2ban's jails: {exc}") from None
-    text = render_config(plan)
-    if ns.output is None:
-        ctx.out.write(text)
-    else:
-        flags = posix.O_WRONLY | posix.O_CREAT | posix.O_CLOEXEC | (posix.O_TRUNC if ns.force else posix.O_EXCL)
-        try:
-            fd = posix.open(ns.output, flags, 0o600)  # it may hold API keys (abuseipdb), as jail.local did
-        except FileExistsError:
-            raise Failed(f"{ns.output} exists; give --force to overwrite it") from None
-        except OSError as exc:
-            raise Failed(f"{ns.output}: {exc.strerror}") from None
-        try:
-            posix.write(fd, text.encode())
-        finally:
-            posix.close(fd)
+    merged: Merged | None = None
+    try:
+        old = read_existing(ns.output) if ns.output is not None and ns.force else None
+        if old is not None and old.text is not None:
+            # the config nftblockd runs: what it holds stays (metrics, feeds, fleet, its own jails, ...)
+            merged = merge_config(old.text, ns.output, plan)
+            text = merged.text
+        else:
+            text = render_config(plan)
+        if ns.output is None:
+            ctx.out.write(text)
+        else:
+            write_config(ns.output, text, replace=ns.force)
+    except (OutputError, MergeError) as exc:
+        raise Failed(str(exc)) from None
+    if merged is not None:
+        ctx.err.write(f"nftblock: merged into {ns.output}, keeping {', '.join(merged.kept) or 'nothing'}\n")
+        for note in merged.notes:
+            ctx.err.write(f"nftblock: {note}\n")
+    _write_dropin(ctx, ns, plan, dict(merged.renamed) if merged is not None else {})
     for d in plan.dropped:
         ctx.err.write(f"nftblock: not carried over: {d}\n")
     where = "stdout" if ns.output is None else ns.output

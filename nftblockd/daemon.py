@@ -151,6 +151,7 @@ class Daemon(FleetWiring, ReloadLogic):
                               status_extra=self._status_extra, reload=self._reload_for_api)
         if self.feeds is not None:
             self.api.set_feeds(self.feeds.status, self.feeds.refresh, self.feeds.blocklists())
+        self.api.adopted = self._adopted
         if cfg.fleet is not None:
             self.api.set_fleet(self._fleet_status, self._api_banned, self._api_unbanned)
             self.api.check_more = self._check_fleet_count
@@ -403,6 +404,13 @@ class Daemon(FleetWiring, ReloadLogic):
             return
         self.fleet_sink.note_local([b.target for b in bans if b.blocklist == self.fleet_sink.blocklist], now)
         self.fleet.submit_bans((b.target, b.until, f"jail:{b.jail}") for b in bans if b.origin == "jail")
+
+    def _adopted(self, bans: list[Ban], now: float) -> None:
+        """Bans taken over from fail2ban for one of our jails are that jail's (Tracker.adopt); their history
+        rows are saved like a jail ban's, so a restart keeps the escalation memory."""
+        records = self.tracker.adopt(bans, now)
+        if records:
+            self.persister.submit(StateChange(history=[r.as_row() for r in records]))
 
     def _api_banned(self, bans: list[tuple[IPNet, float | None, str]], now: float) -> None:
         """`nftblock ban` applied these (src "cli", or "fail2ban" which is never shared)."""

@@ -41,12 +41,13 @@ from nftblockd.control.wire import one_line
 from nftblockd.durations import ban_end
 from nftblockd.events import Ban, Decision, Origin, Unban
 from nftblockd.kernel.bans import BanOutcome
-from nftblockd.kernel.enforcer import Enforcer
+from nftblockd.kernel.enforcer import BulkResult, Enforcer
 from nftblockd.neverban import never_ban_range
 
 Extra = Callable[[], dict[str, Any]]
 Banned = Callable[[list[tuple[IPNet, float | None, str]], float], None]  # (target, end, src) applied here, now
 Unbanned = Callable[[list[IPNet], str], None]  # targets an operator unbanned, src
+Adopted = Callable[[list[Ban], float], None]  # bans taken over from fail2ban for a jail, applied here, now
 _APPLIED = (BanOutcome.ADDED, BanOutcome.EXTENDED, BanOutcome.ABSORBED)
 BULK_THRESHOLD = 64  # from this many targets on, single addresses take the bulk path
 # Targets of one request that are neither addresses nor CIDRs before the request is refused whole: a raw
@@ -95,6 +96,9 @@ class ControlAPI:
         self._fleet: Extra | None = None
         self._banned: Banned | None = None
         self._unbanned: Unbanned | None = None
+        # Bans taken over from fail2ban (`origin: fail2ban` with a jail, as `nftblock import-fail2ban` sends
+        # them), once applied: the daemon makes them the jail's own (tracker state, escalation history)
+        self.adopted: Adopted | None = None
         self.check_more: Callable[[IPNet], Awaitable[dict[str, Any]]] | None = None
 
     async def __call__(self, cmd: str, args: dict[str, Any], peer: Peer) -> dict[str, Any]:
@@ -193,6 +197,11 @@ class ControlAPI:
             comment = comment or item.reason
         self.enforcer.count_refused("host_bits", host_bits)
         results = await self.enforcer.apply(decisions, comment=comment[:200], now=now)
+        if self.adopted is not None and origin_text == "fail2ban":
+            taken = [d for d, r in zip(decisions, results, strict=True)
+                     if isinstance(d, Ban) and d.jail and r.code is None and r.outcome in _APPLIED]
+            if taken:
+                self.adopted(taken, now)
         if self._banned is not None:
             self._banned([(d.target, d.until, d.origin) for d, r in zip(decisions, results, strict=True)
                           if isinstance(d, Ban) and r.code is None and r.outcome in _APPLIED], now)
@@ -209,6 +218,15 @@ class ControlAPI:
         if notes:
             out["notes"] = notes
         return out
+
+    def _adopt_hosts(self, res: BulkResult, family: dict[str, int], blocklist: str, until: float | None,
+                     item: BanItem | UniformItems, now: float) -> None:
+        """`adopted` for what a bulk ban of fail2ban's applied (`res`): each address one Ban of `item`'s jail."""
+        assert self.adopted is not None
+        taken = [Ban(host_net(k, family[c.set_name]), blocklist, until, "fail2ban", item.reason, item.jail)
+                 for c in res.changes for k in (*c.new, *c.extended) if (c.set_name, k) not in res.failed]
+        if taken:
+            self.adopted(taken, now)
 
     async def ban_bulk(self, a: BanArgs, blocklist: str) -> dict[str, Any]:
         """Many targets with the same timeout and reason: single addresses take the set-at-a-time path.
@@ -242,6 +260,8 @@ class ControlAPI:
                                 "message": f"{t} is allowlisted ({allow.contains_range(version, k, k)}); never banned"})
         failed_keys = set()
         family = self._families()
+        if self.adopted is not None and origin == "fail2ban" and first.jail:
+            self._adopt_hosts(res, family, blocklist, until, first, now)
         if self._banned is not None:
             self._banned([(host_net(k, family[c.set_name]), until, origin) for c in res.changes
                           for k in (*c.new, *c.extended) if (c.set_name, k) not in res.failed], now)

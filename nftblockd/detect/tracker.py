@@ -79,6 +79,11 @@ escalation counts and the recidive counts of the last findtime. `history_snapsho
 once. Records older than their jail's horizon are forgotten by `sweep` (the store prunes the same way).
 `forget_ban(..., forgive=True)` also drops the offender's history and counts: an operator's "that was me".
 
+Taken-over bans. `adopt(bans, now)` makes bans decided elsewhere for one of our jails (fail2ban's, by
+`nftblock import-fail2ban`) that jail's own: BANNED as `note_ban` restores them, plus one record starting
+`now` in its history, read as `load_history` reads rows (escalation counts it; recidive counts it without
+banning at once).
+
 Memory. Counting records live in two generations per jail: every `findtime` the older generation is dropped
 whole (nothing in it has failed for a full findtime, so all of it is stale) and the current one becomes the
 older. That bounds stale records without scanning on every hit. A record is one float (one failure: most
@@ -825,6 +830,24 @@ class Tracker:
             return False
         j.banned[key] = _Banned(ban, now)
         return True
+
+    def adopt(self, bans: Iterable[Ban], now: float) -> list[BanRecord]:
+        """Bans taken over from elsewhere for a jail of this tracker (fail2ban's, by `nftblock
+        import-fail2ban`) become that jail's own: BANNED (as `note_ban`), and one ban in its history that
+        starts `now`, so that the offender's next ban in that jail escalates and the recidive jails watching
+        it count it (as `load_history` counts: never a ban at once, the next ban observed completes it).
+
+        Returns the records for the daemon to persist. Bans of unknown or recidive jails, ended or now
+        allowlisted, are left alone."""
+        records = []
+        for b in bans:
+            j = self._jails.get(b.jail)
+            if j is None or j.policy.recidive or not self.note_ban(b, now):
+                continue
+            records.append(BanRecord(b.jail, b.target, now, b.until))
+        if records:
+            self.load_history(records, now)
+        return records
 
     def note_hosts(self, jail: str, keys: Sequence[int], untils: Sequence[float | None], now: float, *,
                    blocklist: str, origin: str, reason: str) -> int:

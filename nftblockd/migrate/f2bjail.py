@@ -16,7 +16,7 @@ comes through the `Host` protocol (migrate/host.py reads the real one; the tests
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,7 +27,7 @@ from nftblockd.detect.matcher import FilterError
 from nftblockd.durations import MAX_TIMEOUT, PERMANENT, BanLength
 from nftblockd.neverban import never_ban_reason
 
-__all__ = ["ActionPlan", "Dropped", "Host", "JailPlan", "Migration", "f2b_seconds", "plan_migration",
+__all__ = ["ActionPlan", "Dropped", "Host", "JailPlan", "Migration", "f2b_seconds", "our_jail", "plan_migration",
            "secret_options", "split_spec"]
 
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,23}$")  # config.NAME_RE
@@ -35,6 +35,9 @@ _TRUE = ("true", "yes", "1", "on")
 # fail2ban's bantime.increment formula without multipliers: bantime * 2**count * factor, for count >= 1
 _F2B_GROWTH = 2.0
 _F2B_MAX_SHIFT = 20  # fail2ban stops doubling after 20 earlier bans
+# fail2ban's default bantime.formula (jail.conf's comment, and ObserverThread's when none is set): what
+# nftblockd's escalation with factor 2 computes, so naming it in a config is no loss
+_F2B_DEFAULT_FORMULA = "ban.Time*(1<<(ban.Countifban.Count<20else20))*banFactor"
 
 
 class Host(Protocol):
@@ -55,20 +58,31 @@ class Host(Protocol):
     def action_problems(self, path: str, options: Mapping[str, str]) -> list[str]:
         """Why nftblockd could not run this notification action ([] when it can)."""
 
+    def action_events(self, path: str, options: Mapping[str, str]) -> tuple[str, ...]:
+        """The events the action file has a script for, of ban and unban (fail2ban runs `actionunban` on every
+        unban, so the imported action must too)."""
+
     def real_unit(self, unit: str) -> str:
         """The unit `unit` is an alias of (journald records the real name), or `unit` itself."""
+
+    def log_access(self, path: str) -> str | None:
+        """Why the packaged service could not read the log file (or glob) `path`, or None when it can or
+        cannot be told yet (a file that does not exist)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Dropped:
     """Something of the fail2ban setup the generated config does not carry over, and why."""
 
-    jail: str  # fail2ban's jail name, or "" for the setup as a whole
+    jail: str  # fail2ban's jail name, "DEFAULT" for a [DEFAULT] option, or "" for the setup as a whole
     what: str
     reason: str
+    jails: tuple[str, ...] = ()  # the enabled jails it concerns, when more than `jail` says
 
     def __str__(self) -> str:
-        return f"[{self.jail}] {self.what}: {self.reason}" if self.jail else f"{self.what}: {self.reason}"
+        where = f"[{self.jail}] " if self.jail else ""
+        which = f" (jails {', '.join(self.jails)})" if self.jails else ""
+        return f"{where}{self.what}: {self.reason}{which}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +90,7 @@ class ActionPlan:
     name: str
     file: str
     options: tuple[tuple[str, str], ...]
+    on: tuple[str, ...] = ("ban",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,8 +248,40 @@ def plan_migration(cfg: F2bConfig, source: str, host: Host) -> Migration:
         actions=tuple(actions.values()),
         allowlist=tuple(sorted(common, key=_addr_key)),
         allowlist_self=selfs != {False},
-        dropped=tuple(dropped),
+        dropped=_once(dropped, cfg),
     )
+
+
+def _once(dropped: Sequence[Dropped], cfg: F2bConfig) -> tuple[Dropped, ...]:
+    """Each fact once: the same item with the same reason in several jails is one entry naming them, and
+    one that comes from [DEFAULT] (no jail sets the option itself) is said of [DEFAULT]."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for d in dropped:
+        if d.jail and not d.jails:
+            groups.setdefault((d.what, d.reason), []).append(d.jail)
+    out: list[Dropped] = []
+    for d in dropped:
+        if not d.jail or d.jails:
+            out.append(d)
+            continue
+        names = groups.pop((d.what, d.reason), None)
+        if names is None:
+            continue  # said with the first jail it concerns
+        names = list(dict.fromkeys(names))
+        opt = _option_of(d.what)
+        inherited = [n for n in names if opt in cfg.defaults and opt not in cfg.own_options(n)]
+        own = [n for n in names if n not in inherited]
+        if inherited:
+            out.append(Dropped("DEFAULT", d.what, d.reason, tuple(inherited)))
+        if own:
+            out.append(Dropped(", ".join(own), d.what, d.reason))
+    return tuple(out)
+
+
+def _option_of(what: str) -> str:
+    """The fail2ban option a Dropped's `what` is about: `usedns = yes` -> usedns, `ignoreip x` -> ignoreip."""
+    word = what.split(maxsplit=1)[0] if what.strip() else ""
+    return word.split("=", 1)[0]
 
 
 def _replace(p: JailPlan, **kw: object) -> JailPlan:
@@ -245,6 +292,17 @@ def _replace(p: JailPlan, **kw: object) -> JailPlan:
 
 def _addr_key(a: str) -> tuple[int, str]:
     return (6 if ":" in a else 4, a)
+
+
+def our_jail(f2b_name: str, jails: Collection[str]) -> str | None:
+    """The jail among `jails` (the running daemon's) that fail2ban's jail `f2b_name` became when its config was
+    imported: the same name, or the name the import gives it (`nginx-http-auth` -> `nginx_http_auth`); None
+    when neither runs. (Two fail2ban jails that differ only in such characters, `a-b` and `a_b`, became
+    `a_b` and `a_b_2`: the bans of both are taken to be `a_b`'s.)"""
+    if f2b_name in jails:
+        return f2b_name
+    name = _our_name(f2b_name, set())
+    return name if name in jails else None
 
 
 def _our_name(f2b_name: str, used: set[str]) -> str:
@@ -323,9 +381,10 @@ def _plan_jail(jail: _Jail, host: Host, dropped: list[Dropped],  # noqa: C901
         else:
             if bname not in ("auto", "pyinotify", "polling", "gamin"):
                 drop(f"backend = {backend_spec}", "unknown backend; the jail tails its logpath")
-            files = _logpaths(jail.get("logpath") or "", drop)
+            given = jail.get("logpath") or ""
+            files = _logpaths(given, drop, host)
             if not files:
-                raise ValueError("no logpath")
+                raise ValueError("no logpath the service may read" if given.strip() else "no logpath")
 
     # -- what fail2ban would also have applied
     for opt in ("failregex", "ignoreregex", "prefregex", "maxlines", "datepattern"):
@@ -392,7 +451,7 @@ def _escalation(jail: _Jail, bantime: BanLength, drop: _Drop) -> tuple[float, fl
             drop("bantime.factor", f"x {factor:g} on top of bantime.multipliers: nftblockd's escalation is "
                                    "bantime x factor^n, from the multipliers alone")
     else:
-        if formula:
+        if formula and "".join(formula.split()) != _F2B_DEFAULT_FORMULA:
             drop("bantime.formula", "nftblockd's escalation is bantime x factor^n up to a max; fail2ban's "
                                     "default formula was assumed (factor 2)")
         if factor != 1:
@@ -430,13 +489,20 @@ class _Drop(Protocol):
     def __call__(self, what: str, reason: str) -> None: ...
 
 
-def _logpaths(value: str, drop: _Drop) -> tuple[str, ...]:
+def _logpaths(value: str, drop: _Drop, host: Host) -> tuple[str, ...]:
     out = []
     for line in value.split("\n"):
         words = line.split()
         if not words:
             continue
         path = words[0]
+        if not path.startswith("/"):
+            drop(f"logpath {path}", "not an absolute path")
+            continue
+        why = host.log_access(path)
+        if why is not None:  # a jail that would never read a line, or a file that is not a log (/etc/shadow)
+            drop(f"logpath {path}", why)
+            continue
         if words[1:] == ["head"]:
             drop(f"logpath {path} head", "nftblockd reads a new file from its end, as fail2ban's `tail`")
         elif words[1:] not in ([], ["tail"]):
@@ -491,9 +557,10 @@ def _ignoreip(jail: _Jail, drop: _Drop) -> tuple[frozenset[str], bool]:
             # fail2ban masks 127.0.0.1/8 to 127.0.0.0/8; nftblockd widens no range on any path, an allowed one
             # included (docs/addresses.md). The stock `127.0.0.1/8` loses nothing: loopback is never banned.
             never = never_ban_reason(exc.network)
-            drop(f"ignoreip {word}", f"host bits set: not a network, and nftblockd never widens one to {exc.network}"
-                 + (f" (nothing is lost: {never}, never banned anyway)" if never and "overlaps" not in never
-                    else f"; write {exc.network} to allow the range, or the address alone"))
+            if never and "overlaps" not in never:
+                continue  # fail2ban's own default `127.0.0.1/8`: nothing is lost (loopback is never banned)
+            drop(f"ignoreip {word}", f"host bits set: not a network, and nftblockd never widens one to {exc.network}; "
+                 f"write {exc.network} to allow the range, or the address alone")
             continue
         except AddressError:
             drop(f"ignoreip {word}", "not an address or CIDR (host names and file: lists are not read; "
@@ -536,7 +603,7 @@ def _actions(jail: _Jail, host: Host, drop: _Drop,
         plan = actions.get(key)
         if plan is None:
             taken = {a.name for a in actions.values()}
-            plan = ActionPlan(_our_name(aname, taken), path, tuple(clean.items()))
+            plan = ActionPlan(_our_name(aname, taken), path, tuple(clean.items()), host.action_events(path, clean))
             actions[key] = plan
         if plan.name not in names:
             names.append(plan.name)

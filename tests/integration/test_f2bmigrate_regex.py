@@ -40,7 +40,7 @@ def _fail2ban(spec: str, log: Path) -> list[str]:
     return [line.strip() for line in p.stdout.splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("scenario", ["sshd_only", "web_mail", "custom", "actions"])
+@pytest.mark.parametrize("scenario", ["sshd_only", "web_mail", "custom", "actions", "journey"])
 def test_each_jail_matches_what_fail2ban_regex_matches(tmp_path: Path, scenario: str) -> None:
     etc = tmp_path / "fail2ban"
     shutil.copytree(DATA / "debian", etc)
@@ -66,7 +66,7 @@ def _fail2ban_dump(etc: Path) -> list[list[object]]:
 
 
 @pytest.mark.skipif(shutil.which("fail2ban-client") is None, reason="fail2ban-client is not installed")
-@pytest.mark.parametrize("scenario", [None, "sshd_only", "web_mail", "custom", "actions"])
+@pytest.mark.parametrize("scenario", [None, "sshd_only", "web_mail", "custom", "actions", "journey"])
 def test_the_plan_reads_jails_as_fail2ban_does(tmp_path: Path, scenario: str | None) -> None:
     """Jails, backends, limits, ignoreip, journalmatch and the notification actions' options, against
     fail2ban 1.0's reading of the same files (precedence, includes, interpolation)."""

@@ -28,11 +28,6 @@ each leaving the system as the next expects, as one operator's day would:
 "Another host" is a network namespace inside the container behind a veth pair (Container.peer_netns): its
 addresses are neither loopback nor the container's own, so only an `IPAddressAllow=` drop-in lets the unit
 reach them. Fleet mode to a Redis on such an address is test_fleet_package.py's.
-
-Where the importer's merge (issue #32, the `importer` branch) is not in yet, the test follows what the
-importer does today (it writes a new config) and each expectation of the merge is one test marked
-`xfail(strict=True)`: once the merge lands they pass, pytest reports XPASS as a failure, and the marker
-goes.
 """
 
 from __future__ import annotations
@@ -173,7 +168,6 @@ nftblock import-fail2ban-config /etc/fail2ban -o /etc/nftblockd/nftblockd.yaml -
 nftblockd --check-config /etc/nftblockd/nftblockd.yaml
 systemctl restart nftblockd && nftblock import-fail2ban && systemctl disable --now fail2ban
 """  # README.md, "Migrating from fail2ban", verbatim
-IMPORTER = "the importer's merge (issue #32, branch `importer`) is not in yet"
 
 
 @pytest.fixture(scope="module")
@@ -337,12 +331,10 @@ def test_the_readmes_migration_commands(box: Container, request: pytest.FixtureR
     banned(box, F2B_BAN, SSH_FIRST)  # fail2ban's ban taken over; the stock sshd ban restored
 
 
-@pytest.mark.xfail(strict=True, reason=IMPORTER)
 def test_after_the_migration_the_metrics_endpoint_still_answers(box: Container) -> None:
     assert scrape(box)[("nftblock_up", ())] == 1
 
 
-@pytest.mark.xfail(strict=True, reason=IMPORTER)
 def test_a_taken_over_ban_belongs_to_the_renamed_jail(box: Container) -> None:
     assert "nginx_http_auth" in box.run("nftblock", "check", F2B_BAN).stdout
 
@@ -410,19 +402,15 @@ def test_each_action_runs_once_per_ban_under_the_unit(box: Container) -> None:
     assert HOSTILE[1] in mails or "touch /var/lib/nftblockd/pwned" in mails, mails
 
 
-@pytest.mark.xfail(strict=True, reason="the importer writes no `on: [ban, unban]` for an action file with an "
-                   "actionunban, which fail2ban runs on every unban")
 def test_the_imported_actions_with_an_actionunban_run_on_unban(box: Container) -> None:
     actions = config_doc(box)["actions"]
     assert actions["note"].get("on") == ["ban", "unban"] and actions["webhook"].get("on") == ["ban", "unban"]
 
 
 def test_an_unban_runs_each_unban_action_once(box: Container) -> None:
-    # Until the importer says so itself (above), the operator's edit: both run on unban too. And nftblockd's
-    # own webhook (the daemon's aiohttp, not a process) to the same host, through the same drop-in.
+    # The imported note and webhook run on unban as written by the import (above). And nftblockd's own
+    # webhook (the daemon's aiohttp, not a process) to the same host, through the same drop-in.
     cfg = config_doc(box)
-    for name in ("note", "webhook"):
-        cfg["actions"][name]["on"] = ["ban", "unban"]
     cfg["actions"]["hook"] = {"type": "webhook", "url": WEBHOOK_URL, "on": ["ban", "unban"]}
     cfg["jails"]["nginx_http_auth"]["actions"].append("hook")
     box.write(CONFIG, yaml.safe_dump(cfg, sort_keys=False))

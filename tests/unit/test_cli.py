@@ -453,6 +453,9 @@ async def test_import_fail2ban(sock: Path, rig: ApiRig, monkeypatch: pytest.Monk
     assert r.code == 1
     assert r.out == "imported 2 bans from /tmp/f2b.sqlite3 (1 refused)\n"
     err = r.err.splitlines()
+    assert err[:2] == ["nftblock: fail2ban jail nginx has no nftblockd jail: its bans keep the name nginx",
+                       "nftblock: fail2ban jail recidive has no nftblockd jail: its bans keep the name recidive"]
+    err = err[2:]
     assert err[0] == "nftblock: skipped fail2ban entry: 0.0.0.0 (fail2ban jail sshd) is never banned: " \
         "the unspecified address (RFC 1122)"
     assert err[1].startswith("nftblock: skipped fail2ban entry: 192.0.2.9 (fail2ban jail sshd) has a time of ")
@@ -461,13 +464,31 @@ async def test_import_fail2ban(sock: Path, rig: ApiRig, monkeypatch: pytest.Monk
     assert err[3:] == ["nftblock: refused 10.1.2.3: 10.1.2.3 is allowlisted (10.0.0.0/8); never banned"]
     assert read[0][0] == "/tmp/f2b.sqlite3"
     why = "imported from fail2ban jail "
-    assert rig.calls == [("ban", {"set": "web", "origin": "fail2ban", "targets": [
+    assert rig.calls[0] == ("status", {})  # which jails run here (sshd alone: the others keep their names)
+    assert rig.calls[1:] == [("ban", {"set": "web", "origin": "fail2ban", "targets": [
         {"target": "192.0.2.1", "timeout": 86000, "jail": "recidive", "reason": why + "recidive"},
         {"target": "192.0.2.2", "timeout": "permanent", "jail": "sshd", "reason": why + "sshd"},
         {"target": "10.1.2.3", "timeout": 50, "jail": "nginx", "reason": why + "nginx"},
     ]})]
     ban = rig.bans()["192.0.2.2", "web"]
     assert (ban.until, ban.origin, ban.jail) == (None, "fail2ban", "sshd")
+
+
+async def test_import_fail2ban_gives_the_bans_to_the_renamed_jails(sock_dir: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def read_fail2ban_bans(db_path: str, now: float) -> list[F2bBan]:
+        return [F2bBan("nginx-http-auth", "192.0.2.1", 600.0), F2bBan("sshd", "192.0.2.2", 600.0),
+                F2bBan("my.app", "192.0.2.3", 600.0)]
+
+    monkeypatch.setitem(sys.modules, "nftblockd.state.f2bimport",
+                        types.SimpleNamespace(read_fail2ban_bans=read_fail2ban_bans, refusal=refusal))
+    running = [{"name": n} for n in ("sshd", "nginx_http_auth", "my_app")]  # as import-fail2ban-config names them
+    async with api_rig(CONFIG, status_extra=lambda: {"jails": running}, now=NOW) as rig, \
+            serve(rig, sock_dir / "control.sock") as sock:
+        r = await nftblock("import-fail2ban", "/tmp/f2b.sqlite3", sock=sock)
+        assert (r.code, r.err) == (0, "")
+        jails = {b.jail for b in rig.bans().values()}
+    assert jails == {"nginx_http_auth", "sshd", "my_app"}  # so `unban --all --jail nginx_http_auth` finds it
 
 
 async def test_import_fail2ban_reports_an_unreadable_database(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,12 +20,23 @@ from nftblockd.cli import main
 from nftblockd.daemon_main import check_config
 from nftblockd.detect.f2b import F2bConfig, _parse_ini
 from nftblockd.durations import PERMANENT
-from nftblockd.migrate.f2bjail import Migration, f2b_seconds, plan_migration, split_spec
+from nftblockd.migrate.f2bjail import Migration, f2b_seconds, our_jail, plan_migration, split_spec
 from nftblockd.migrate.host import FsHost, read_jails
-from nftblockd.migrate.render import render_config, yaml_scalar
+from nftblockd.migrate.render import BEGIN, render_config, yaml_scalar
 from nftblockd.yamlsrc import load_yaml
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fail2ban"
+
+
+@pytest.fixture(autouse=True)
+def no_host_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drop-in's host facts faked: no name is resolved, this host's resolv.conf and sendmail do not count."""
+    from nftblockd.migrate import netfacts
+    from nftblockd.migrate.dropin import MailFacts
+
+    monkeypatch.setattr(netfacts, "resolve", lambda name: "not resolved in tests")
+    monkeypatch.setattr(netfacts, "resolvers", lambda: ())
+    monkeypatch.setattr(netfacts, "mail_facts", lambda: MailFacts("other"))
 
 
 def _setup(tmp_path: Path, scenario: str | None) -> tuple[Path, FsHost]:
@@ -76,10 +87,11 @@ def test_sshd_only_from_the_journal_with_increment(tmp_path: Path, capsys: pytes
     assert sshd.files == ()
     assert sshd.journal == (("_SYSTEMD_UNIT", ("ssh.service",)),)  # the alias resolved: journald records ssh
     assert (sshd.maxretry, sshd.bantime, sshd.escalation) == (3, 3600.0, (2.0, 7 * 86400.0))
-    assert m.allowlist == ("192.0.2.0/24", "::1")  # 127.0.0.1/8 not widened as fail2ban does: dropped
-    d, lo = m.dropped
+    # 127.0.0.1/8 is not widened to 127.0.0.0/8 as fail2ban does, and dropped without a word: fail2ban's own
+    # default, and loopback is never banned, so nothing is lost
+    assert m.allowlist == ("192.0.2.0/24", "::1")
+    (d,) = m.dropped
     assert d.what == "journalmatch alternative _COMM=sshd" and "cannot OR" in d.reason
-    assert lo.what == "ignoreip 127.0.0.1/8" and "host bits set" in lo.reason and "nothing is lost" in lo.reason
     assert "journalmatch alternative _COMM=sshd" in text  # the reason is in the file too
     _valid(out, capsys)
 
@@ -111,8 +123,9 @@ def test_custom_filters_and_what_cannot_be_carried(tmp_path: Path, capsys: pytes
     assert by["myapp"].bantime is PERMANENT
     dropped = {(d.jail, d.what) for d in m.dropped}
     assert ("myapp", "ignorecommand") in dropped
-    assert ("sshd", "usedns = yes") in dropped and ("myapp", "usedns = yes") in dropped
-    assert ("sshd", "ignoreip myhost.example.org") in dropped
+    assert ("DEFAULT", "usedns = yes") in dropped and ("DEFAULT", "ignoreip myhost.example.org") in dropped
+    assert len(m.dropped) == 3  # each [DEFAULT] fact once, not once per jail
+    assert "[DEFAULT] usedns = yes: " in text and "(jails sshd, myapp)" in text
     for d in m.dropped:
         assert str(d).split(":")[0] in text  # every one is in the file, with its reason
     _valid(out, capsys)
@@ -161,15 +174,59 @@ def test_cli_writes_0600_and_refuses_to_overwrite(tmp_path: Path) -> None:
     first = target.read_text()
     err = io.StringIO()
     assert main(["import-fail2ban-config", str(etc), "-o", str(target)], stdout=out, stderr=err) == 1
-    assert "exists; give --force" in err.getvalue()
+    assert "exists; give --force to merge" in err.getvalue()
     assert main(["import-fail2ban-config", str(etc), "-o", str(target), "--force"], stdout=out, stderr=err) == 0
-    assert target.read_text() == first
+    again = target.read_text()  # merged into its own output: the same config, its notes once
+    assert load_yaml(again, "x").value == load_yaml(first, "x").value and again.count(BEGIN) == 1
+    assert main(["import-fail2ban-config", str(etc), "-o", str(target), "--force"], stdout=out, stderr=err) == 0
+    assert target.read_text() == again
     out = io.StringIO()
     assert main(["import-fail2ban-config", str(etc)], stdout=out, stderr=io.StringIO()) == 0
     assert out.getvalue() == first
     err = io.StringIO()
     assert main(["import-fail2ban-config", str(tmp_path / "nowhere")], stdout=out, stderr=err) == 1
     assert "jail.conf: cannot read it" in err.getvalue()
+
+
+def test_a_relative_dir_gives_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    _setup(tmp_path, "actions")
+    monkeypatch.chdir(tmp_path)
+    assert main(["import-fail2ban-config", "fail2ban", "-o", "out.yaml"], stdout=io.StringIO(),
+                stderr=io.StringIO()) == 0
+    doc = load_yaml((tmp_path / "out.yaml").read_text(), "x").value
+    paths = [j["filter"].split("[")[0] for j in doc["jails"].values()] + [a["file"] for a in doc["actions"].values()]
+    assert paths and all(p.startswith(f"{tmp_path}/fail2ban/") for p in paths), paths
+    monkeypatch.chdir("/")
+    _valid(tmp_path / "out.yaml", capsys)
+
+
+def test_force_never_writes_through_a_symlink(tmp_path: Path) -> None:
+    etc, _ = _setup(tmp_path, "custom")
+    victim = tmp_path / "shadow"
+    victim.write_text("root:x:0:0\n")
+    link = tmp_path / "nftblockd.yaml"
+    link.symlink_to(victim)
+    err = io.StringIO()
+    assert main(["import-fail2ban-config", str(etc), "-o", str(link), "--force"], stdout=io.StringIO(),
+                stderr=err) == 1
+    assert f"{link} is a symbolic link (to {victim}): not written through it" in err.getvalue()
+    assert victim.read_text() == "root:x:0:0\n" and link.is_symlink()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_force_replaces_the_file_atomically_keeping_its_group_mode(tmp_path: Path) -> None:
+    etc, _ = _setup(tmp_path, "custom")
+    target = tmp_path / "nftblockd.yaml"
+    target.write_text("log_level: info\n")
+    target.chmod(0o644)
+    before = target.stat().st_ino
+    assert main(["import-fail2ban-config", str(etc), "-o", str(target), "--force"], stdout=io.StringIO(),
+                stderr=io.StringIO()) == 0
+    st = target.stat()
+    assert st.st_ino != before  # a new file renamed into place, not the old one truncated
+    assert st.st_mode & 0o777 == 0o640  # the group the daemon reads it with keeps its read access
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
 # --- pure parts, with a fake host ------------------------------------------------------------------------
@@ -195,8 +252,14 @@ class FakeHost:
     def action_problems(self, path: str, options: Mapping[str, str]) -> list[str]:
         return ["no actionban"] if "broken" in path else []
 
+    def action_events(self, path: str, options: Mapping[str, str]) -> tuple[str, ...]:
+        return ("ban", "unban") if "unban" in path else ("ban",)
+
     def real_unit(self, unit: str) -> str:
         return unit
+
+    def log_access(self, path: str) -> str | None:
+        return "the service may not read it" if "shadow" in path else None
 
 
 def _cfg(text: str) -> F2bConfig:
@@ -236,7 +299,7 @@ def test_ignoreip_splits_into_common_and_per_jail() -> None:
     a, b = m.jails
     assert m.allowlist == ("10.1.2.3",)
     assert (a.ignoreip, b.ignoreip) == ((), ("192.0.2.1", "2001:db8::/32"))
-    assert m.allowlist_self and [d.what for d in m.dropped] == ["ignoreip 127.0.0.1/8"] * 2 + ["ignoreself"]
+    assert m.allowlist_self and [d.what for d in m.dropped] == ["ignoreself"]  # 127.0.0.1/8: nothing lost
 
 
 def test_ignoreip_with_host_bits_is_dropped_with_the_fix_never_widened() -> None:
@@ -258,6 +321,24 @@ def test_actions_shared_renamed_and_refused() -> None:
         ("mail_whois", (("dest", "x@y"),)), ("mail_whois_2", (("dest", "z@y"),))]
     assert m.jails[1].actions == ("mail_whois", "mail_whois_2")
     assert {(d.jail, d.what) for d in m.dropped} == {("a", "action broken"), ("d", "the whole jail")}
+
+
+def test_default_facts_are_reported_once_and_fail2bans_own_defaults_not_at_all() -> None:
+    text = ("[DEFAULT]\nfilter = %(__name__)s\nlogpath = /var/log/x.log\nenabled = true\nusedns = yes\n"
+            "bantime.increment = true\nbantime.rndtime = 5m\nbantime.factor = 1\nbantime.overalljails = false\n"
+            "bantime.formula = ban.Time * (1<<(ban.Count if ban.Count<20 else 20)) * banFactor\n"
+            "ignoreip = 127.0.0.1/8 ::1 name.example.org\nlogtimezone = UTC\n"
+            "[a]\n[b]\n[c]\nlogtimezone = UTC\n[d]\nlogtimezone = UTC\n[e]\nusedns = no\n")
+    m = plan_migration(_cfg(text), "/f", FakeHost())
+    lines = [str(d) for d in m.dropped]
+    assert [(d.jail, d.what) for d in m.dropped] == [
+        ("DEFAULT", "bantime.rndtime"), ("DEFAULT", "usedns = yes"), ("DEFAULT", "logtimezone"),
+        ("c, d", "logtimezone"), ("DEFAULT", "ignoreip name.example.org")], lines
+    assert lines[1].endswith("(jails a, b, c, d)")  # e sets usedns = no itself
+    assert lines[2].endswith("(jails a, b, e)") and lines[4].endswith("(jails a, b, c, d, e)")
+    m = plan_migration(_cfg(BASE + "bantime.increment = true\nbantime.formula = ban.Time * 3\n[a]\n"), "/f",
+                       FakeHost())
+    assert [(d.jail, d.what) for d in m.dropped] == [("DEFAULT", "bantime.formula")]  # not fail2ban's own
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
@@ -341,3 +422,27 @@ def test_jail_names_that_nftblockd_cannot_take_are_renamed() -> None:
     assert split_spec("  name  ") == ("name", {})
     with pytest.raises(ValueError):
         split_spec("two words")
+
+
+@given(st.text(alphabet="ab-_.9X", min_size=1, max_size=30))
+def test_taken_over_bans_find_the_jail_their_fail2ban_jail_became(name: str) -> None:
+    m = plan_migration(_cfg(BASE + f"[{name}]\n"), "/f", FakeHost())
+    running = {j.name for j in m.jails} | {"other"}
+    assert our_jail(name, running) == (m.jails[0].name if m.jails else None)
+    assert our_jail("nginx-http-auth", {"nginx_http_auth"}) == "nginx_http_auth"
+    assert our_jail("sshd", {"sshd", "sshd_2"}) == "sshd" and our_jail("gone", {"sshd"}) is None
+
+
+def test_an_action_file_with_an_actionunban_is_imported_to_run_on_unban_too(tmp_path: Path) -> None:
+    # fail2ban runs actionunban on every unban: an import that ran it only on bans lost every unban notice
+    (tmp_path / "action.d").mkdir()
+    (tmp_path / "action.d" / "both.conf").write_text(
+        "[Definition]\nactionban = logger ban <ip>\nactionunban = logger unban <ip>\n")
+    (tmp_path / "action.d" / "banonly.conf").write_text("[Definition]\nactionban = logger ban <ip>\nactionunban =\n")
+    host = FsHost(tmp_path)
+    assert host.action_events(str(tmp_path / "action.d" / "both.conf"), {}) == ("ban", "unban")
+    assert host.action_events(str(tmp_path / "action.d" / "banonly.conf"), {}) == ("ban",)
+    m = plan_migration(_cfg(BASE + "[a]\naction = unbanning[dest=x@y]\n  plain\n"), "/f", FakeHost())
+    assert [(a.name, a.on) for a in m.actions] == [("unbanning", ("ban", "unban")), ("plain", ("ban",))]
+    rendered = render_config(m)
+    assert "    on: [ban, unban]" in rendered and rendered.count("    on: ") == 1

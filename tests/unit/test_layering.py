@@ -35,8 +35,10 @@ PURE = {
     "nftblockd.feeds.parse", "nftblockd.feeds.aggregate", "nftblockd.feeds.delta",
     "nftblockd.kernel.bans", "nftblockd.kernel.nfmsg", "nftblockd.kernel.rtnl",
     "nftblockd.control.protocol", "nftblockd.control.wire", "nftblockd.sources.linesplit",
-    "nftblockd.migrate.f2bjail", "nftblockd.migrate.render", "nftblockd.detect.multiline",
-    "nftblockd.service.health",
+    "nftblockd.migrate.f2bjail", "nftblockd.migrate.render", "nftblockd.migrate.merge", "nftblockd.migrate.sandbox",
+    "nftblockd.migrate.dropin",
+    "nftblockd.detect.multiline",
+    "nftblockd.service.health", "nftblockd.service.startline",
 }
 IMPURE_IMPORTS = {"asyncio", "sqlite3", "pyroute2", "subprocess", "aiohttp", "redis", "systemd",
                   "asyncinotify", "prometheus_client", "time", "threading"}
