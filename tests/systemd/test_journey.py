@@ -240,7 +240,15 @@ def webhook_log(c: Container) -> list[str]:
 
 
 def config_doc(c: Container) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(c.run("cat", CONFIG).stdout)
+    """The config as PyYAML reads it, with YAML 1.1's boolean key `on` (an action's `on:`) made the string it
+    is to nftblockd, so that a `yaml.safe_dump` of it writes `'on':` back, not `true:`."""
+
+    def keys(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {("on" if k is True else k): keys(x) for k, x in v.items()}
+        return [keys(x) for x in v] if isinstance(v, list) else v
+
+    doc: dict[str, Any] = keys(yaml.safe_load(c.run("cat", CONFIG).stdout))
     return doc
 
 
