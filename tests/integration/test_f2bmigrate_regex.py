@@ -88,8 +88,11 @@ def test_the_plan_reads_jails_as_fail2ban_does(tmp_path: Path, scenario: str | N
         assert j.bantime == (PERMANENT if bantime < 0 else bantime)
         assert (j.escalation is not None) == (opts.get("bantime.increment") == [True])
         ours = set(j.ignoreip) | set(m.allowlist)
-        theirs_ip = {str(ipaddress.ip_network(a, strict=False)).removesuffix("/32").removesuffix("/128")
-                     for a in opts.get("addignoreip", []) if isinstance(a, str) and not a[-1].isalpha()}
+        # fail2ban masks an entry with host bits (the stock 127.0.0.1/8) to its network; nftblockd never widens
+        # a range (docs/addresses.md), so those are left out of the plan and out of the comparison
+        theirs_ip = {str(ipaddress.ip_network(a)).removesuffix("/32").removesuffix("/128")
+                     for a in opts.get("addignoreip", []) if isinstance(a, str) and not a[-1].isalpha()
+                     and _no_host_bits(a)}
         assert ours == theirs_ip, j.name
         if j.journal:
             words = [str(w) for w in opts["addjournalmatch"]]
@@ -124,3 +127,11 @@ def test_a_multi_line_filter_matches_fail2ban_regex_on_interleaved_connections(t
     ours = _ours(spec, log)
     assert len(ours) > 5
     assert ours == _fail2ban(spec, log)
+
+
+def _no_host_bits(text: str) -> bool:
+    try:
+        ipaddress.ip_network(text)
+    except ValueError:
+        return False
+    return True

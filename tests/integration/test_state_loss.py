@@ -7,6 +7,7 @@ still holds every ban (and that the daemon knows them again, with their kernel t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -90,11 +91,17 @@ def test_disk_full_is_a_visible_degraded_state_that_catches_up(netns: NetNS, tmp
             r = d.cli("ban", "--timeout", "1h", b)
             assert r.returncode == 0, r.stderr  # enforced and acknowledged: the kernel has it
         assert len(netns.set_elements("nftblock", "default_ip4")) == 20
-        store = d.cli_json("status")["store"]
+        r = d.cli("--json", "status")
+        assert r.returncode == 3, r.stderr  # degraded: status says so in its exit code (docs/limits.md)
+        status = json.loads(r.stdout)
+        store = status["store"]
         assert store["degraded"] and store["unsaved_changes"] >= 1 and "full" in store["last_error"]
+        assert [x["reason"] for x in status["degraded"]] == ["state"]
         assert "could not save state changes" in d.log()
         filler.unlink()
-        wait_for(lambda: not d.cli_json("status")["store"]["degraded"], timeout=15, what="the retry to save")
+        wait_for(lambda: not d.cli_json("status", ok=(0, 3))["store"]["degraded"], timeout=15,
+                 what="the retry to save")
+        assert d.cli("status").returncode == 0
         assert d.cli_json("status")["store"]["unsaved_changes"] == 0
         assert d.stop() == 0
         d.start()
