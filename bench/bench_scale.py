@@ -352,6 +352,11 @@ def main() -> None:
         top = max(ps, key=lambda p: p.n)
         record(f"scale {path} {top.n:,}{mode}", top.ours, "s", reference=f"{path} floor at {top.n:,}",
                reference_value=top.floor, note=f"one round, load {top.load:.1f}; bench/results/scale.png")
+        by = {p.n: p for p in ps}
+        if path == "publish" and 100_000 in by and 1_000_000 in by:  # issue #38: 1M within 12x the 100k time
+            record(f"scale publish{mode}: 1M time / 100k time", by[1_000_000].ours / by[100_000].ours, "x",
+                   target="<= 12", reference="the XADD floor's own 1M / 100k",
+                   reference_value=by[1_000_000].floor / by[100_000].floor)
         grow = growth(ps)
         if grow is not None:
             record(f"scale {path}{mode}: per item at {top.n:,} / at 10k", grow[0], "x", target="<= 1.5",
