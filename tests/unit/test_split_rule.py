@@ -90,7 +90,8 @@ def _same(lines: list[str]) -> None:
 # each, so that more than one may fit and the rightmost must win (t:5's `(?:: .*|)` lets B fit at several;
 # its start and the ": x" that makes it so are drawn more often)
 _start = st.sampled_from(["Failed password for ", "Failed none for invalid user ", "go", "go from",
-                          "Disconnecting invalid user ", "User ", "Accepted for ", "Accepted for ", "Accepted for ", ""])
+                          "Disconnecting invalid user ", "User ", "Accepted for ", "Accepted for ", "Accepted for ",
+                          ""])
 _segment = st.builds(lambda *p: "".join(p), st.sampled_from(["", "a", "a b", ": x", "["]),
                      st.sampled_from([" from ", " ", " from"]),
                      st.sampled_from(["192.0.2.1", "192.0.2.9", "2001:db8::7", "h.example", "["]),
