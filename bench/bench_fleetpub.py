@@ -177,9 +177,11 @@ async def replay_floor(url: str, name: str, n: int) -> float:
         await r.aclose()
 
 
-async def catch_up_once(url: str, tmp: Path, name: str, db: str, n: int) -> float:
-    """Seconds from the receive loop's start to all `n` bans of the stream applied to the (in-memory) kernel."""
-    cfg = parse_config("blocklists: {default: {}}\nallowlist: []\nallowlist_self: false\n")
+async def catch_up_once(url: str, tmp: Path, name: str, db: str, n: int, limit_s: float = 600) -> float:
+    """Seconds from the receive loop's start to all `n` bans of the stream applied to the (in-memory) kernel;
+    the set is sized for `n` (the default's 262,144 would refuse the rest of a million, bench_scale)."""
+    size = f"{{size: {max(n, 262144)}}}"
+    cfg = parse_config(f"blocklists: {{default: {size}}}\nallowlist: []\nallowlist_self: false\n")
     fake = EncodingSetWriter(plan_ruleset(cfg), clock=time.time)
 
     async def persist(change: StateChange) -> None:
@@ -199,9 +201,12 @@ async def catch_up_once(url: str, tmp: Path, name: str, db: str, n: int) -> floa
             t0 = time.perf_counter()
             task = asyncio.create_task(svc.run())
             try:
+                deadline = time.monotonic() + limit_s
                 while sink.applied < n:
                     if task.done():
                         task.result()
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"catch-up applied {sink.applied} of {n} in {limit_s} s")
                     await asyncio.sleep(0.002)
                 took = time.perf_counter() - t0
             finally:

@@ -13,6 +13,10 @@ three auth.logs, each figure next to fail2ban-regex measured in the same run:
   `logtype=journal` (no date search either, as its systemd backend: filter.processLine with the journal's
   date; reading a journal of 100k entries would time sd-journal too), and ours on the same lines from the
   file, interleaved in the same run (the journal row must not be slower than the file row).
+- `field-mixed`, `field-brute`, `field-quiet`, `field-journal` (issue #38): the same four kinds of log from
+  bench/fieldlogs.py, a generator written apart from authlog.py and never tuned against (RFC 3339 stamps,
+  several OpenSSH versions' wordings and preauth noise, IPv4-mapped and full IPv6, postfix/dovecot/named
+  lines; its docstring lists what differs); each row's note names the generator.
 
 nftblockd runs over the whole file as the daemon's jail does (one filter, one MatchContext, `Filter.scan`
 over batches of lines as the tailer hands them over, the daemon's garbage collector settings: daemon.tune_gc),
@@ -58,6 +62,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import fieldlogs
 from bench.authlog import LogStats, server_log
 from bench.common import record
 from nftblockd.daemon import tune_gc
@@ -287,14 +292,37 @@ SHAPES = {
     "quiet": ("quiet server (--attack 0.02)", 0.02, ">= 50x"),
     "synthetic": ("synthetic (previous benchmark)", 0.55, None),
     "journal": ("server under brute force, journal lines", 0.55, ">= 50x"),  # Debian's sshd jail: the journal
+    # issue #38: shapes from bench/fieldlogs.py, a generator the matcher's speed work was never measured on;
+    # their targets are the packaged unit's (interpreted) rows
+    "field-mixed": ("fieldlogs mixed mail/web server (RFC 3339 stamps)", 0.0, ">= 50x"),
+    "field-brute": ("fieldlogs brute force (300 x ~200 tries)", 0.0, ">= 50x"),
+    "field-quiet": ("fieldlogs quiet server", 0.0, ">= 50x"),
+    "field-journal": ("fieldlogs mixed server, journal lines", 0.0, ">= 50x"),
 }
+FIELD = tuple(s for s in SHAPES if s.startswith("field-"))
+
+
+def field(path: Path, shape: str, n: int) -> str:
+    """A bench/fieldlogs.py shape's first `n` lines into `path`; the note says which generator made them."""
+    sshd = 0
+    with path.open("w") as f:
+        for line in fieldlogs.SHAPES[shape](n):
+            sshd += "sshd" in line
+            f.write(line + "\n")
+    return f"{n:,} lines from bench/fieldlogs.py {shape} (not tuned against), {sshd:,} of them sshd's"
+
+
+def generate(shape: str, log: Path, n: int, attack: float) -> str:
+    if shape in FIELD:
+        return field(log, shape[6:], n)
+    return synthetic(log, n) if shape == "synthetic" else realistic(log, n, attack)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--f2b-lines", type=int, default=100_000)
-    ap.add_argument("--shape", default="brute,quiet,synthetic,journal")
+    ap.add_argument("--shape", default="brute,quiet,synthetic,journal," + ",".join(FIELD))
     ap.add_argument("--engine", default="auto", choices=["auto", "re", "re2"])
     ap.add_argument("--python", action="store_true", help="the pure-Python reference path")
     ap.add_argument("--gc", default="daemon", choices=["daemon", "default"],
@@ -314,16 +342,16 @@ def main() -> int:
             tmp = Path(d)
             log = tmp / "auth.log"
             t0 = time.perf_counter()
-            what = synthetic(log, args.lines) if shape == "synthetic" else realistic(log, args.lines, attack)
+            what = generate(shape, log, args.lines, attack)
             print(f"[{shape}] generated in {time.perf_counter() - t0:.1f}s: {what}", flush=True)
-            stamped = shape == "journal"
+            stamped = shape in ("journal", "field-journal")
             filed: list[tuple[str, Run]] = []
-            if stamped:
+            if shape == "journal":
                 filed = file_runs(log, args.engine, args.python, daemon_gc)
                 journal_shaped(log, tmp / "journal.log")
                 log = tmp / "journal.log"
             runs = [("", *ours(log, args.engine, args.python, daemon_gc, stamped))]
-            if stamped:  # interleaved with the file runs: a busy machine slows both alike
+            if shape == "journal":  # interleaved with the file runs: a busy machine slows both alike
                 filed = [(m, max(r, more, key=lambda x: x.lps)) for (m, r), (_, more)
                          in zip(filed, file_runs(log.with_name("auth.log"), args.engine, args.python, daemon_gc),
                                 strict=True)]

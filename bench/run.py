@@ -18,7 +18,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench.common import settle, target_met  # noqa: E402
 
-ORDER = ["enforce", "ops", "e2e", "matcher", "feeds", "feeds_kernel", "tail", "tracker", "store", "cli"]
+ORDER = ["enforce", "ops", "e2e", "matcher", "feeds", "feeds_kernel", "tail", "tracker", "store", "cli", "scale"]
 
 
 def main() -> int:

@@ -178,6 +178,18 @@ static inline int run(RegexObject *rx, const char *s, Py_ssize_t n, pcre2_match_
     return -1;
 }
 
+/* One anchored attempt at `start` of a regex compiled anchored (the JIT takes no match-time anchoring). */
+static inline int run_at(RegexObject *rx, const char *s, Py_ssize_t n, Py_ssize_t start, pcre2_match_data *md) {
+    int rc;
+    if (rx->jit)
+        rc = pcre2_jit_match(rx->code, (PCRE2_SPTR)s, (PCRE2_SIZE)n, (PCRE2_SIZE)start, 0, md, g_mctx);
+    else
+        rc = pcre2_match(rx->code, (PCRE2_SPTR)s, (PCRE2_SIZE)n, (PCRE2_SIZE)start, PCRE2_NO_UTF_CHECK, md, g_mctx);
+    if (rc >= 0)
+        return rc > 0 ? rc : 1;
+    return rc == PCRE2_ERROR_NOMATCH ? 0 : -1;
+}
+
 /* Regex.search(text) -> tuple of (start, end) | None per group, or None; for tests and diagnostics
  * (ASCII text only, as the scanner uses it). Raises _scan.error when a limit is hit. */
 static PyObject *Regex_search(PyObject *op, PyObject *args) {
@@ -425,6 +437,16 @@ typedef struct {
     Py_ssize_t nalts;
     PyObject **abase;
     int *acode;
+    /* The split form of a rule `^A(?P<user>.*)L B` (native.split_rule; NULL sa: none): A and B compiled
+     * alone (anchored), L a literal text. PCRE2's interpreter pays a frame copy for each character the
+     * greedy `.*` gives back on its way to the last L that B accepts; here the candidates are found by
+     * memcmp from the right and B is tried at each (run_rule). */
+    RegexObject *sa, *sb;
+    char *slit;
+    Py_ssize_t slitlen;
+    int suser;   /* the user group's number in rx */
+    Py_ssize_t sna, snb;
+    int *samap, *sbmap; /* A's (B's) group i + 1 -> rx's group */
 } Rule;
 
 typedef struct {
@@ -489,8 +511,10 @@ typedef struct {
     char *buf; /* max_line bytes: a line without the timestamp found inside it */
     Py_ssize_t host_memo;
     HourSlot hours[HOUR_SLOTS];
-    pcre2_match_data *md_ts, *md_pre, *md_rule, *md_ign;
-    long long lines, python_lines, limited, headers;
+    pcre2_match_data *md_ts, *md_pre, *md_rule, *md_ign, *md_sa, *md_sb;
+    PCRE2_SIZE *split_ov; /* a split rule's match, numbered as its whole regex numbers its groups */
+    Py_ssize_t split_pairs;
+    long long lines, python_lines, limited, headers, split_hits, split_misses;
     int busy;
 } ScannerObject;
 
@@ -532,6 +556,11 @@ static void Scanner_free_tables(ScannerObject *self) {
             PyMem_Free(r->fcode);
             PyMem_Free(r->abase);
             PyMem_Free(r->acode);
+            Py_XDECREF((PyObject *)r->sa);
+            Py_XDECREF((PyObject *)r->sb);
+            PyMem_Free(r->slit);
+            PyMem_Free(r->samap);
+            PyMem_Free(r->sbmap);
         }
         PyMem_Free(self->rules);
         self->rules = NULL;
@@ -606,6 +635,11 @@ static void Scanner_dealloc(PyObject *op) {
         pcre2_match_data_free(self->md_rule);
     if (self->md_ign)
         pcre2_match_data_free(self->md_ign);
+    if (self->md_sa)
+        pcre2_match_data_free(self->md_sa);
+    if (self->md_sb)
+        pcre2_match_data_free(self->md_sb);
+    PyMem_Free(self->split_ov);
     freefunc f = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     f(op);
     Py_DECREF(tp);
@@ -738,6 +772,48 @@ static uint32_t max_captures(uint32_t a, RegexObject *rx) {
  *                 alts ((base, code), ...)), ...]
  *   ignores: tuple[(Regex, limit), ...]
  */
+/* A group map (a tuple of rx's group numbers, one per group of the part) into *n, *out; every number must be a
+ * group of rx. 0 ok, -1 error set. */
+static int group_map(PyObject *seq, const RegexObject *rx, Py_ssize_t *n, int **out) {
+    if (int_list(seq, n, out) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < *n; i++)
+        if ((*out)[i] < 1 || (uint32_t)(*out)[i] > rx->captures) {
+            PyErr_SetString(PyExc_ValueError, "a split rule's group is not one of its regex's");
+            return -1;
+        }
+    return 0;
+}
+
+/* The rule spec's 7th item: None, or (A, L, user group, A's map, B, B's map) (native.split_rule). */
+static int split_spec(PyObject *spec, Rule *r) {
+    PyObject *sp = PySequence_GetItem(spec, 6);
+    if (sp == NULL)
+        return -1;
+    int ok = 1;
+    if (sp != Py_None) {
+        PyObject *it[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+        ok = PySequence_Size(sp) == 6;
+        for (int k = 0; ok && k < 6; k++)
+            ok = (it[k] = PySequence_GetItem(sp, k)) != NULL;
+        if (ok)
+            ok = r->rx != NULL && as_regex(it[0], &r->sa, 0) == 0 && as_regex(it[4], &r->sb, 0) == 0;
+        if (ok)
+            ok = (r->slit = copy_bytes(it[1], &r->slitlen)) != NULL && r->slitlen > 0;
+        if (ok)
+            ok = int_at(sp, 2, &r->suser) == 0 && r->suser >= 1 && (uint32_t)r->suser <= r->rx->captures;
+        if (ok)
+            ok = group_map(it[3], r->rx, &r->sna, &r->samap) == 0 && r->sna == (Py_ssize_t)r->sa->captures &&
+                 group_map(it[5], r->rx, &r->snb, &r->sbmap) == 0 && r->snb == (Py_ssize_t)r->sb->captures;
+        for (int k = 0; k < 6; k++)
+            Py_XDECREF(it[k]);
+        if (!ok && !PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "a bad split rule");
+    }
+    Py_DECREF(sp);
+    return ok ? 0 : -1;
+}
+
 static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *gate, *ts, *prefix, *heads, *unheaded, *rules, *ignores, *stamp, *year_of, *hour_base, *find_span,
         *hosts, *parse_host, *match_type, *rejected_type, *evict, *ipv4_type, *ipv6_type = Py_None,
@@ -814,7 +890,7 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         PyErr_NoMemory();
         goto fail;
     }
-    uint32_t caps = 0;
+    uint32_t caps = 0, scaps = 0, bcaps = 0;
     for (Py_ssize_t i = 0; i < self->nrules; i++) {
         Rule *r = &self->rules[i];
         PyObject *spec = PySequence_GetItem(rules, i);
@@ -846,6 +922,10 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         }
         if (ok)
             ok = named_codes(alts, &r->nalts, &r->abase, &r->acode) == 0;
+        if (ok && PySequence_Size(spec) > 6)
+            ok = split_spec(spec, r) == 0;
+        else if (PyErr_Occurred())
+            ok = 0;
         Py_XDECREF(rx);
         Py_XDECREF(limit);
         Py_XDECREF(index);
@@ -856,6 +936,10 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         if (!ok)
             goto fail;
         caps = max_captures(caps, r->rx);
+        if (r->sa != NULL) {
+            scaps = max_captures(scaps, r->sa);
+            bcaps = max_captures(bcaps, r->sb);
+        }
     }
     /* dispatch */
     if (int_list(unheaded, &self->nunheaded, &self->unheaded) < 0)
@@ -936,7 +1020,12 @@ static PyObject *Scanner_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     self->md_pre = pcre2_match_data_create(max_captures(0, self->prefix) + 1, NULL);
     self->md_rule = pcre2_match_data_create(caps + 1, NULL);
     self->md_ign = pcre2_match_data_create(icaps + 1, NULL);
-    if (!self->md_ts || !self->md_pre || !self->md_rule || !self->md_ign) {
+    self->md_sa = pcre2_match_data_create(scaps + 1, NULL);
+    self->md_sb = pcre2_match_data_create(bcaps + 1, NULL);
+    self->split_pairs = (Py_ssize_t)caps + 1;
+    self->split_ov = PyMem_Calloc((size_t)self->split_pairs * 2, sizeof(PCRE2_SIZE));
+    if (!self->md_ts || !self->md_pre || !self->md_rule || !self->md_ign || !self->md_sa || !self->md_sb ||
+        !self->split_ov) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -2017,6 +2106,60 @@ static int syslog_head_match(ScannerObject *self, const char *s, Py_ssize_t n, P
 }
 
 /* Prefix, dispatch, rules, ignoreregex and the decision for the text after the timestamp. */
+/* Rule `r` on s[0:n]: > 0 matched, its ovector in *ov (numbered as r->rx numbers its groups), 0 no match,
+ * -1 a limit was hit.
+ *
+ * A split rule `^A(?P<user>.*)L B` (native.split_rule: no top-level alternation, no back-reference, no
+ * conditional, every capturing group named) gives what the whole regex gives, by how PCRE2 backtracks: it
+ * tries A's ways in order; for A's first way (ending at e) the greedy `.*` gives back one character at a
+ * time, so the positions p >= e are tried from the right, and at each one L must follow and then B match
+ * from p + |L| (B's first way there). A and B see the same subject as the whole regex, so what B does at p
+ * (its lookbehinds, `$`) does not depend on A. So the first p from the right where L and B fit is the one
+ * PCRE2 stops at, with A's first way, and its groups are A's, the user's [e, p) and B's. When no p fits,
+ * A's later ways are PCRE2's business: the whole regex runs. A that does not match means no match. */
+static int run_rule(ScannerObject *self, const Rule *r, const char *s, Py_ssize_t n, PCRE2_SIZE **ov) {
+    if (r->sa != NULL) {
+        int rc = run_at(r->sa, s, n, 0, self->md_sa);
+        if (rc <= 0)
+            return rc;
+        const PCRE2_SIZE *aov = pcre2_get_ovector_pointer(self->md_sa);
+        Py_ssize_t e = (Py_ssize_t)aov[1], L = r->slitlen;
+        char c0 = r->slit[0];
+        for (Py_ssize_t p = n - L; p >= e; p--) {
+            if (s[p] != c0 || memcmp(s + p, r->slit, (size_t)L) != 0)
+                continue;
+            rc = run_at(r->sb, s, n, p + L, self->md_sb);
+            if (rc < 0)
+                return -1;
+            if (rc == 0)
+                continue;
+            const PCRE2_SIZE *bov = pcre2_get_ovector_pointer(self->md_sb);
+            PCRE2_SIZE *o = self->split_ov;
+            for (Py_ssize_t k = 0; k < 2 * self->split_pairs; k++)
+                o[k] = PCRE2_UNSET;
+            o[0] = aov[0];
+            o[1] = bov[1];
+            for (Py_ssize_t i = 0; i < r->sna; i++) {
+                o[2 * r->samap[i]] = aov[2 * (i + 1)];
+                o[2 * r->samap[i] + 1] = aov[2 * (i + 1) + 1];
+            }
+            o[2 * r->suser] = (PCRE2_SIZE)e;
+            o[2 * r->suser + 1] = (PCRE2_SIZE)p;
+            for (Py_ssize_t i = 0; i < r->snb; i++) {
+                o[2 * r->sbmap[i]] = bov[2 * (i + 1)];
+                o[2 * r->sbmap[i] + 1] = bov[2 * (i + 1) + 1];
+            }
+            *ov = o;
+            self->split_hits++;
+            return 1;
+        }
+        self->split_misses++;
+    }
+    int rc = run(r->rx, s, n, self->md_rule);
+    *ov = pcre2_get_ovector_pointer(self->md_rule);
+    return rc;
+}
+
 static int match_text(ScannerObject *self, const char *text, Py_ssize_t tlen, PyObject *when, Context *cx,
                       PyObject *out, Py_ssize_t idx) {
     const char *content = text;
@@ -2058,12 +2201,13 @@ static int match_text(ScannerObject *self, const char *text, Py_ssize_t tlen, Py
         }
     }
     const Rule *hit = NULL;
+    PCRE2_SIZE *hov = NULL;
     for (Py_ssize_t k = 0; k < ncand; k++) {
         const Rule *r = &self->rules[cand[k]];
         if (r->rx == NULL)
             return LINE_SLOW;
         Py_ssize_t rlen = r->limit >= 0 && clen > r->limit ? r->limit : clen;
-        rc = run(r->rx, content, rlen, self->md_rule);
+        rc = run_rule(self, r, content, rlen, &hov);
         if (rc < 0)
             return LINE_LIMITED;
         if (rc > 0) {
@@ -2089,7 +2233,7 @@ static int match_text(ScannerObject *self, const char *text, Py_ssize_t tlen, Py
             ignored = rc > 0;
         }
     }
-    Groups g = {content, pcre2_get_ovector_pointer(self->md_rule), text, pov};
+    Groups g = {content, hov, text, pov};
     return decide(self, hit, &g, ignored, when, cx, out, idx) < 0 ? LINE_ERROR : LINE_DONE;
 }
 
@@ -2218,8 +2362,9 @@ fail:
 static PyObject *Scanner_get_stats(PyObject *op, void *closure) {
     ScannerObject *self = (ScannerObject *)op;
     (void)closure;
-    return Py_BuildValue("{sLsLsLsL}", "lines", self->lines, "python_lines", self->python_lines, "limited",
-                         self->limited, "headers", self->headers);
+    return Py_BuildValue("{sLsLsLsLsLsL}", "lines", self->lines, "python_lines", self->python_lines, "limited",
+                         self->limited, "headers", self->headers, "split_hits", self->split_hits, "split_misses",
+                         self->split_misses);
 }
 
 static PyObject *Scanner_get_jit(PyObject *op, void *closure) {
@@ -2242,7 +2387,8 @@ static PyMethodDef Scanner_methods[] = {
 
 static PyGetSetDef Scanner_getset[] = {
     {"stats", Scanner_get_stats, NULL,
-     "lines seen, lines handed to the Python path, lines skipped at a limit, syslog headers read by hand",
+     "lines seen, lines handed to the Python path, lines skipped at a limit, syslog headers read by hand, "
+     "split rules answered by their parts and those that ran whole (run_rule)",
      NULL},
     {"jit", Scanner_get_jit, NULL, "every regex runs as machine code", NULL},
     {NULL, NULL, NULL, NULL, NULL},

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 from nftblockd.detect.timestamps import FAST_SYSLOG, DateParser
 
 __all__ = ["Built", "Hooks", "Parts", "Rule", "Untranslatable", "available", "build", "compile_pcre2", "describe",
-           "to_pcre2"]
+           "split_rule", "to_pcre2"]
 
 _scan: Any = None
 _why_not = ""
@@ -173,6 +173,81 @@ def compile_pcre2(pattern: str, *, anchored: bool = False, groups: dict[str, int
     if groups is not None and (dict(rx.names) != groups or rx.groups != count):
         raise Untranslatable("PCRE2 numbers its groups differently")
     return rx
+
+
+_USER_ANY = "(?P<user>.*)"
+_LITERAL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-:;,=/'\"<>@#%&!~`")
+_QUANT = frozenset("*+?{")
+
+
+def split_rule(rx: re.Pattern[str]) -> tuple[str, str, str] | None:
+    """`rx` as (A, L, B) when it is `^A(?P<user>.*)L B` with L a literal text the Scanner can find by memcmp
+    (run_rule in _scan.c says why that gives what the whole regex gives), else None. Refused: a top-level
+    `|` (it would cut the pattern elsewhere), back-references and conditionals (B would depend on A's
+    groups), inline flags and the IGNORECASE/VERBOSE flags (L is compared byte for byte), unnamed capturing
+    groups (the parts' groups are mapped by name), and `.*` anywhere but at the top level."""
+    p = rx.pattern
+    if rx.flags & (re.IGNORECASE | re.VERBOSE) or not p.startswith("^") or p.count(_USER_ANY) != 1:
+        return None
+    if "(?P=" in p or "(?(" in p or "(*" in p or re.search(r"\\[1-9GK]|\(\?[a-zA-Z]", p.replace("(?P<", "")):
+        return None
+    at = p.index(_USER_ANY)
+    depth, i, class_at = 0, 0, -1  # class_at: where the open class's members start (-1: not in one)
+    while i < len(p):  # the depth at the user group, and no alternation at the top level
+        c = p[i]
+        if c == "\\":
+            i += 2
+            continue
+        if class_at >= 0:
+            if c == "]" and i > class_at:  # (a "]" first in the class is a member)
+                class_at = -1
+        elif c == "[":
+            class_at = i + 2 if p.startswith("[^", i) else i + 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            return None
+        if i == at and depth != 1:  # (counted after its own "(")
+            return None
+        i += 1
+    j = at + len(_USER_ANY)
+    k = j
+    while k < len(p) and p[k] in _LITERAL:
+        k += 1
+    if k < len(p) and p[k] in _QUANT:
+        k -= 1  # that character is repeated, not literal
+    lit = p[j:k]
+    if not lit:
+        return None
+    return p[:at], lit, p[k:]
+
+
+def _split(rx: re.Pattern[str]) -> tuple[Any, bytes, int, tuple[int, ...], Any, tuple[int, ...]] | None:
+    """The Scanner's split form of a rule (see split_rule), or None."""
+    parts = split_rule(rx)
+    if parts is None:
+        return None
+    a_text, lit, b_text = parts
+    try:
+        a_re, b_re = re.compile(a_text, rx.flags), re.compile(b_text, rx.flags)
+    except re.error:
+        return None
+    if a_re.groups != len(a_re.groupindex) or b_re.groups != len(b_re.groupindex):
+        return None  # an unnamed capturing group
+    whole = dict(rx.groupindex)
+
+    def mapped(part: re.Pattern[str]) -> tuple[int, ...]:
+        by_number = {v: k for k, v in part.groupindex.items()}
+        return tuple(whole[by_number[g]] for g in range(1, part.groups + 1))
+
+    try:
+        a = compile_pcre2(a_text, anchored=True, groups=dict(a_re.groupindex), count=a_re.groups)
+        b = compile_pcre2(b_text, anchored=True, groups=dict(b_re.groupindex), count=b_re.groups)
+    except Untranslatable:
+        return None
+    return a, lit.encode("ascii"), whole["user"], mapped(a_re), b, mapped(b_re)
 
 
 def _ipv4_by_slot() -> type | None:
@@ -347,7 +422,8 @@ def build(flt: Parts, hooks: Hooks) -> Built:  # noqa: C901
         fields = tuple((n, code(n)) for n in _fields(names))
         alts = tuple((_ALT_NAME.sub(r"\1", n), own[n]) for n in own if n.startswith("alt_"))
         core = tuple(code(n) for n in _CORE)
-        rules.append((prx_rule, r.limit if r.limit is not None else -1, r.index, core, fields, alts))
+        split = _split(r.rx) if prx_rule is not None and r.rx is not None else None
+        rules.append((prx_rule, r.limit if r.limit is not None else -1, r.index, core, fields, alts, split))
     if not native_rules:
         return Built(None, "python (re): no failregex runs on PCRE2", tuple(notes))
     position = {id(r): k for k, r in enumerate(flt.rules)}

@@ -371,7 +371,8 @@ def test_a_rule_pcre2_cannot_run_sends_its_lines_to_the_python_path() -> None:
     assert any("failregex 1" in n for n in nat.native_notes)
     lines = ["Dec  2 09:53:10 x ok from 192.0.2.1", "Dec  2 09:53:10 x odd ! from 192.0.2.2"]
     assert [str(r.host) for _, r in nat.scan(lines, NOW, None)] == ["192.0.2.1", "192.0.2.2"]  # type: ignore[union-attr]
-    assert nat.native_stats == {"lines": 2, "python_lines": 1, "limited": 0, "headers": 0}
+    assert nat.native_stats == {"lines": 2, "python_lines": 1, "limited": 0, "headers": 0, "split_hits": 0,
+                                "split_misses": 0}
     same(nat, py, lines)
 
 
