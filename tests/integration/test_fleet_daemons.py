@@ -70,7 +70,7 @@ def test_fan_out_of_cli_and_jail_bans_and_a_fleet_wide_unban(lab: FleetLab) -> N
 
 def test_hostile_events_are_refused_counted_and_never_enforced(lab: FleetLab) -> None:
     now = time.time()
-    good = {"v": "1", "op": "ban", "net": "203.0.113.20", "until": repr(now + 600), "origin": "evil",
+    good = {"v": "2", "op": "ban", "net": "203.0.113.20", "until": repr(now + 600), "origin": "evil",
             "oseq": "1", "src": "cli", "ts": "0"}
     before = lab.fleet("b")["rejected"]
     hostile = [
