@@ -94,6 +94,7 @@ MAINTAIN_INTERVAL = 1.0  # seconds between the receive loop's checks of the serv
 # every key of the database, so a large fleet looks less often (1,000 hosts: every 10 s, docs/fleet.md)
 DISCOVER_INTERVAL = 1.0
 DISCOVER_PER_MEMBER = 0.01
+VERIFY_EVERY = 5  # maintenances between two counts of the running own bans in the outbox (a store read)
 CHECK_BATCH = 64  # other members' streams checked per maintenance (all of them in turn; each is one XINFO)
 # a stream id more than this ahead of the server's TIME is not the server's: its entries are refused
 FUTURE_MS = 60_000
@@ -319,6 +320,7 @@ class FleetService:
         self._cursor_loaded = False
         self._epoch = ""  # the token this host set in its epoch key at this connect ("": not set yet)
         self._own_count = -1  # the own `active` count at the last check (-1: not known)
+        self._checks = 0
         self._maintained_at = -math.inf
         self._discovered_at = -math.inf
         self._check_from = 0  # where the next maintenance's batch of stream checks starts
@@ -1060,7 +1062,7 @@ class FleetService:
             log.info("fleet %s: replaying %d streams from their cursors", self.cfg.name, replays)
         if snap:
             await self._snapshot(snap, ", ".join(sorted(whys)))
-        elif saved_run is not None and saved_run != self._run_id:  # a new server holding no stream at all
+        elif saved_run is not None and saved_run != self._run_id and not replays:  # a new server holding no stream
             self.stats.snapshots += 1
             log.info("fleet %s: snapshot (new server): it holds no member's stream", self.cfg.name)
         await self.save_cursor()
@@ -1193,8 +1195,10 @@ class FleetService:
                 del self._cursors[gone]  # its stream is gone: if it comes back, a snapshot of it
                 self.stats.stream_problems.pop(gone, None)
             self.stats.members = len(owners) + 1
+            for o in new:  # a stream that appeared since we connected: everything in it is new to us
+                self._move(o, (0, 0))
             if new:
-                await self._snapshot(new, "new member")
+                log.info("fleet %s: following %d new members: %s", self.cfg.name, len(new), ", ".join(new[:10]))
         others = sorted(o for o in self._cursors if o != own)
         if others:
             start = self._check_from % len(others)
@@ -1233,7 +1237,11 @@ class FleetService:
         if h.last_id is not None and self._cursors.get(own, (0, 0)) > h.last_id:
             self._cursors[own] = h.last_id  # re-created (by us, or by someone with our credentials)
         lost = h.epoch != self._epoch
-        if not lost and 0 <= h.active < self._own_count:  # fewer than before: expired, or removed?
+        self._checks += 1
+        # fewer than at the last check (expired, or removed?), and every VERIFY_EVERY checks whatever the count
+        # (members removed before a check saw them): the outbox's count of running own bans decides
+        gone = h.last_id is None and self._cursors.get(own, (0, 0)) > (0, 0)  # our stream vanished
+        if not lost and (gone or 0 <= h.active < self._own_count or self._checks % VERIFY_EVERY == 0):
             lost = len(await self._own_active(now)) > h.active
         self._own_count = h.active
         if lost:
@@ -1242,7 +1250,6 @@ class FleetService:
             log.warning("fleet %s: the server lost this host's state (%s): %d own bans re-asserted", self.cfg.name,
                         "epoch marker gone" if h.epoch != self._epoch else "own active bans missing", n)
             await self._mark_epoch()
-            self._own_count = -1
 
     async def _reset_own_stream(self, why: str) -> None:
         """Our own stream refuses appends or carries ids ahead of the server's clock: delete it (our own key)
