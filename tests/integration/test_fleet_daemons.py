@@ -157,3 +157,20 @@ def test_a_reload_that_changes_the_fleet_block_is_refused(lab: FleetLab) -> None
         assert lab.fleet("a")["connected"]  # the running fleet mode goes on
     finally:
         a.config_path.write_text(before)
+
+
+def test_the_fleet_server_is_never_banned_from_the_fleet_or_the_cli(lab: FleetLab) -> None:
+    """#34 item 1: one ban of the server's address (any member's event, a CLI or jail ban) cut every host off
+    the fleet. Now the addresses a host needs are on its allowlist: refused, counted, and the link stays."""
+    now = time.time()
+    ban = {"v": "2", "op": "ban", "net": "10.210.2.1", "until": repr(now + 600), "origin": "evil", "oseq": "1",
+           "src": "cli", "ts": "0"}
+    before = lab.fleet("b")["rejected"].get("allowlisted", 0)
+    lab.xadd(ban)  # B's way to the server
+    lab.xadd(ban | {"net": "203.0.113.231"})  # the marker
+    wait_for(lambda: "203.0.113.231" in lab.banned("b"), 10, 0.02, "the marker on B")
+    assert "10.210.2.1" not in lab.banned("b")
+    wait_for(lambda: lab.fleet("b")["rejected"].get("allowlisted", 0) == before + 1, 5, 0.02, "counted")
+    r = lab.daemons["a"].cli("ban", "10.210.1.1")  # A's own way to the server
+    assert "10.210.1.1" not in lab.banned("a") and "allowlist" in (r.stdout + r.stderr).lower(), r.stdout
+    assert lab.fleet("a")["connected"] and lab.fleet("b")["connected"]
