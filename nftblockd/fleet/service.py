@@ -62,6 +62,7 @@ from nftblockd.fleet.catchup import (
     LocalBan,
     OwnBan,
     Replay,
+    ServerView,
     StreamId,
     before,
     decide,
@@ -72,7 +73,7 @@ from nftblockd.fleet.catchup import (
 )
 from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net
 from nftblockd.fleet.gate import Gate, TrustLimits
-from nftblockd.fleet.link import OPERATOR, Engine, Entry, LinkError, SnapshotPart
+from nftblockd.fleet.link import OPERATOR, Engine, Entry, LinkError, OwnHealth, SnapshotPart
 from nftblockd.fleet.rawread import good_ids, plain_bans
 from nftblockd.fleet.retry import retry_delay
 from nftblockd.state.store import OutboxItem, OutboxRow
@@ -219,6 +220,18 @@ class _Taken(NamedTuple):
 
 
 _NOTHING = _Taken([], None, [], None)
+
+
+class _Checked(NamedTuple):
+    """What one maintenance read from the server (`FleetService._check`), for `_maintain` to act on."""
+
+    now: float
+    owners: list[str] | None  # members found (None: no discovery this time)
+    cursors: dict[str, StreamId | None]  # the streams checked, with our cursors when they were read
+    server_ms: int
+    views: dict[str, ServerView]
+    health: OwnHealth
+    live: int | None  # running own bans in the outbox (None: not counted this time)
 
 
 def _lifts(owner: str) -> str | None:
@@ -762,7 +775,8 @@ class FleetService:
         (the reader connection waits for the server meanwhile, instead of the kernel and the database waiting
         for it). A full read means a backlog (a replay): the next one asks for CATCHUP_COUNT entries per
         stream. The next read's request goes out before the apply starts (one turn of the loop). Once every
-        MAINTAIN_INTERVAL, between two reads (none in flight), `_maintain` checks the server."""
+        MAINTAIN_INTERVAL a check of the server runs beside the loop (`_check`), and the loop acts on what it
+        found between two applies (`_maintain`)."""
         task = asyncio.current_task()
         reading: asyncio.Future[list[tuple[str, Sequence[Entry]]]] | None = asyncio.ensure_future(
             self.link.read(dict(self._cursors), self.read_count, self._block()))
@@ -770,6 +784,7 @@ class FleetService:
         # saves and its own fsync'd commit held the next read's batch for a few ms once a second, the slowest
         # bans of a steady stream (bench/bench_fleet.py's p99). A failed save raises here at the next turn.
         saving: asyncio.Future[None] | None = None
+        checking: asyncio.Future[_Checked] | None = None  # a maintenance's server reads, beside the loop
         try:
             while True:
                 assert reading is not None
@@ -787,9 +802,8 @@ class FleetService:
                                         ) from None
                     full = full or len(entries) >= self.read_count
                 count = self.catchup_count if full else self.read_count
-                due = time.monotonic() - self._maintained_at >= MAINTAIN_INTERVAL
-                reading = None if due else asyncio.ensure_future(self.link.read(nxt, count, self._block()))
-                if got and reading is not None:
+                reading = asyncio.ensure_future(self.link.read(nxt, count, self._block()))
+                if got:
                     await asyncio.sleep(0)  # the read's task runs to its wait for the reply: the request is sent
                 for owner, entries in got:
                     try:
@@ -798,9 +812,13 @@ class FleetService:
                         await self._apply_good(entries, owner, exc)
                 if self._deferred:
                     await self._retry_deferred()
-                if reading is None:
-                    await self._maintain()
-                    reading = asyncio.ensure_future(self.link.read(dict(self._cursors), count, self._block()))
+                if checking is not None and checking.done():
+                    checked, checking = checking.result(), None  # (a LinkError raises here: reconnect)
+                    await self._maintain(checked)
+                if checking is None and time.monotonic() - self._maintained_at >= MAINTAIN_INTERVAL:
+                    # (intervals on the monotonic clock: a test's `clock` may stand still)
+                    self._maintained_at = time.monotonic()
+                    checking = asyncio.ensure_future(self._check())
                 if saving is not None and saving.done():
                     done: asyncio.Future[None] = saving
                     saving = None
@@ -808,10 +826,11 @@ class FleetService:
                 if saving is None and self._dirty and self.clock() - self._saved_at >= self.cursor_interval:
                     saving = asyncio.ensure_future(self.save_cursor())
         finally:
-            if reading is not None and not reading.done():
-                reading.cancel()
-                with contextlib.suppress(BaseException):
-                    await reading
+            for pending in (reading, checking):
+                if pending is not None and not pending.done():
+                    pending.cancel()
+                    with contextlib.suppress(BaseException):
+                        await pending
             if saving is not None and not saving.done():
                 with contextlib.suppress(BaseException):
                     await saving  # a save under way finishes (close() saves again after it)
@@ -1177,72 +1196,83 @@ class FleetService:
 
     # -- maintenance: discovery, broken streams, healing ---------------------------------------------
 
-    async def _maintain(self) -> None:
-        """Once every MAINTAIN_INTERVAL, between two reads: new members' streams (every DISCOVER_INTERVAL),
-        a batch of the followed streams checked for a cursor ahead of their last id or ids ahead of the
-        server's clock, and this host's own keys (`_heal`)."""
+    async def _check(self) -> _Checked:
+        """The server reads of one maintenance, beside the receive loop (on the command connection, while the
+        reader waits in XREAD): members (every DISCOVER_INTERVAL, more rarely in a large fleet), a batch of the
+        followed streams' bounds, this host's own keys, and, when the own count fell or every VERIFY_EVERY
+        checks, how many running own bans the outbox holds. Done inline between two reads, the three round
+        trips and the store read held a read's batch once a second, the slowest bans at 1,000 bans/s."""
         now = self.clock()
-        # (intervals on the monotonic clock: a test's `clock` may stand still, and a wall-clock step must not
-        # stop or hurry the checks)
-        self._maintained_at = tick = time.monotonic()
+        tick = time.monotonic()
         own = self.cfg.host_id
+        owners = None
         every = max(DISCOVER_INTERVAL, DISCOVER_PER_MEMBER * self.stats.members)
         if tick - self._discovered_at >= every * random.uniform(0.8, 1.2):
             self._discovered_at = tick
             owners = [o for o in await self.link.members() if o != own]
-            new = [o for o in owners if o not in self._cursors]
-            for gone in [o for o in self._cursors if o != own and o not in owners]:
-                del self._cursors[gone]  # its stream is gone: if it comes back, a snapshot of it
+        others = sorted(o for o in self._cursors if o != own)
+        batch: dict[str, StreamId | None] = {}
+        if others:
+            start = self._check_from % len(others)
+            picked = (others[start:] + others[:start])[:CHECK_BATCH]
+            self._check_from = start + len(picked)
+            batch = {o: self._cursors.get(o) for o in picked}
+        server_ms, views = await self.link.server_views(batch) if batch else (0, {})
+        h = await self.link.health(now)
+        self._checks += 1
+        gone = h.last_id is None and self._cursors.get(own, (0, 0)) > (0, 0)  # our stream vanished
+        live = None
+        if h.epoch == self._epoch and (gone or 0 <= h.active < self._own_count or self._checks % VERIFY_EVERY == 0):
+            live = len(await self._own_active(now))
+        return _Checked(now, owners, batch, server_ms, views, h, live)
+
+    async def _maintain(self, c: _Checked) -> None:
+        """Act on a `_check`, between two reads: follow new members, drop gone ones, take a snapshot of a stream
+        whose last id is below our cursor (made again), mark streams with ids ahead of the server's clock, and
+        heal our own keys."""
+        own = self.cfg.host_id
+        if c.owners is not None:
+            new = [o for o in c.owners if o not in self._cursors]
+            for gone in [o for o in self._cursors if o != own and o not in c.owners]:
+                del self._cursors[gone]  # its stream is gone: if it comes back, it is read from its start
                 self.stats.stream_problems.pop(gone, None)
-            self.stats.members = len(owners) + 1
+            self.stats.members = len(c.owners) + 1
             for o in new:  # a stream that appeared since we connected: everything in it is new to us
                 self._move(o, (0, 0))
             if new:
                 log.info("fleet %s: following %d new members: %s", self.cfg.name, len(new), ", ".join(new[:10]))
-        others = sorted(o for o in self._cursors if o != own)
-        if others:
-            start = self._check_from % len(others)
-            batch = (others[start:] + others[:start])[:CHECK_BATCH]
-            self._check_from = start + len(batch)
-            server_ms, views = await self.link.server_views({o: self._cursors.get(o) for o in batch})
-            self._skew = server_ms / 1000 - self.clock()
-            ahead = []
-            for o, view in views.items():
-                cur = self._cursors.get(o)
-                if cur is not None and cur > view.last_generated:
-                    ahead.append(o)
-                elif view.last_generated[0] > server_ms + FUTURE_MS:
-                    self.stats.stream_problems.setdefault(o, "future_id")
-                elif self.stats.stream_problems.get(o) == "future_id":
-                    del self.stats.stream_problems[o]
-            if ahead:
-                for o in ahead:
-                    self.stats.stream_problems[o] = "cursor_ahead"
-                    self.stats.received[("?", "cursor_ahead")] += 1
-                log.warning("fleet %s: our cursor is ahead of the last id of %s's stream (re-created, or its ids "
-                            "were rewound): taking a snapshot of it", self.cfg.name, ", ".join(ahead))
-                await self._snapshot(ahead, "cursor ahead")
-        await self._heal(now)
+        if c.server_ms:
+            self._skew = c.server_ms / 1000 - c.now
+        ahead = []
+        for o, view in c.views.items():
+            cur = c.cursors.get(o)
+            if cur is not None and cur > view.last_generated and self._cursors.get(o) == cur:
+                ahead.append(o)  # (a cursor that moved since the check was read on: the stream works)
+            elif view.last_generated[0] > c.server_ms + FUTURE_MS:
+                self.stats.stream_problems.setdefault(o, "future_id")
+            elif self.stats.stream_problems.get(o) == "future_id":
+                del self.stats.stream_problems[o]
+        if ahead:
+            for o in ahead:
+                self.stats.stream_problems[o] = "cursor_ahead"
+                self.stats.received[("?", "cursor_ahead")] += 1
+            log.warning("fleet %s: our cursor is ahead of the last id of %s's stream (re-created, or its ids "
+                        "were rewound): taking a snapshot of it", self.cfg.name, ", ".join(ahead))
+            await self._snapshot(ahead, "cursor ahead")
+        await self._heal(c.health, c.live)
 
-    async def _heal(self, now: float) -> None:
+    async def _heal(self, h: OwnHealth, live: int | None) -> None:
         """Does the server still hold what this host enforces? Its epoch token gone (the server lost its state:
         a restart without persistence, a flush, a failover to a replica that missed it), or fewer of its own
-        bans running in its `active` than its outbox says: the missing ones are re-asserted. Its own stream
-        with ids ahead of the server's clock (written with its credentials by someone else): re-created."""
-        h = await self.link.health(now)
+        bans running in its `active` than its outbox holds (`live`): the missing ones are re-asserted. Its own
+        stream with ids ahead of the server's clock (written with its credentials by someone else): re-created."""
         own = self.cfg.host_id
         if h.last_id is not None and h.last_id[0] > h.server_ms + FUTURE_MS:
             await self._reset_own_stream(f"its last id {format_id(h.last_id)} is ahead of the server's clock")
             return
         if h.last_id is not None and self._cursors.get(own, (0, 0)) > h.last_id:
             self._cursors[own] = h.last_id  # re-created (by us, or by someone with our credentials)
-        lost = h.epoch != self._epoch
-        self._checks += 1
-        # fewer than at the last check (expired, or removed?), and every VERIFY_EVERY checks whatever the count
-        # (members removed before a check saw them): the outbox's count of running own bans decides
-        gone = h.last_id is None and self._cursors.get(own, (0, 0)) > (0, 0)  # our stream vanished
-        if not lost and (gone or 0 <= h.active < self._own_count or self._checks % VERIFY_EVERY == 0):
-            lost = len(await self._own_active(now)) > h.active
+        lost = h.epoch != self._epoch or (live is not None and live > h.active)
         self._own_count = h.active
         if lost:
             n = await self._reassert_by_scores()

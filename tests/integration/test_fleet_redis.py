@@ -127,9 +127,11 @@ async def test_server_restart_with_empty_data_snapshot_and_reassert(server: Redi
         await until(lambda: b.sink.has(x1) and b.sink.has(x2) and a.sink.has(y))
         a.service.submit_unbans([x2])
         await until(lambda: not b.sink.has(x2))
+        snaps = (a.service.stats.snapshots, b.service.stats.snapshots)
         server.kill()
         server.start(wipe=True)
-        await until(lambda: a.service.stats.snapshots >= 2 and b.service.stats.snapshots >= 2
+        await until(lambda: (a.service.stats.snapshots, b.service.stats.snapshots) > snaps
+                    and a.service.stats.snapshots > snaps[0] and b.service.stats.snapshots > snaps[1]
                     and a.service.stats.connected and b.service.stats.connected, what="both re-snapshotted")
         # each re-asserted its own active bans; the unbanned x2 did not come back
         await until(lambda: a.sink.has(y) and b.sink.has(x1), what="re-asserted bans spread again")
@@ -156,9 +158,10 @@ async def test_a_fleet_counted_ban_is_reasserted_by_the_host_that_decided_it(ser
         await until(lambda: [r.target for r in a.store.fleet_own_active(time.time(), 0)] == ["192.0.2.77"],
                     what="recorded by a as its own published ban")
         assert a.service.stats.reasserted == 0 and not b.sink.has(z)  # not published by a: the script did
+        snaps = a.service.stats.snapshots
         server.kill()
         server.start(wipe=True)
-        await until(lambda: a.service.stats.snapshots >= 2 and a.service.stats.connected, what="a re-snapshotted")
+        await until(lambda: a.service.stats.snapshots > snaps and a.service.stats.connected, what="a re-snapshotted")
         await until(lambda: b.sink.has(z), what="the counted ban re-asserted by a")
         assert a.service.stats.reasserted == 1
     finally:
@@ -229,8 +232,8 @@ async def test_hostile_events_are_rejected_counted_and_skipped(server: RedisServ
         for i in range(10):  # the origin's burst is 5: its sixth event and on wait for the cap (deferred)
             await r.cmd.xadd(flood, good | {"net": f"203.0.113.{100 + i}", "origin": "flood"})  # type: ignore
         await r.close()
-        await until(lambda: sum(b.service.stats.received.values()) == 16 and b.service.stats.deferred_total == 5,
-                    what="all 21 entries read, 5 deferred")
+        await until(lambda: sum(b.service.stats.received.values()) >= 16 and b.service.stats.deferred_total == 5,
+                    what="all 21 entries read, 5 deferred")  # (>=: the deferred ones are applied at 1/s)
         assert set(b.sink.fleet) >= {N("203.0.113.50/32")} | {N(f"203.0.113.{100 + i}/32") for i in range(5)}
         rejected = b.service.status()["rejected"]
         assert rejected == {"allowlisted": 2, "too_wide": 1, "bad_until": 1, "host_bits": 1, "version": 2,
