@@ -93,12 +93,15 @@ async def measure(url: str) -> dict[str, float]:
         cursors = dict(svc._cursors)
         # an idle XREAD over every stream, no BLOCK: nothing new
         assert link.reader is not None
+        scan_us = (await commandstats(admin)).get("scan", 0.0)
+        await admin.config_resetstat()
         t0 = time.perf_counter()
         for _ in range(50):
             await link.reader.execute_command(  # type: ignore[no-untyped-call]
                 "XREAD", "COUNT", 1000, "STREAMS", *[link.keys.events_of(o) for o in cursors],
                 *[f"{ms}-{seq}" for ms, seq in cursors.values()])
         out["xread_client"] = (time.perf_counter() - t0) / 50
+        out["xread_server_us"] = (await commandstats(admin)).get("xread", 0.0)
         # the checks of one maintenance
         batch = {o: cursors[o] for o in list(cursors)[:CHECK_BATCH]}
         t0 = time.perf_counter()
@@ -109,7 +112,8 @@ async def measure(url: str) -> dict[str, float]:
         # one ban from one host to this receiver, which blocks in XREAD over every stream
         lat: list[float] = []
         sender = Redis.from_url(url)
-        k = Keys.for_fleet(NAME, "h0500")
+        sender_host = f"h{HOSTS // 2:04d}"
+        k = Keys.for_fleet(NAME, sender_host)
         after = dict(cursors)
         try:
             for i in range(200):
@@ -117,7 +121,7 @@ async def measure(url: str) -> dict[str, float]:
                 await asyncio.sleep(0.002)  # the read is blocked at the server
                 t0 = time.perf_counter()
                 await sender.xadd(k.events, {"v": "2", "op": "ban", "net": f"11.0.{i // 256}.{i % 256}",
-                                             "until": repr(now + 60), "origin": "h0500", "oseq": str(i),
+                                             "until": repr(now + 60), "origin": sender_host, "oseq": str(i),
                                              "src": "cli", "ts": "0"})
                 got = await reading
                 lat.append(time.perf_counter() - t0)
@@ -128,8 +132,7 @@ async def measure(url: str) -> dict[str, float]:
         lat.sort()
         out["one_p50"], out["one_p99"] = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
         stats = await commandstats(admin)
-        out["xread_server_us"] = stats.get("xread", 0.0)
-        out["scan_server_us"] = stats.get("scan", 0.0)
+        out["scan_server_us"] = scan_us
         out["xinfo_server_us"] = stats.get("xinfo|stream", stats.get("xinfo", 0.0))
         out["xrange_server_us"] = stats.get("xrange", 0.0)
         scans = out["scan_server_us"] * (HOSTS * 4 // 1000 + 1)  # a SCAN call per 1,000 keys (4 keys a host)
@@ -138,6 +141,9 @@ async def measure(url: str) -> dict[str, float]:
         per_s = HOSTS * (out["xread_server_us"] + CHECK_BATCH * (out["xinfo_server_us"] + out["xrange_server_us"])
                          + scans / max(1.0, DISCOVER_PER_MEMBER * HOSTS))
         out["server_cpu"] = per_s / 1e6
+        # and each publish (one MULTI) wakes every follower blocked on that stream, whose XREAD then runs again
+        # over every stream: the server's time per publish for the whole fleet
+        out["wake_cpu_s"] = HOSTS * out["xread_server_us"] / 1e6
     finally:
         await link.close()
         await admin.aclose()
@@ -161,6 +167,8 @@ def main() -> None:
            note=note + f"; server {m['xread_server_us']:.0f} us per call")
     record(f"fleet at {HOSTS} hosts: one ban -> a receiver following every stream, p99", m["one_p99"] * 1000, "ms",
            note=note + f"; p50 {m['one_p50'] * 1000:.2f} ms")
+    record(f"fleet at {HOSTS} hosts: server time per publish (every follower's XREAD runs again)", m["wake_cpu_s"],
+           "s", note=note + f"; {m['xread_server_us']:.0f} us per XREAD over {HOSTS} streams")
     record(f"fleet at {HOSTS} hosts: server CPU of the followers' reads, checks and discovery", m["server_cpu"],
            "cores", note=note + f"; per host per second: one idle XREAD, {CHECK_BATCH} stream checks "
            f"({m['xinfo_server_us']:.1f} + {m['xrange_server_us']:.1f} us), a SCAN every "
