@@ -34,7 +34,7 @@ from bench.common import record  # noqa: E402
 from nftblockd.allowlist import build_allowlist  # noqa: E402
 from nftblockd.fleet.codec import FleetEvent, encode  # noqa: E402
 from nftblockd.fleet.link import Keys, RedisLink  # noqa: E402
-from nftblockd.fleet.service import CHECK_BATCH, DISCOVER_PER_MEMBER, FleetService  # noqa: E402
+from nftblockd.fleet.service import DISCOVER_PER_MEMBER, FleetService, check_batch  # noqa: E402
 from tests.helpers.fleet import FakeSink, fleet_config  # noqa: E402
 from tests.helpers.redis import RedisServer  # noqa: E402
 from tests.helpers.store import memory_store  # noqa: E402
@@ -42,6 +42,7 @@ from tests.helpers.store import memory_store  # noqa: E402
 HOSTS = int(os.environ.get("NFTBLOCK_BENCH_FLEET_HOSTS", "1000"))
 BANS = int(os.environ.get("NFTBLOCK_BENCH_FLEET_HOST_BANS", "100"))
 NAME = "hosts"
+SUBSCRIBERS = 200  # doorbell subscribers PUBLISH's cost per subscriber is measured with
 
 
 async def fill(url: str, now: float) -> None:
@@ -103,7 +104,7 @@ async def measure(url: str) -> dict[str, float]:
         out["xread_client"] = (time.perf_counter() - t0) / 50
         out["xread_server_us"] = (await commandstats(admin)).get("xread", 0.0)
         # the checks of one maintenance
-        batch = {o: cursors[o] for o in list(cursors)[:CHECK_BATCH]}
+        batch = {o: cursors[o] for o in list(cursors)[:check_batch(HOSTS)]}
         t0 = time.perf_counter()
         for _ in range(20):
             await link.server_views(batch)
@@ -112,6 +113,9 @@ async def measure(url: str) -> dict[str, float]:
         # one ban from one host to this receiver, which blocks in XREAD over every stream
         lat: list[float] = []
         sender = Redis.from_url(url)
+        await link.read(dict(cursors), 1000, 10)  # (the first read sweeps every stream: not a rung read)
+        stats_checks = await commandstats(admin)
+        await admin.config_resetstat()
         sender_host = f"h{HOSTS // 2:04d}"
         k = Keys.for_fleet(NAME, sender_host)
         after = dict(cursors)
@@ -120,9 +124,12 @@ async def measure(url: str) -> dict[str, float]:
                 reading = asyncio.ensure_future(link.read(after, 1000, 2000))
                 await asyncio.sleep(0.002)  # the read is blocked at the server
                 t0 = time.perf_counter()
-                await sender.xadd(k.events, {"v": "2", "op": "ban", "net": f"11.0.{i // 256}.{i % 256}",
-                                             "until": repr(now + 60), "origin": sender_host, "oseq": str(i),
-                                             "src": "cli", "ts": "0"})
+                pipe = sender.pipeline(transaction=True)  # as a host publishes: the entry, then the ring
+                pipe.xadd(k.events, {"v": "2", "op": "ban", "net": f"11.0.{i // 256}.{i % 256}",
+                                     "until": repr(now + 60), "origin": sender_host, "oseq": str(i),
+                                     "src": "cli", "ts": "0"})
+                pipe.publish(k.bell, sender_host)
+                await pipe.execute()
                 got = await reading
                 lat.append(time.perf_counter() - t0)
                 for o, es in got:
@@ -133,17 +140,31 @@ async def measure(url: str) -> dict[str, float]:
         out["one_p50"], out["one_p99"] = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
         stats = await commandstats(admin)
         out["scan_server_us"] = scan_us
-        out["xinfo_server_us"] = stats.get("xinfo|stream", stats.get("xinfo", 0.0))
-        out["xrange_server_us"] = stats.get("xrange", 0.0)
+        out["xinfo_server_us"] = stats_checks.get("xinfo|stream", stats_checks.get("xinfo", 0.0))
+        out["xrange_server_us"] = stats_checks.get("xrange", 0.0)
+        out["xread1_server_us"] = stats.get("xread", 0.0)  # the rung reads: one stream each
+        # PUBLISH's cost per subscriber: SUBSCRIBERS clients on the bell, 200 rings
+        subs = [Redis.from_url(url).pubsub() for _ in range(SUBSCRIBERS)]
+        for sub in subs:
+            await sub.subscribe(k.bell)
+        await admin.config_resetstat()
+        for _ in range(200):
+            await admin.publish(k.bell, sender_host)
+        out["publish_per_sub_us"] = (await commandstats(admin)).get("publish", 0.0) / SUBSCRIBERS
+        for sub in subs:
+            await sub.aclose()
         scans = out["scan_server_us"] * (HOSTS * 4 // 1000 + 1)  # a SCAN call per 1,000 keys (4 keys a host)
         # a fleet of HOSTS hosts: each one idle XREAD (over every stream) and one batch of checks per second,
         # and a full discovery every DISCOVER_PER_MEMBER * HOSTS seconds
-        per_s = HOSTS * (out["xread_server_us"] + CHECK_BATCH * (out["xinfo_server_us"] + out["xrange_server_us"])
+        checks = check_batch(HOSTS) * (out["xinfo_server_us"] + out["xrange_server_us"])
+        per_s = HOSTS * (out["xread_server_us"] / RedisLink.sweep_every(HOSTS) + checks
                          + scans / max(1.0, DISCOVER_PER_MEMBER * HOSTS))
         out["server_cpu"] = per_s / 1e6
-        # and each publish (one MULTI) wakes every follower blocked on that stream, whose XREAD then runs again
-        # over every stream: the server's time per publish for the whole fleet
-        out["wake_cpu_s"] = HOSTS * out["xread_server_us"] / 1e6
+        # each publish (one MULTI) rings every follower, which reads that one stream: the server's time per
+        # publish for the whole fleet (a blocked XREAD over every stream, as before the doorbell, ran again over
+        # all of them for each follower: HOSTS * xread_server_us)
+        out["wake_cpu_s"] = HOSTS * (out["publish_per_sub_us"] + out["xread1_server_us"]) / 1e6
+        out["wake_cpu_s_blocked_xread"] = HOSTS * out["xread_server_us"] / 1e6
     finally:
         await link.close()
         await admin.aclose()
@@ -167,10 +188,14 @@ def main() -> None:
            note=note + f"; server {m['xread_server_us']:.0f} us per call")
     record(f"fleet at {HOSTS} hosts: one ban -> a receiver following every stream, p99", m["one_p99"] * 1000, "ms",
            note=note + f"; p50 {m['one_p50'] * 1000:.2f} ms")
-    record(f"fleet at {HOSTS} hosts: server time per publish (every follower's XREAD runs again)", m["wake_cpu_s"],
-           "s", note=note + f"; {m['xread_server_us']:.0f} us per XREAD over {HOSTS} streams")
+    record(f"fleet at {HOSTS} hosts: server time per publish (a ring to every follower, one XREAD each)",
+           m["wake_cpu_s"] * 1000, "ms", reference="every follower blocked in XREAD over every stream",
+           reference_value=m["wake_cpu_s_blocked_xread"] * 1000,
+           note=note + f"; PUBLISH {m['publish_per_sub_us']:.2f} us per subscriber, XREAD of one stream "
+           f"{m['xread1_server_us']:.1f} us, of {HOSTS} streams {m['xread_server_us']:.0f} us")
     record(f"fleet at {HOSTS} hosts: server CPU of the followers' reads, checks and discovery", m["server_cpu"],
-           "cores", note=note + f"; per host per second: one idle XREAD, {CHECK_BATCH} stream checks "
+           "cores", note=note + f"; per host: a sweep XREAD every {RedisLink.sweep_every(HOSTS):.0f} s, "
+           f"{check_batch(HOSTS)} stream checks a second "
            f"({m['xinfo_server_us']:.1f} + {m['xrange_server_us']:.1f} us), a SCAN every "
            f"{DISCOVER_PER_MEMBER * HOSTS:.0f} s")
 
