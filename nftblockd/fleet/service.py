@@ -321,10 +321,14 @@ class FleetService:
                  clock: Callable[[], float] = time.time, cursor_interval: float = 1.0,
                  on_lag: Callable[[float], None] | None = None, read_count: int = READ_COUNT,
                  catchup_count: int = CATCHUP_COUNT, batch: bool = True,
-                 saved: Callable[[], asyncio.Future[bool]] | None = None, run_store: StoreRunner | None = None
-                 ) -> None:
+                 saved: Callable[[], asyncio.Future[bool]] | None = None, run_store: StoreRunner | None = None,
+                 on_heal: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.cfg = cfg
         self.link = link
+        # called after this host re-asserted its own bans because the server had lost them (at a connect to a
+        # server without our epoch, and at each heal), with the reason: fleet counting re-asserts the
+        # fleet-counted bans this host holds there (issue #34 item 7, its own keys and code)
+        self.on_heal = on_heal
         self.state = state
         self.sink = sink
         self.gate = Gate(limits_of(cfg), allow)
@@ -1096,6 +1100,11 @@ class FleetService:
         await self.save_cursor()
         await self._reassert_by_scores()
         self._own_count = -1
+        if self._epoch and self.on_heal is not None:  # a reconnect to a server that lost our state: tell counting
+            with contextlib.suppress(LinkError):
+                epoch = (await self.link.health(self.clock())).epoch
+                if epoch != self._epoch:
+                    await self.on_heal("the server lost this host's state")
         await self._mark_epoch()
 
     async def _mark_epoch(self) -> None:
@@ -1286,9 +1295,12 @@ class FleetService:
         if lost:
             n = await self._reassert_by_scores()
             self.stats.heals += 1
+            why = "epoch marker gone" if h.epoch != self._epoch else "own active bans missing"
             log.warning("fleet %s: the server lost this host's state (%s): %d own bans re-asserted", self.cfg.name,
-                        "epoch marker gone" if h.epoch != self._epoch else "own active bans missing", n)
+                        why, n)
             await self._mark_epoch()
+            if self.on_heal is not None:
+                await self.on_heal(why)
 
     async def _reset_own_stream(self, why: str) -> None:
         """Our own stream refuses appends or carries ids ahead of the server's clock: delete it (our own key)

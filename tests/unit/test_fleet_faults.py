@@ -467,3 +467,27 @@ async def test_the_next_read_is_asked_for_before_a_batch_is_applied() -> None:
         assert engine.log.index(("read", last)) < engine.log.index(("apply", last))
     finally:
         await stop(task)
+
+
+async def test_a_lost_epoch_is_healed_without_a_reconnect_and_the_hook_told() -> None:
+    """#39 item 1: the server lost this host's state (its epoch marker and `active` gone): the own bans are
+    re-asserted while the link stays up, and `on_heal` (fleet counting's hook) hears of it."""
+    engine, clock = MemoryEngine(), Clock()
+    heard: list[str] = []
+
+    async def on_heal(why: str) -> None:
+        heard.append(why)
+
+    svc, _sink = make(engine, clock)
+    svc.on_heal = on_heal
+    task = await run(svc)
+    try:
+        svc.submit_bans(_bans("203.0.113.1", "203.0.113.2"))  # type: ignore[arg-type]
+        await until(lambda: len(engine.active) == 2 and svc.stats.outbox == 0, 5.0, "published")
+        await until(lambda: svc.state.fleet_own_active(NOW, 0) != [], 5.0, "marked published")
+        engine.epoch = None
+        engine.active.clear()
+        await until(lambda: len(engine.active) == 2, 5.0, "re-asserted")
+        assert svc.stats.heals == 1 and svc.stats.connects == 1 and heard == ["epoch marker gone"]
+    finally:
+        await stop(task)
