@@ -49,7 +49,7 @@ from nftblockd.daemon import tune_gc  # noqa: E402
 from nftblockd.events import FleetChange, LocalBan  # noqa: E402
 from nftblockd.fleet.codec import FleetEvent, encode  # noqa: E402
 from nftblockd.fleet.link import CHUNK, Keys, RedisLink  # noqa: E402
-from nftblockd.fleet.service import CATCHUP_COUNT, READ_COUNT, FleetService  # noqa: E402
+from nftblockd.fleet.service import CATCHUP_COUNT, READ_COUNT, FleetService, format_cursors  # noqa: E402
 from nftblockd.kernel import nfmsg  # noqa: E402
 from nftblockd.kernel.bans import TimedSpecs  # noqa: E402
 from nftblockd.kernel.batcher import Group  # noqa: E402
@@ -189,7 +189,8 @@ async def catch_up_once(url: str, tmp: Path, name: str, db: str, n: int) -> floa
     r = Redis.from_url(url)
     run_id = (await r.info("server"))["run_id"]
     await r.aclose()
-    store.set_fleet_cursor(name, run_id, "0-0")  # a host that was away since the stream began: a replay
+    # a host that was away since b's stream began: a replay of it
+    store.set_fleet_cursor(name, run_id, format_cursors({"b": (0, 0)}))
     fcfg = FleetConfig(name=name, host_id="c", url=url, rate=1e7, burst=10**7)
     link = RedisLink(fcfg)
     try:
