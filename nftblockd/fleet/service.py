@@ -6,19 +6,29 @@ Rules (the receive side is a small state machine: offline -> catching up -> foll
   writes it to the outbox in the state database (durable) and publishes it when the server is reachable.
   Losing the server never weakens protection: only sharing waits. Outbox rows are published in oseq order;
   a ban that ended or was unbanned meanwhile is skipped.
-- Receive. One dedicated connection loops `XREAD BLOCK` from the cursor. Every entry is decoded and passes
-  the trust gate; events whose origin is this host only move the cursor. The accepted events of one reply
-  become ONE `FleetSink.apply_fleet` call (one kernel transaction); within a reply, the last event for an
-  address wins. A reply of nothing but plain single-address bans (a catch-up) takes the batch path
+- Receive (schema 2: a stream per host, link.py). One dedicated connection reads every member's stream
+  (woken by the doorbell, `RedisLink.read`), one cursor per stream. An entry's origin is its stream's host:
+  an origin field naming anyone else is refused (`origin`); this host's own stream only moves its cursor; a
+  host's unban lifts only that host's fleet bans (`FleetUnban.owner`), the operator's any. Every entry is
+  decoded and passes the trust gate, whose rate buckets are per stream. The accepted events of one stream's
+  reply become ONE `FleetSink.apply_fleet` call (one kernel transaction); within a reply, the last event for an
+  address wins. Entries with ids more than FUTURE_MS ahead of the server's clock are refused (`future_id`).
+  A reply of nothing but plain single-address bans (a catch-up) takes the batch path
   (`_apply_plain`: `rawread.plain_bans`, `Gate.check_hosts`, `FleetChange.hosts`), which must come to exactly
   what the entry-by-entry path does (`batch=False`; tests/unit/test_fleet_batch.py); any other reply goes
   entry by entry. The cursor is saved after the kernel commit (at most every `cursor_interval` seconds, and at
   close), so a crash replays a little: bans keep the later end and unbans delete if present, so
   re-applying is harmless.
-- Catch-up, on every connect: read the server's run id and stream bounds and `catchup.decide`. Replay just
-  continues from the cursor. Snapshot reads the server state atomically, gates it, reconciles the fleet's
-  kernel elements to it in one change, continues from the snapshot's stream id, and then re-publishes this
-  host's own recent active bans that the server lacks (repairing writes a failed-over primary lost).
+- Catch-up, on every connect: find the members' streams, read the server's run id and each stream's bounds,
+  and `catchup.decide` per stream. Replay just continues from the cursor. Snapshot reads those owners' keys
+  atomically, gates them, reconciles the fleet's kernel elements to them in one change (an owner's tombstones
+  lift only its own bans, never a local one), and continues from each stream's last id. Then this host's own
+  recent active bans that its own keys lack are re-published (repairing writes a failed-over primary lost),
+  and its epoch token is set.
+- Maintenance, once every MAINTAIN_INTERVAL: the server reads run beside the receive loop (`_check`), the
+  loop acts on them between two applies (`_maintain`): new members followed from their start, a stream
+  whose last id is below our cursor (made again) re-read from a snapshot, and this host's own keys healed
+  (`_heal`: epoch gone or own bans missing -> re-assert; own stream unusable -> made again).
 - Offline. Any error on the server link closes both connections; the service waits `retry.retry_delay`
   (jittered: 0.2 s for the first 10 s of an outage, 0.5 s until 2 min, growing to 30 s after) and connects again. One
   warning when the link goes down, one info line when it comes back (with how long it was away); retries in
@@ -1268,8 +1278,8 @@ class FleetService:
                 ahead.append(o)  # (a cursor that moved since the check was read on: the stream works)
             elif view.last_generated[0] > c.server_ms + FUTURE_MS:
                 self.stats.stream_problems.setdefault(o, "future_id")
-            elif self.stats.stream_problems.get(o) == "future_id":
-                del self.stats.stream_problems[o]
+            elif self.stats.stream_problems.get(o) == "future_id" and self._cursors.get(o) == cur:
+                del self.stats.stream_problems[o]  # (only if nothing was read since: the view is not stale)
         if ahead:
             for o in ahead:
                 self.stats.stream_problems[o] = "cursor_ahead"
