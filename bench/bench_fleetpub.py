@@ -49,7 +49,7 @@ from nftblockd.daemon import tune_gc  # noqa: E402
 from nftblockd.events import FleetChange, LocalBan  # noqa: E402
 from nftblockd.fleet.codec import FleetEvent, encode  # noqa: E402
 from nftblockd.fleet.link import CHUNK, Keys, RedisLink  # noqa: E402
-from nftblockd.fleet.service import CATCHUP_COUNT, READ_COUNT, FleetService  # noqa: E402
+from nftblockd.fleet.service import CATCHUP_COUNT, READ_COUNT, FleetService, format_cursors  # noqa: E402
 from nftblockd.kernel import nfmsg  # noqa: E402
 from nftblockd.kernel.bans import TimedSpecs  # noqa: E402
 from nftblockd.kernel.batcher import Group  # noqa: E402
@@ -122,7 +122,7 @@ async def publish_once(url: str, tmp: Path, name: str, n: int) -> float:
 async def xadd_floor(url: str, name: str, n: int) -> float:
     """The same entries, encoded by the codec beforehand, by a plain XADD pipeline of CHUNK per round trip."""
     now = time.time()
-    key = Keys.for_fleet(name).events
+    key = Keys.for_fleet(name, "a").events
     fields = [encode(FleetEvent("ban", ipaddress.ip_network(a), now + 3600 + i * 0.001, "a", i + 1, "jail:sshd",
                                 int(now * 1000))) for i, a in enumerate(addrs(n))]
     r = Redis.from_url(url)
@@ -139,8 +139,8 @@ async def xadd_floor(url: str, name: str, n: int) -> float:
 
 
 async def fill_stream(url: str, name: str, n: int, now: float) -> None:
-    """`n` bans from host "b" in the fleet's stream, each ban with its own end (a millisecond apart)."""
-    key = Keys.for_fleet(name).events
+    """`n` bans from host "b" in its stream, each ban with its own end (a millisecond apart)."""
+    key = Keys.for_fleet(name, "b").events
     r = Redis.from_url(url)
     try:
         for i in range(0, n, CHUNK):
@@ -158,7 +158,7 @@ async def replay_floor(url: str, name: str, n: int) -> float:
     """XREAD from the start of the stream until `n` entries are read, as the receive loop reads: the same client
     and parser, the reply as the parser hands it (the link sets no callback for XREAD: redis-py's rebuilds every
     entry as a dict, ~0.1 s per 100k, which the daemon does not pay), READ_COUNT then CATCHUP_COUNT per read."""
-    key = Keys.for_fleet(name).events
+    key = Keys.for_fleet(name, "b").events
     r = Redis.from_url(url)
     r.set_response_callback("XREAD", lambda response, **_options: response)
     try:
@@ -191,7 +191,8 @@ async def catch_up_once(url: str, tmp: Path, name: str, db: str, n: int, limit_s
     r = Redis.from_url(url)
     run_id = (await r.info("server"))["run_id"]
     await r.aclose()
-    store.set_fleet_cursor(name, run_id, "0-0")  # a host that was away since the stream began: a replay
+    # a host that was away since b's stream began: a replay of it
+    store.set_fleet_cursor(name, run_id, format_cursors({"b": (0, 0)}))
     fcfg = FleetConfig(name=name, host_id="c", url=url, rate=1e7, burst=10**7)
     link = RedisLink(fcfg)
     try:

@@ -765,6 +765,12 @@ def _print_fleet(ctx: _Context, f: Mapping[str, Any], indent: str) -> None:
                   "(applied as the cap refills)")
     ctx.print(f"{indent}catch-ups: {f.get('replays', 0)} replays, {f.get('snapshots', 0)} snapshots, "
               f"{f.get('reasserted', 0)} own bans re-asserted; {f.get('connects', 0)} connects")
+    ctx.print(f"{indent}members: {f.get('members', 0)} streams followed; {f.get('heals', 0)} heals (the server had "
+              f"lost this host's bans), {f.get('stream_resets', 0)} own stream re-created")
+    problems = f.get("stream_problems") or {}
+    if isinstance(problems, dict) and problems:
+        ctx.print(f"{indent}BROKEN streams (their events are refused or re-read): "
+                  + ", ".join(f"{h} ({why})" for h, why in sorted(problems.items())))
     if f.get("last_error"):
         ctx.print(f"{indent}last error ({_ago(f.get('last_error_at'), now)}): {f['last_error']}")
     c = f.get("counting")

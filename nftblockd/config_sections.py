@@ -25,7 +25,9 @@ from nftblockd.config_model import (
 from nftblockd.config_reader import SectionReader
 from nftblockd.yamlsrc import Path_
 
-FLEET_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+# a host id names the host's own keys and its ACL user (docs/fleet.md): lower case, and no ':' or glob
+# character, so `nftblock:{F}:h:<id>:*` covers that host's keys and no other host's
+FLEET_HOST_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _HEADER_RE = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}")  # an HTTP token (RFC 9110)
 _F2B_TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
@@ -161,12 +163,12 @@ class ActionFleetSections(SectionReader):
             self.fail((*path, "name"), "a fleet name is 1 to 32 letters, digits, '.', '_' or '-'")
         host_id = self.get(m, "host_id", path, str, None)
         if host_id is None:
-            host_id = socket.gethostname().split(".")[0]
+            host_id = socket.gethostname().split(".")[0].lower()
             if not FLEET_HOST_RE.fullmatch(host_id):
                 self.fail((*path, "host_id"), f"the hostname {host_id!r} is not usable as a host id; set host_id")
         elif not FLEET_HOST_RE.fullmatch(host_id):
-            self.fail((*path, "host_id"), "a host id is a letter or digit then up to 63 letters, digits, "
-                      "'.', '_', ':' or '-'")
+            self.fail((*path, "host_id"), "a host id is a lower-case letter or digit then up to 62 lower-case "
+                      "letters, digits, '.', '_' or '-' (it names the host's keys and ACL user)")
         url = self.get(m, "url", path, str, None)
         hosts: list[tuple[str, int]] = []
         service = ""

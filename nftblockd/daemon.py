@@ -12,19 +12,23 @@ and daemon_reload.py (reloads).
 from __future__ import annotations
 
 import asyncio  # noqa: TID251 (an IO edge: the composition root: one TaskGroup, signals)
+import contextlib
 import dataclasses
 import functools
 import gc
+import ipaddress
 import logging
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from nftblockd import needed
 from nftblockd.actions.hub import ActionHub
-from nftblockd.addr import IPNet, host_net, unpack_hosts, unpack_target
+from nftblockd.addr import IPAddr, IPNet, host_net, unpack_hosts, unpack_target
 from nftblockd.allowlist import Allowlist, build_allowlist
 from nftblockd.config import Config, FeedConfig, JailConfig
 from nftblockd.control.api import ControlAPI
@@ -106,6 +110,7 @@ class Daemon(FleetWiring, ReloadLogic):
         self.last_reload = Verdict(True, "not reloaded since start")
         self.plan = plan_ruleset(cfg)
         self.link_watch: links.LinkWatch | None = None  # made in run(), before the table setup
+        self._resolved: dict[str, list[IPAddr]] = {}  # what this host needs (needed.py): name -> addresses
         self.allow = self._allowlist(cfg)
         self.metrics = Metrics()
         self.metrics.degraded.read = lambda: health_samples(self.degraded())
@@ -187,7 +192,51 @@ class Daemon(FleetWiring, ReloadLogic):
 
     def _allowlist(self, cfg: Config) -> Allowlist:
         self._own = own_addresses() if cfg.allowlist_self else []
-        return build_allowlist(cfg.allowlist, self._own, include_self=cfg.allowlist_self)
+        return build_allowlist([*cfg.allowlist, *self._needed(cfg)], self._own, include_self=cfg.allowlist_self)
+
+    def _needed(self, cfg: Config) -> list[IPNet]:
+        """Never banned, whatever `allowlist_self` says: the fleet server and Sentinels, the feed servers and the
+        resolvers (needed.py). Literal addresses and resolv.conf at once; names as last resolved."""
+        resolved = dict(self._resolved)
+        for _what, host in needed.names(cfg):
+            with contextlib.suppress(ValueError):
+                resolved[host] = [ipaddress.ip_address(host)]
+        try:
+            with open(needed.RESOLV_CONF, encoding="utf-8", errors="replace") as f:
+                resolved[needed.RESOLV_CONF] = needed.nameservers(f.read(needed.RESOLV_MAX))
+        except OSError:
+            pass  # no resolver configured: nothing to protect
+        return needed.networks(resolved)
+
+    async def _refresh_needed(self) -> None:
+        """Resolve the names of what this host needs (each bounded; a name that fails keeps its last
+        addresses) and install the allowlist again when they changed (a fleet server that moved)."""
+        loop = asyncio.get_running_loop()
+        before = needed.networks(self._resolved)
+        for what, host in needed.names(self.cfg):
+            try:
+                infos = await asyncio.wait_for(loop.getaddrinfo(host, None, type=socket.SOCK_STREAM), 5.0)
+            except (OSError, TimeoutError) as exc:
+                log.debug("cannot resolve %s %s: %s", what, host, exc)
+                continue
+            addrs = []
+            for info in infos:
+                with contextlib.suppress(ValueError):
+                    addrs.append(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]))
+            if addrs:
+                self._resolved[host] = addrs
+        if needed.networks(self._resolved) != before:
+            async with self._reload_lock:
+                allow = await asyncio.to_thread(self._allowlist, self.cfg)
+                log.info("never banned, as this host needs them: %s",
+                         ", ".join(f"{h} ({', '.join(map(str, a))})" for h, a in sorted(self._resolved.items())))
+                await self._apply_allowlist(allow, "as an address this host needs")
+
+    async def _follow_needed(self) -> None:
+        if not needed.names(self.cfg):
+            return
+        await self._refresh_needed()
+        await every(lambda: needed.REFRESH, self.stop, self._refresh_needed, "resolving what this host needs")
 
     async def _apply_allowlist(self, allow: Allowlist, why: str) -> None:
         """Install a new allowlist: decisions use it at once, bans it now protects are lifted, and the
@@ -327,6 +376,7 @@ class Daemon(FleetWiring, ReloadLogic):
                 tg.create_task(self._reloads(), name="reload")
                 if self.cfg.allowlist_self:
                     tg.create_task(self._follow_own_addresses(), name="own-addresses")
+                tg.create_task(self._follow_needed(), name="needed-addresses")
                 tg.create_task(self._follow_links(), name="links")
                 tg.create_task(watchdog_loop(self.notifier, self.stop, self._healthy), name="watchdog")
                 self._tg = tg

@@ -158,10 +158,13 @@ class FleetBan:
 
 @dataclass(frozen=True, slots=True)
 class FleetUnban:
-    """Remove the fleet-origin element for `net`; also a local-origin ban made before `at` (None: never)."""
+    """Remove the fleet-origin element for `net`; also a local-origin ban made before `at` (None: never).
+    `owner`: the host whose unban this is, which lifts only a fleet ban that host made (never a local one);
+    None: the operator role's, which lifts any."""
 
     net: IPNet
     at: float | None
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

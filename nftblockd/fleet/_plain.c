@@ -16,7 +16,7 @@
  * with hypothesis (same answer wherever this one answers).
  *
  * It answers only where every entry is exactly what `codec.encode` writes for an IPv4 ban: the 8 fields in
- * order, every value bytes, schema "1", op "ban", a canonical dotted quad (no leading zeros), an until of
+ * order, every value bytes, schema "2", op "ban", a canonical dotted quad (no leading zeros), an until of
  * digits and at most one dot within [0, 4102444800], oseq and ts of 1 to 19 digits, an id "<ms>-<seq>" of
  * digits (ms at most 18 of them, below 2**53). Anything else (IPv6, "inf", a leading zero, a stranger value) is None:
  * the Python path then decides, so this loop never refuses what Python would accept, and never accepts what
@@ -265,7 +265,7 @@ static PyObject *columns(PyObject *Py_UNUSED(module), PyObject *args) {
         }
         unsigned long key;
         double end;
-        if (!(n[0] == 1 && p[0][0] == '1') || !(n[1] == 3 && memcmp(p[1], "ban", 3) == 0)
+        if (!(n[0] == 1 && p[0][0] == '2') || !(n[1] == 3 && memcmp(p[1], "ban", 3) == 0)
             || n[2] > MAX_FIELD || !dotted_quad(p[2], n[2], &key) || !until_value(p[3], n[3], &end)
             || !is_digits(p[5], n[5], 19) || !is_digits(p[7], n[7], 19))
             break;

@@ -33,9 +33,11 @@ read atomically with the stream's last id. `reconcile` turns it into one change 
   as an unban removed every host's fleet bans from its kernel until their owners re-asserted them (~1 s), and
   those of a host that was down until it came back (issue #23). A ban ends by its kernel timeout or by an
   explicit unban, nothing else;
-- an explicit unban is a tombstone: a fleet-origin element the snapshot tombstones (and does not hold
-  active, which a later ban would) is removed; a local-origin ban only when the tombstone is *newer* than the
-  local ban: an unban that happened before this host decided its own ban does not cancel it.
+- an explicit unban is a tombstone, and a tombstone is its owner's (each host has its own set, schema 2): a
+  host's tombstone lifts only a fleet element that host banned (`FleetUnban.owner`; the sink checks) and never
+  a local-origin ban, so a snapshot never removes a ban this host made itself; an operator's tombstone lifts
+  a fleet-origin element the snapshot does not hold active (a later ban would), and a local-origin ban only
+  when the tombstone is *newer* than it: an unban before this host decided its own ban does not cancel it.
 
 Re-assert
 ---------
@@ -135,24 +137,27 @@ def decide(saved: Cursor | None, server: ServerView) -> Replay | Snapshot:
 
 
 def reconcile(active: Mapping[IPNet, float], tombstones: Mapping[IPNet, float],
-              fleet_elements: Mapping[IPNet, float], local: Mapping[IPNet, LocalBan]) -> FleetChange:
-    """The change that makes the kernel agree with a snapshot. `active` must already be gated and clamped."""
+              fleet_elements: Mapping[IPNet, float], local: Mapping[IPNet, LocalBan], *,
+              owner: str | None = None, origin: str = "") -> FleetChange:
+    """The change that makes the kernel agree with one owner's snapshot (`origin`: the host whose keys these
+    are; `owner`: whose bans its tombstones lift, None for the operator's). `active` must already be gated and
+    clamped."""
     bans = []
     for net, until in active.items():
         have = fleet_elements.get(net)
         lb = local.get(net)
         best = max(have if have is not None else -math.inf, lb.until if lb is not None else -math.inf)
         if best < until:
-            bans.append(FleetBan(net, until, ""))
+            bans.append(FleetBan(net, until, origin))
     unbans = []
     for net, at in tombstones.items():
         if net in active:
             continue  # banned again after the unban (a ban's publish removes the tombstone; a race otherwise)
         if net in fleet_elements:
-            unbans.append(FleetUnban(net, None))
+            unbans.append(FleetUnban(net, None, owner))
             continue
         lb = local.get(net)
-        if lb is not None and at > lb.created:
+        if owner is None and lb is not None and at > lb.created:
             unbans.append(FleetUnban(net, at))
     return FleetChange(tuple(bans), tuple(unbans))
 

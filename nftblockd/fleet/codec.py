@@ -2,11 +2,12 @@
 
 An entry of the `events` stream is a flat map of short ASCII fields:
 
-    v       schema version, "1"
+    v       schema version, "2" (per-host keys; all hosts of a fleet upgrade together, docs/fleet.md)
     op      "ban" | "unban"
     net     canonical address or prefix, host bits zero ("203.0.113.7", "2001:db8::/48")
     until   absolute end in unix seconds ("1767225600.5"), "inf" for permanent; for an unban: "0"
-    origin  the publishing host's stable id
+    origin  the publishing host's stable id: it must be the host whose stream holds the entry (else refused,
+            "origin"); the operator role's entries say "operator"
     oseq    the origin's persisted counter: (origin, oseq) names one event for tracing and dedupe
     src     what decided it on the origin: "jail:sshd", "cli", "escalation"
     ts      publish time in unix milliseconds (for the propagation-lag metric only)
@@ -42,7 +43,7 @@ from nftblockd.addr import (
 )
 from nftblockd.ends import secs_ms
 
-SCHEMA = "1"
+SCHEMA = "2"
 _SCHEMA_B = SCHEMA.encode()
 MAX_UNTIL = 4102444800.0  # 2100-01-01: an end beyond this is not a clock, it is garbage
 MAX_FIELD = 128  # bytes of any one field value we are willing to look at
@@ -51,9 +52,10 @@ Op: TypeAlias = Literal["ban", "unban"]
 Reason: TypeAlias = Literal[
     "version", "malformed", "bad_net", "host_bits", "bad_until",  # codec
     "too_wide", "never_ban", "allowlisted", "expired", "rate",  # gate
+    "origin",  # the receive loop: an origin field that is not the stream's host
 ]
 REASONS: tuple[Reason, ...] = ("version", "malformed", "bad_net", "host_bits", "bad_until", "too_wide",
-                               "never_ban", "allowlisted", "expired", "rate")
+                               "never_ban", "allowlisted", "expired", "rate", "origin")
 
 _ORIGIN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
 _SRC_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}")

@@ -6,19 +6,29 @@ Rules (the receive side is a small state machine: offline -> catching up -> foll
   writes it to the outbox in the state database (durable) and publishes it when the server is reachable.
   Losing the server never weakens protection: only sharing waits. Outbox rows are published in oseq order;
   a ban that ended or was unbanned meanwhile is skipped.
-- Receive. One dedicated connection loops `XREAD BLOCK` from the cursor. Every entry is decoded and passes
-  the trust gate; events whose origin is this host only move the cursor. The accepted events of one reply
-  become ONE `FleetSink.apply_fleet` call (one kernel transaction); within a reply, the last event for an
-  address wins. A reply of nothing but plain single-address bans (a catch-up) takes the batch path
+- Receive (schema 2: a stream per host, link.py). One dedicated connection reads every member's stream
+  (woken by the doorbell, `RedisLink.read`), one cursor per stream. An entry's origin is its stream's host:
+  an origin field naming anyone else is refused (`origin`); this host's own stream only moves its cursor; a
+  host's unban lifts only that host's fleet bans (`FleetUnban.owner`), the operator's any. Every entry is
+  decoded and passes the trust gate, whose rate buckets are per stream. The accepted events of one stream's
+  reply become ONE `FleetSink.apply_fleet` call (one kernel transaction); within a reply, the last event for an
+  address wins. Entries with ids more than FUTURE_MS ahead of the server's clock are refused (`future_id`).
+  A reply of nothing but plain single-address bans (a catch-up) takes the batch path
   (`_apply_plain`: `rawread.plain_bans`, `Gate.check_hosts`, `FleetChange.hosts`), which must come to exactly
   what the entry-by-entry path does (`batch=False`; tests/unit/test_fleet_batch.py); any other reply goes
   entry by entry. The cursor is saved after the kernel commit (at most every `cursor_interval` seconds, and at
   close), so a crash replays a little: bans keep the later end and unbans delete if present, so
   re-applying is harmless.
-- Catch-up, on every connect: read the server's run id and stream bounds and `catchup.decide`. Replay just
-  continues from the cursor. Snapshot reads the server state atomically, gates it, reconciles the fleet's
-  kernel elements to it in one change, continues from the snapshot's stream id, and then re-publishes this
-  host's own recent active bans that the server lacks (repairing writes a failed-over primary lost).
+- Catch-up, on every connect: find the members' streams, read the server's run id and each stream's bounds,
+  and `catchup.decide` per stream. Replay just continues from the cursor. Snapshot reads those owners' keys
+  atomically, gates them, reconciles the fleet's kernel elements to them in one change (an owner's tombstones
+  lift only its own bans, never a local one), and continues from each stream's last id. Then this host's own
+  recent active bans that its own keys lack are re-published (repairing writes a failed-over primary lost),
+  and its epoch token is set.
+- Maintenance, once every MAINTAIN_INTERVAL: the server reads run beside the receive loop (`_check`), the
+  loop acts on them between two applies (`_maintain`): new members followed from their start, a stream
+  whose last id is below our cursor (made again) re-read from a snapshot, and this host's own keys healed
+  (`_heal`: epoch gone or own bans missing -> re-assert; own stream unusable -> made again).
 - Offline. Any error on the server link closes both connections; the service waits `retry.retry_delay`
   (jittered: 0.2 s for the first 10 s of an outage, 0.5 s until 2 min, growing to 30 s after) and connects again. One
   warning when the link goes down, one info line when it comes back (with how long it was away); retries in
@@ -62,6 +72,7 @@ from nftblockd.fleet.catchup import (
     LocalBan,
     OwnBan,
     Replay,
+    ServerView,
     StreamId,
     before,
     decide,
@@ -72,7 +83,7 @@ from nftblockd.fleet.catchup import (
 )
 from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net
 from nftblockd.fleet.gate import Gate, TrustLimits
-from nftblockd.fleet.link import Engine, Entry, LinkError
+from nftblockd.fleet.link import OPERATOR, Engine, Entry, LinkError, OwnHealth, SnapshotPart
 from nftblockd.fleet.rawread import good_ids, plain_bans
 from nftblockd.fleet.retry import retry_delay
 from nftblockd.state.store import OutboxItem, OutboxRow
@@ -89,6 +100,24 @@ QUEUE_LIMIT = 1_000_000  # submitted events waiting for the outbox write; beyond
 DEFER_LIMIT = 200_000  # rate-refused events kept for a retry; beyond, counted as refused ("rate") and dropped
 DEFER_BLOCK_MS = 200  # while events are deferred, reads block this long at most, so retries come round
 MARK_DELAY = 0.2  # seconds a published round waits to be marked with the next round's store call
+MAINTAIN_INTERVAL = 1.0  # seconds between the receive loop's checks of the server (streams, own keys)
+# seconds between SCANs for members' streams (new hosts are followed within this), and per member: a SCAN walks
+# every key of the database, so a large fleet looks less often (1,000 hosts: every 10 s, docs/fleet.md)
+DISCOVER_INTERVAL = 1.0
+DISCOVER_PER_MEMBER = 0.01
+VERIFY_EVERY = 5  # maintenances between two counts of the running own bans in the outbox (a store read)
+# other members' streams checked per maintenance (all of them in turn: an XINFO and an XRANGE each, ~8 us of the
+# server's): 64, fewer in a large fleet so that a fleet's checks stay ~65k a second (1,000 hosts: 8 each, every
+# stream checked within ~2 minutes)
+CHECK_BATCH = 64
+CHECK_BUDGET = 8192
+
+
+def check_batch(members: int) -> int:
+    return max(1, min(CHECK_BATCH, CHECK_BUDGET // max(1, members)))
+
+# a stream id more than this ahead of the server's TIME is not the server's: its entries are refused
+FUTURE_MS = 60_000
 
 
 class FleetSink(Protocol):
@@ -174,6 +203,11 @@ class FleetStats:
     last_error: str = ""
     last_error_at: float = 0.0
     lag_last: float = 0.0
+    members: int = 0  # streams followed (this host's own included)
+    heals: int = 0  # times the server was found lacking this host's state, and it was re-asserted
+    stream_resets: int = 0  # times this host re-created its own stream (it refused appends, ids ahead of TIME)
+    # other members' streams found broken, owner -> what ("cursor_ahead", "future_id"); cleared when healed
+    stream_problems: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         rejected: dict[str, int] = collections.Counter()
@@ -189,7 +223,8 @@ class FleetStats:
             "snapshots": self.snapshots, "replays": self.replays, "reasserted": self.reasserted,
             "deferred": self.deferred, "deferred_total": self.deferred_total,
             "connects": self.connects, "last_error": self.last_error, "last_error_at": self.last_error_at,
-            "lag_last": self.lag_last,
+            "lag_last": self.lag_last, "members": self.members, "heals": self.heals,
+            "stream_resets": self.stream_resets, "stream_problems": dict(self.stream_problems),
         }
 
 
@@ -204,6 +239,42 @@ class _Taken(NamedTuple):
 
 
 _NOTHING = _Taken([], None, [], None)
+
+
+class _Checked(NamedTuple):
+    """What one maintenance read from the server (`FleetService._check`), for `_maintain` to act on."""
+
+    now: float
+    owners: list[str] | None  # members found (None: no discovery this time)
+    cursors: dict[str, StreamId | None]  # the streams checked, with our cursors when they were read
+    server_ms: int
+    views: dict[str, ServerView]
+    health: OwnHealth
+    live: int | None  # running own bans in the outbox (None: not counted this time)
+
+
+def _lifts(owner: str) -> str | None:
+    """Whose bans an unban in `owner`'s stream may lift (`FleetUnban.owner`): its own; the operator's, any."""
+    return None if owner == OPERATOR else owner
+
+
+def format_cursors(cursors: Mapping[str, StreamId]) -> str:
+    """The cursors of every followed stream as the one text the store keeps: "a=1700000000000-0 b=..."."""
+    return " ".join(f"{o}={format_id(sid)}" for o, sid in sorted(cursors.items()))
+
+
+def parse_cursors(text: str) -> dict[str, StreamId] | None:
+    """`format_cursors` read back; None for anything else (a schema 1 cursor is one bare id)."""
+    out: dict[str, StreamId] = {}
+    for part in text.split():
+        owner, sep, sid = part.partition("=")
+        if not sep or not owner:
+            return None
+        try:
+            out[owner] = parse_id(sid)
+        except ValueError:
+            return None
+    return out
 
 
 def _until_text(until: float | None) -> float | None:
@@ -260,10 +331,14 @@ class FleetService:
                  clock: Callable[[], float] = time.time, cursor_interval: float = 1.0,
                  on_lag: Callable[[float], None] | None = None, read_count: int = READ_COUNT,
                  catchup_count: int = CATCHUP_COUNT, batch: bool = True,
-                 saved: Callable[[], asyncio.Future[bool]] | None = None, run_store: StoreRunner | None = None
-                 ) -> None:
+                 saved: Callable[[], asyncio.Future[bool]] | None = None, run_store: StoreRunner | None = None,
+                 on_heal: Callable[[str], Awaitable[None]] | None = None) -> None:
         self.cfg = cfg
         self.link = link
+        # called after this host re-asserted its own bans because the server had lost them (at a connect to a
+        # server without our epoch, and at each heal), with the reason: fleet counting re-asserts the
+        # fleet-counted bans this host holds there (issue #34 item 7, its own keys and code)
+        self.on_heal = on_heal
         self.state = state
         self.sink = sink
         self.gate = Gate(limits_of(cfg), allow)
@@ -275,8 +350,17 @@ class FleetService:
         self.batch = batch  # False: every read entry by entry (the reference the batch path is tested against)
         self._own_origin = cfg.host_id.encode()
         self.stats = FleetStats()
-        self._cursor: Cursor | None = None
+        # one cursor per followed stream (owner -> last id applied), all of one server run (`_run_id`)
+        self._cursors: dict[str, StreamId] = {}
+        self._run_id: str | None = None
         self._cursor_loaded = False
+        self._epoch = ""  # the token this host set in its epoch key at this connect ("": not set yet)
+        self._own_count = -1  # the own `active` count at the last check (-1: not known)
+        self._checks = 0
+        self._maintained_at = -math.inf
+        self._discovered_at = -math.inf
+        self._check_from = 0  # where the next maintenance's batch of stream checks starts
+        self._skew = 0.0  # the server's TIME minus this host's clock, in seconds
         self._saved_at = -math.inf
         self._dirty = False
         self._queue: collections.deque[OutboxItem] = collections.deque()
@@ -301,7 +385,7 @@ class FleetService:
         self._down_since: float | None = None
         # rate-refused events by target, oldest first: (entry id, event); a newer event of a target replaces
         # its deferred one (within a read, too, the last event of an address wins)
-        self._deferred: dict[IPNet, tuple[StreamId, FleetEvent]] = {}
+        self._deferred: dict[IPNet, tuple[str, StreamId, FleetEvent]] = {}  # (owner, id, event)
 
     # -- publishing ----------------------------------------------------------------------------------
 
@@ -359,6 +443,12 @@ class FleetService:
             except Exception as exc:  # LinkError expected; anything else must not end fleet mode either
                 if not isinstance(exc, LinkError):
                     log.error("fleet %s: unexpected error while publishing", self.cfg.name, exc_info=True)
+                elif exc.stream_full:
+                    await self._reset_own_stream(str(exc))
+                    self.stats.publish_failures += 1
+                    self._note_error(exc)
+                    self._wake.set()
+                    continue
                 elif exc.not_primary:
                     # a demoted primary still serves reads: drop the link so the receive loop asks the
                     # Sentinels again, instead of following a replica that refuses every publish
@@ -633,35 +723,34 @@ class FleetService:
             return
         saved = await asyncio.to_thread(self.state.fleet_cursor, self.cfg.name)
         if saved is not None:
-            try:
-                self._cursor = Cursor(saved[0], parse_id(saved[1]))
-            except ValueError:
-                self._cursor = None
+            cursors = parse_cursors(saved[1])
+            if cursors is not None:  # (a schema 1 cursor, one id for the one stream, means nothing now)
+                self._run_id, self._cursors = saved[0], cursors
         self._cursor_loaded = True
 
     async def save_cursor(self) -> None:
-        """Persist the cursor as it is now (the daemon calls this at shutdown). The position is taken before
-        waiting for the saves of what was applied up to it (`settled`), so that batches applied meanwhile (the
-        receive loop saves in the background) never carry the saved cursor past their own saves."""
-        if self._cursor is None or not self._dirty:
+        """Persist the cursors as they are now (the daemon calls this at shutdown). The positions are taken
+        before waiting for the saves of what was applied up to them (`settled`), so that batches applied
+        meanwhile (the receive loop saves in the background) never carry a saved cursor past their own saves."""
+        if self._run_id is None or not self._dirty:
             return
-        c = self._cursor
-        last = c.last_id
-        if self._deferred:  # a restart must read the deferred entries again: stop before the first
-            last = min(last, before(min(sid for sid, _ev in self._deferred.values())))
+        run_id, cursors = self._run_id, dict(self._cursors)
+        for owner, sid, _ev in self._deferred.values():  # a restart must read deferred entries again
+            if owner in cursors:
+                cursors[owner] = min(cursors[owner], before(sid))
         self._dirty = False  # a move while this save runs sets it again
         try:
             await self.sink.settled()  # the cursor never runs ahead of the saved bans
-            await asyncio.to_thread(self.state.set_fleet_cursor, self.cfg.name, c.run_id, format_id(last))
+            await asyncio.to_thread(self.state.set_fleet_cursor, self.cfg.name, run_id, format_cursors(cursors))
         except BaseException:
             self._dirty = True
             raise
         self._saved_at = self.clock()
 
-    def _move(self, cursor: Cursor) -> None:
-        self._cursor = cursor
+    def _move(self, owner: str, sid: StreamId) -> None:
+        self._cursors[owner] = sid
         self._dirty = True
-        self.stats.cursor = format_id(cursor.last_id)
+        self.stats.cursor = format_id(sid)
 
     async def _receive_loop(self) -> None:
         while True:
@@ -705,42 +794,54 @@ class FleetService:
                 await asyncio.sleep(retry_delay(self.clock() - self._down_since) * random.uniform(0.8, 1.2))
 
     async def _follow(self) -> None:
-        """Read and apply, the next read already on its way while a batch is applied (the reader connection
-        waits for the server meanwhile, instead of the kernel and the database waiting for it). A full read
-        means a backlog (a replay): the next one asks for CATCHUP_COUNT entries, fewer and larger batches.
-        The next read's request goes out before the apply starts (one turn of the loop): sent at the apply's
-        first wait (the kernel write), it left the server idle through the apply's own work, ~15 ms of every
-        10k batch of a catch-up."""
+        """Read every followed stream and apply, the next read already on its way while a batch is applied
+        (the reader connection waits for the server meanwhile, instead of the kernel and the database waiting
+        for it). A full read means a backlog (a replay): the next one asks for CATCHUP_COUNT entries per
+        stream. The next read's request goes out before the apply starts (one turn of the loop). Once every
+        MAINTAIN_INTERVAL a check of the server runs beside the loop (`_check`), and the loop acts on what it
+        found between two applies (`_maintain`)."""
         task = asyncio.current_task()
-        cur = self._cursor
-        assert cur is not None
-        reading = asyncio.ensure_future(self.link.read(cur.last_id, self.read_count, self._block()))
+        reading: asyncio.Future[list[tuple[str, Sequence[Entry]]]] | None = asyncio.ensure_future(
+            self.link.read(dict(self._cursors), self.read_count, self._block()))
         # The periodic cursor save runs beside the loop, one at a time: inline, its wait for the queued ban
         # saves and its own fsync'd commit held the next read's batch for a few ms once a second, the slowest
         # bans of a steady stream (bench/bench_fleet.py's p99). A failed save raises here at the next turn.
         saving: asyncio.Future[None] | None = None
+        checking: asyncio.Future[_Checked] | None = None  # a maintenance's server reads, beside the loop
         try:
             while True:
-                entries = await reading
+                assert reading is not None
+                got = await reading
                 _honour_cancel(task)
-                cur = self._cursor
-                assert cur is not None
-                try:
-                    after = entries[-1][0] if entries else cur.last_id
-                except ValueError as exc:  # the read's last id is not one: the next read cannot start after it
-                    await self._apply_good(entries, cur.run_id, exc)
-                    raise LinkError(f"the fleet server sent an entry without a stream id after "
-                                    f"{format_id((self._cursor or cur).last_id)}") from None
-                count = self.catchup_count if len(entries) >= self.read_count else self.read_count
-                reading = asyncio.ensure_future(self.link.read(after, count, self._block()))
-                if entries:
-                    await asyncio.sleep(0)  # the read's task runs to its wait for the reply: the request is sent
+                nxt = dict(self._cursors)
+                full = False
+                for owner, entries in got:
                     try:
-                        await self._apply(entries, cur.run_id)
+                        nxt[owner] = entries[-1][0]
+                    except ValueError as exc:  # the read's last id is not one: the next read cannot start after it
+                        await self._apply_good(entries, owner, exc)
+                        raise LinkError(f"the fleet server sent an entry without a stream id after "
+                                        f"{format_id(self._cursors.get(owner, (0, 0)))} in {owner}'s stream"
+                                        ) from None
+                    full = full or len(entries) >= self.read_count
+                count = self.catchup_count if full else self.read_count
+                reading = asyncio.ensure_future(self.link.read(nxt, count, self._block()))
+                if got:
+                    await asyncio.sleep(0)  # the read's task runs to its wait for the reply: the request is sent
+                for owner, entries in got:
+                    try:
+                        await self._apply(entries, owner)
                     except ValueError as exc:
-                        await self._apply_good(entries, cur.run_id, exc)
+                        await self._apply_good(entries, owner, exc)
                 if self._deferred:
                     await self._retry_deferred()
+                if checking is not None and checking.done():
+                    checked, checking = checking.result(), None  # (a LinkError raises here: reconnect)
+                    await self._maintain(checked)
+                if checking is None and time.monotonic() - self._maintained_at >= MAINTAIN_INTERVAL:
+                    # (intervals on the monotonic clock: a test's `clock` may stand still)
+                    self._maintained_at = time.monotonic()
+                    checking = asyncio.ensure_future(self._check())
                 if saving is not None and saving.done():
                     done: asyncio.Future[None] = saving
                     saving = None
@@ -748,18 +849,20 @@ class FleetService:
                 if saving is None and self._dirty and self.clock() - self._saved_at >= self.cursor_interval:
                     saving = asyncio.ensure_future(self.save_cursor())
         finally:
-            for pending in (reading, saving):
+            for pending in (reading, checking):
                 if pending is not None and not pending.done():
-                    if pending is reading:
-                        pending.cancel()
+                    pending.cancel()
                     with contextlib.suppress(BaseException):
-                        await pending  # a save under way finishes (close() saves again after it)
+                        await pending
+            if saving is not None and not saving.done():
+                with contextlib.suppress(BaseException):
+                    await saving  # a save under way finishes (close() saves again after it)
 
     def _block(self) -> int | None:
         """The next read's BLOCK: short while events wait for a retry, the link's own otherwise."""
         return DEFER_BLOCK_MS if self._deferred else None
 
-    def _defer(self, sid: StreamId, ev: FleetEvent) -> None:
+    def _defer(self, owner: str, sid: StreamId, ev: FleetEvent) -> None:
         """Keep a rate-refused event for a retry (a backlog flushed after an outage is legitimate: refused,
         it was never enforced here). Beyond DEFER_LIMIT it is refused for good and counted."""
         d = self._deferred
@@ -767,7 +870,7 @@ class FleetService:
             self.stats.received[(ev.op, "rate")] += 1
             return
         d.pop(ev.net, None)
-        d[ev.net] = (sid, ev)
+        d[ev.net] = (owner, sid, ev)
         self.stats.deferred_total += 1
         self.stats.deferred = len(d)
 
@@ -780,11 +883,11 @@ class FleetService:
         self._deferred.clear()
         bans: list[FleetBan] = []
         unbans: list[FleetUnban] = []
-        for sid, ev in items:
+        for owner, sid, ev in items:
             ok = self.gate.check(replace(ev, ts=0), now, now)
             if isinstance(ok, Rejection):
                 if ok.reason == "rate":
-                    self._deferred[ev.net] = (sid, ev)
+                    self._deferred[ev.net] = (owner, sid, ev)
                 else:
                     self.stats.received[(ev.op, ok.reason)] += 1
                 continue
@@ -792,7 +895,7 @@ class FleetService:
             if ev.op == "ban":
                 bans.append(FleetBan(ev.net, ok.until, ev.origin))
             else:
-                unbans.append(FleetUnban(ev.net, sid[0] / 1000))
+                unbans.append(FleetUnban(ev.net, sid[0] / 1000, _lifts(owner)))
         self.stats.deferred = len(self._deferred)
         if bans or unbans:
             await self.sink.apply_fleet(FleetChange(tuple(bans), tuple(unbans)))
@@ -800,7 +903,7 @@ class FleetService:
                 await asyncio.to_thread(self.state.fleet_forget,
                                         [(format_target(u.net), u.at or now) for u in unbans])
 
-    async def _apply_good(self, entries: Sequence[Entry], run_id: str, exc: ValueError) -> None:
+    async def _apply_good(self, entries: Sequence[Entry], owner: str, exc: ValueError) -> None:
         """`_apply` of a read in which a stream id did not parse (`_apply` raised ValueError before it counted
         or applied anything): those entries counted (`bad_id`) and skipped, the others applied. `exc` with
         every id sound is not this: raised again."""
@@ -810,39 +913,65 @@ class FleetService:
         self.stats.received[("?", "bad_id")] += bad
         log.warning("fleet %s: skipped %d entries whose stream id the server could not have sent", self.cfg.name, bad)
         if good:
-            await self._apply(good, run_id)
+            await self._apply(good, owner)
 
-    async def _apply(self, entries: Sequence[Entry], run_id: str) -> None:
-        """Apply one read. A stream id that does not parse (a `RawEntries` read parses them as they are read)
-        raises ValueError before anything is counted or applied."""
+    def _future_from(self, entries: Sequence[Entry], owner: str) -> int:
+        """How many entries of a read come before the first whose id is more than FUTURE_MS ahead of the
+        server's clock (such an id is not the server's `*`: someone with `owner`'s credentials chose it, and
+        every later id of that stream is above it). Those are refused, and the stream is shown as broken."""
+        limit = (self.clock() + self._skew) * 1000 + FUTURE_MS
+        last = entries[-1][0]
+        if last[0] <= limit:
+            return len(entries)
+        n = next(i for i, (sid, _f) in enumerate(entries) if sid[0] > limit)
+        if self.stats.stream_problems.get(owner) != "future_id":
+            self.stats.stream_problems[owner] = "future_id"
+            log.warning("fleet %s: %s's stream has ids far ahead of the server's clock (%s): its events are refused "
+                        "until it is re-created", self.cfg.name, owner, format_id(last))
+        self.stats.received[("?", "future_id")] += len(entries) - n
+        return n
+
+    async def _apply(self, entries: Sequence[Entry], owner: str) -> None:
+        """Apply one read of `owner`'s stream: its origin is the stream's, never a field (an entry naming
+        another origin is refused, `origin`). A stream id that does not parse (a `RawEntries` read parses them
+        as they are read) raises ValueError before anything is counted or applied."""
+        end = entries[-1][0]
+        if owner == self.cfg.host_id:  # our own stream: only the cursor moves (nothing decoded)
+            self.stats.received[("?", "own")] += len(entries)
+        else:
+            n = self._future_from(entries, owner)
+            if n:
+                await self._apply_entries(entries if n == len(entries) else entries[:n], owner)
+        self._move(owner, end)
+
+    async def _apply_entries(self, entries: Sequence[Entry], owner: str) -> None:
         now = self.clock()
-        plain = plain_bans(entries, self._own_origin) if self.batch and len(entries) >= BATCH_MIN else None
-        if plain is not None:
-            await self._apply_plain(plain, now)
-            self._move(Cursor(run_id, entries[-1][0]))
+        plain = (plain_bans(entries, self._own_origin)
+                 if self.batch and owner != OPERATOR and len(entries) >= BATCH_MIN else None)
+        if plain is not None and not plain.own and plain.origins.count(owner) == len(plain.origins):
+            await self._apply_plain(plain, now, owner)
             return
         entries = list(entries)  # (every id parsed before the first entry is counted)
         latest: dict[IPNet, tuple[FleetEvent, float]] = {}
         received = self.stats.received
-        own = self._own_origin
+        claimed = "operator" if owner == OPERATOR else owner
         for sid, fields in entries:
-            if fields.get(b"origin") == own:  # our own events only move the cursor: not even decoded
-                op = fields.get(b"op")
-                received[("ban" if op == b"ban" else "unban" if op == b"unban" else "?", "own")] += 1
-                continue
             ev = decode(fields)
             if isinstance(ev, Rejection):
                 op = fields.get(b"op", b"?")
                 received[(op.decode("ascii", "replace")[:8] if isinstance(op, bytes) else "?", ev.reason)] += 1
                 log.debug("fleet: refused entry %s: %s %s", format_id(sid), ev.reason, ev.detail)
                 continue
-            if ev.origin == self.cfg.host_id:
-                received[(ev.op, "own")] += 1
+            if ev.origin != claimed:  # a forged origin: refused whole, whoever it names
+                received[(ev.op, "origin")] += 1
+                log.debug("fleet: refused %s %s in %s's stream claiming origin %s", ev.op, ev.net, owner, ev.origin)
                 continue
+            if owner == OPERATOR:
+                ev = replace(ev, origin=OPERATOR)
             ok = self.gate.check(ev, now, sid[0] / 1000)
             if isinstance(ok, Rejection):
                 if ok.reason == "rate":
-                    self._defer(sid, ev)
+                    self._defer(owner, sid, ev)
                     continue
                 received[(ev.op, ok.reason)] += 1
                 log.debug("fleet: refused %s %s from %s: %s", ev.op, ev.net, ev.origin, ok.detail)
@@ -852,7 +981,8 @@ class FleetService:
                 self.stats.deferred = len(self._deferred)  # this newer event wins over the deferred older one
             latest[ev.net] = (ev, ok.until if ev.op == "ban" else sid[0] / 1000)
         bans = tuple(FleetBan(net, v, ev.origin) for net, (ev, v) in latest.items() if ev.op == "ban")
-        unbans = tuple(FleetUnban(net, v) for net, (ev, v) in latest.items() if ev.op == "unban")
+        lifts = _lifts(owner)
+        unbans = tuple(FleetUnban(net, v, lifts) for net, (ev, v) in latest.items() if ev.op == "unban")
         if bans or unbans:
             await self.sink.apply_fleet(FleetChange(bans, unbans))
             # one lag figure per batch (the newest ban's: a histogram observation per ban cost 3 % of a replay)
@@ -864,9 +994,8 @@ class FleetService:
             if unbans:
                 await asyncio.to_thread(self.state.fleet_forget,
                                         [(format_target(u.net), u.at or now) for u in unbans])
-        self._move(Cursor(run_id, entries[-1][0]))
 
-    async def _apply_plain(self, plain: PlainBans, now: float) -> None:
+    async def _apply_plain(self, plain: PlainBans, now: float, owner: str) -> None:
         """`_apply`'s per-entry loop for a read of plain single-address bans, over the whole read at once:
         the same counters, the same last-wins rule per address, the same change for the sink (its addresses
         as host keys grouped by IP version and origin, each with its end, `FleetHosts`), without a network
@@ -892,7 +1021,7 @@ class FleetService:
                     last[versions[i] == 6][keys[i]] = i
         if self._deferred:  # an accepted newer ban of a target settles its deferred older event (an unban)
             self._settle_deferred(last)
-        self._plain_refused(plain, refused, last)
+        self._plain_refused(plain, refused, last, owner)
         # the decoder's ends in ms hold while the gate left every end as it was (`check_hosts` clamps none of a
         # catch-up's: a list equal item for item, the same float objects, so the comparison is a pointer each)
         ends_ms = plain.ends_ms if plain.ends_ms is not None and ends == plain.untils else None
@@ -912,7 +1041,7 @@ class FleetService:
                 self.on_lag(self.stats.lag_last)
 
     def _plain_refused(self, plain: PlainBans, refused: Mapping[int, Rejection],
-                       last: Sequence[Mapping[int, int]]) -> None:
+                       last: Sequence[Mapping[int, int]], owner: str) -> None:
         """The batch path's refusals: `rate` ones deferred unless a later entry of the read for the same
         address was accepted (as `_apply` does, entry by entry), the rest counted."""
         keys, versions, origins = plain.keys, plain.versions, plain.origins
@@ -920,7 +1049,7 @@ class FleetService:
             if rej.reason == "rate":  # the entry id is not kept here: its millisecond, which is no later
                 if last[versions[i] == 6].get(keys[i], -1) > i:
                     continue
-                self._defer((int(plain.ats[i] * 1000), 0), FleetEvent(
+                self._defer(owner, (int(plain.ats[i] * 1000), 0), FleetEvent(
                     "ban", host_net(keys[i], versions[i]), plain.untils[i], origins[i], 0, "fleet", plain.ts[i]))
                 continue
             self.stats.received[("ban", rej.reason)] += 1
@@ -937,54 +1066,127 @@ class FleetService:
     # -- catch-up ------------------------------------------------------------------------------------
 
     async def _catch_up(self) -> None:
+        """Per followed stream, `catchup.decide` from its cursor: replay from the cursor, or a snapshot of that
+        owner's keys. Our own stream is followed from its end (only for its bounds). Then this host's own bans
+        the server lacks are re-asserted and its epoch token set (`_heal` checks both from then on)."""
         await self._load_cursor()
-        view = await self.link.server_view(self._cursor.last_id if self._cursor is not None else None)
-        choice = decide(self._cursor, view)
-        if isinstance(choice, Replay):
+        own = self.cfg.host_id
+        owners = [o for o in await self.link.members() if o != own]
+        self._discovered_at = time.monotonic()
+        saved_run = self._run_id
+        server_ms, views = await self.link.server_views({o: self._cursors.get(o) for o in [*owners, own]})
+        self._skew = server_ms / 1000 - self.clock()
+        snap: list[str] = []
+        whys: set[str] = set()
+        cursors: dict[str, StreamId] = {own: views[own].last_generated}
+        replays = 0
+        for o in owners:
+            c = self._cursors.get(o)
+            choice = decide(Cursor(saved_run, c) if saved_run is not None and c is not None else None, views[o])
+            if isinstance(choice, Replay):
+                cursors[o] = choice.after
+                replays += 1
+            else:
+                snap.append(o)
+                whys.add(choice.why)
+        self._cursors = cursors
+        self._run_id = views[own].run_id
+        self._dirty = True
+        self.stats.members = len(owners) + 1
+        self.stats.stream_problems.clear()
+        if views[own].first_id is None and views[own].last_generated == (0, 0):
+            with contextlib.suppress(LinkError):  # (a server refusing writes: the first publish makes it)
+                await self.link.announce()
+        self._deferred.clear()  # read again: their streams are replayed from the saved cursors or snapshotted
+        self.stats.deferred = 0
+        if replays:
             self.stats.replays += 1
-            if self._cursor is None or self._cursor.last_id != choice.after or self._cursor.run_id != view.run_id:
-                self._move(Cursor(view.run_id, choice.after))
-            log.info("fleet %s: replaying from %s%s", self.cfg.name, format_id(choice.after),
-                     " on a new server that holds our cursor's entry" if choice.reassert else "")
-            if choice.reassert:
-                await self._reassert_by_scores()
-            return
-        await self._snapshot(choice.why)
+            log.info("fleet %s: replaying %d streams from their cursors", self.cfg.name, replays)
+        if snap:
+            await self._snapshot(snap, ", ".join(sorted(whys)))
+        elif saved_run is not None and saved_run != self._run_id and not replays:  # a new server holding no stream
+            self.stats.snapshots += 1
+            log.info("fleet %s: snapshot (new server): it holds no member's stream", self.cfg.name)
+        await self.save_cursor()
+        await self._reassert_by_scores()
+        self._own_count = -1
+        if self._epoch and self.on_heal is not None:  # a reconnect to a server that lost our state: tell counting
+            with contextlib.suppress(LinkError):
+                epoch = (await self.link.health(self.clock())).epoch
+                if epoch != self._epoch:
+                    await self.on_heal("the server lost this host's state")
+        await self._mark_epoch()
 
-    async def _snapshot(self, why: str) -> None:
-        now = self.clock()
-        snap = await self.link.snapshot(now)
-        active_raw: dict[IPNet, float] = {}
+    async def _mark_epoch(self) -> None:
+        """A new epoch token in our own key: its absence later means the server lost our state. A server that
+        refuses writes (NOREPLICAS) must not stop receiving: `_heal` tries again."""
+        token = f"{self.clock():.3f}-{random.getrandbits(32):08x}"
+        try:
+            await self.link.mark_epoch(token)
+        except LinkError as exc:
+            if exc.not_primary:
+                raise
+            log.debug("fleet %s: could not set the epoch marker: %s", self.cfg.name, exc)
+            return
+        self._epoch = token
+
+    def _gated_active(self, active_raw: Mapping[str, float], now: float, seen: dict[IPNet, float]
+                      ) -> dict[IPNet, float]:
         active: dict[IPNet, float] = {}
-        for member, until in snap.active.items():
+        for member, until in active_raw.items():
             net = parse_net(member)
             if isinstance(net, Rejection):
                 self.stats.received[("snapshot", net.reason)] += 1
                 continue
-            active_raw[net] = until
+            seen[net] = until
             bad = self.gate.check_net(net)
             clamped = self.gate.clamp(until, now) if bad is None else bad
             if isinstance(clamped, Rejection):
                 self.stats.received[("snapshot", clamped.reason)] += 1
                 continue
             active[net] = clamped[0]
+        return active
+
+    async def _snapshot(self, owners: Sequence[str], why: str) -> None:
+        """Snapshot of `owners`' keys: their bans added where this host lacks them, their tombstones lifting
+        only their own bans here (an operator's, any fleet ban), nothing removed because it is absent (see
+        catchup.reconcile); each followed from its stream's last id."""
+        now = self.clock()
+        snap = await self.link.snapshot(owners, now)
+        fleet_elements, local = await self.sink.fleet_view()
+        bans: dict[IPNet, FleetBan] = {}
+        unbans: dict[IPNet, FleetUnban] = {}
+        n_active = n_tombs = 0
+        for owner, part in snap.parts.items():
+            change = self._reconcile_part(owner, part, now, fleet_elements, local)
+            n_active += len(part.active)
+            n_tombs += len(part.tombstones)
+            for b in change.bans:
+                if b.net not in bans or bans[b.net].until < b.until:
+                    bans[b.net] = b
+            for u in change.unbans:
+                unbans[u.net] = u
+            self._move(owner, part.last_id)
+            self.stats.stream_problems.pop(owner, None)
+        for net in bans:  # banned by one owner, lifted by another: the ban stands
+            unbans.pop(net, None)
+        if bans or unbans:
+            await self.sink.apply_fleet(FleetChange(tuple(bans.values()), tuple(unbans.values())))
+        self.stats.snapshots += 1
+        log.info("fleet %s: snapshot of %d streams (%s): %d active, %d tombstones; %d added, %d removed here",
+                 self.cfg.name, len(snap.parts), why, n_active, n_tombs, len(bans), len(unbans))
+
+    def _reconcile_part(self, owner: str, part: SnapshotPart, now: float, fleet_elements: Mapping[IPNet, float],
+                        local: Mapping[IPNet, LocalBan]) -> FleetChange:
+        seen: dict[IPNet, float] = {}
+        active = self._gated_active(part.active, now, seen)
         tombstones: dict[IPNet, float] = {}
-        for member, at in snap.tombstones.items():
+        for member, at in part.tombstones.items():
             net = parse_net(member)
             if not isinstance(net, Rejection):
                 tombstones[net] = at
-        self._deferred.clear()  # the snapshot holds what they would have added (their entry ids are another run's)
-        self.stats.deferred = 0
-        fleet_elements, local = await self.sink.fleet_view()
-        change = reconcile(active, tombstones, fleet_elements, local)
-        if change:
-            await self.sink.apply_fleet(change)
-        self._move(Cursor(snap.run_id, snap.last_id))
-        await self.save_cursor()
-        self.stats.snapshots += 1
-        log.info("fleet %s: snapshot (%s): %d active, %d tombstones; %d added, %d removed here", self.cfg.name,
-                 why, len(snap.active), len(snap.tombstones), len(change.bans), len(change.unbans))
-        await self._requeue(reassert(await self._own_active(now), active_raw, tombstones, now))
+        return reconcile(active, tombstones, fleet_elements, local, owner=_lifts(owner),
+                         origin=owner)
 
     async def _own_active(self, now: float) -> list[OwnBan]:
         rows = await asyncio.to_thread(self.state.fleet_own_active, now, now - self.cfg.history)
@@ -1006,17 +1208,123 @@ class FleetService:
             self._wake.set()
             log.info("fleet %s: re-asserting %d own bans the server lacks", self.cfg.name, len(again))
 
-    async def _reassert_by_scores(self) -> None:
-        """After a failover without a snapshot: this host's own recent active bans the server lacks (asked for
-        them alone, `RedisLink.scores`) are queued again, as after a snapshot."""
+    async def _reassert_by_scores(self) -> int:
+        """This host's own recent active bans its own keys lack (asked for them alone, `RedisLink.scores`) are
+        queued again; returns how many."""
         now = self.clock()
         own = await self._own_active(now)
         if not own:
-            return
+            return 0
         active_raw, tombs_raw = await self.link.scores([format_target(b.net) for b in own])
         by_text = {format_target(b.net): b.net for b in own}
-        await self._requeue(reassert(own, {by_text[m]: v for m, v in active_raw.items()},
-                                     {by_text[m]: v for m, v in tombs_raw.items()}, now))
+        again = reassert(own, {by_text[m]: v for m, v in active_raw.items()},
+                         {by_text[m]: v for m, v in tombs_raw.items()}, now)
+        await self._requeue(again)
+        return len(again)
+
+    # -- maintenance: discovery, broken streams, healing ---------------------------------------------
+
+    async def _check(self) -> _Checked:
+        """The server reads of one maintenance, beside the receive loop (on the command connection, while the
+        reader waits in XREAD): members (every DISCOVER_INTERVAL, more rarely in a large fleet), a batch of the
+        followed streams' bounds, this host's own keys, and, when the own count fell or every VERIFY_EVERY
+        checks, how many running own bans the outbox holds. Done inline between two reads, the three round
+        trips and the store read held a read's batch once a second, the slowest bans at 1,000 bans/s."""
+        now = self.clock()
+        tick = time.monotonic()
+        own = self.cfg.host_id
+        owners = None
+        every = max(DISCOVER_INTERVAL, DISCOVER_PER_MEMBER * self.stats.members)
+        if tick - self._discovered_at >= every * random.uniform(0.8, 1.2):
+            self._discovered_at = tick
+            owners = [o for o in await self.link.members() if o != own]
+        others = sorted(o for o in self._cursors if o != own)
+        batch: dict[str, StreamId | None] = {}
+        if others:
+            start = self._check_from % len(others)
+            picked = (others[start:] + others[:start])[:check_batch(len(others) + 1)]
+            self._check_from = start + len(picked)
+            batch = {o: self._cursors.get(o) for o in picked}
+        server_ms, views = await self.link.server_views(batch) if batch else (0, {})
+        h = await self.link.health(now)
+        self._checks += 1
+        gone = h.last_id is None and self._cursors.get(own, (0, 0)) > (0, 0)  # our stream vanished
+        live = None
+        if h.epoch == self._epoch and (gone or 0 <= h.active < self._own_count or self._checks % VERIFY_EVERY == 0):
+            live = len(await self._own_active(now))
+        return _Checked(now, owners, batch, server_ms, views, h, live)
+
+    async def _maintain(self, c: _Checked) -> None:
+        """Act on a `_check`, between two reads: follow new members, drop gone ones, take a snapshot of a stream
+        whose last id is below our cursor (made again), mark streams with ids ahead of the server's clock, and
+        heal our own keys."""
+        own = self.cfg.host_id
+        if c.owners is not None:
+            new = [o for o in c.owners if o not in self._cursors]
+            for gone in [o for o in self._cursors if o != own and o not in c.owners]:
+                del self._cursors[gone]  # its stream is gone: if it comes back, it is read from its start
+                self.stats.stream_problems.pop(gone, None)
+            self.stats.members = len(c.owners) + 1
+            for o in new:  # a stream that appeared since we connected: everything in it is new to us
+                self._move(o, (0, 0))
+            if new:
+                log.info("fleet %s: following %d new members: %s", self.cfg.name, len(new), ", ".join(new[:10]))
+        if c.server_ms:
+            self._skew = c.server_ms / 1000 - c.now
+        ahead = []
+        for o, view in c.views.items():
+            cur = c.cursors.get(o)
+            if cur is not None and cur > view.last_generated and self._cursors.get(o) == cur:
+                ahead.append(o)  # (a cursor that moved since the check was read on: the stream works)
+            elif view.last_generated[0] > c.server_ms + FUTURE_MS:
+                self.stats.stream_problems.setdefault(o, "future_id")
+            elif self.stats.stream_problems.get(o) == "future_id" and self._cursors.get(o) == cur:
+                del self.stats.stream_problems[o]  # (only if nothing was read since: the view is not stale)
+        if ahead:
+            for o in ahead:
+                self.stats.stream_problems[o] = "cursor_ahead"
+                self.stats.received[("?", "cursor_ahead")] += 1
+            log.warning("fleet %s: our cursor is ahead of the last id of %s's stream (re-created, or its ids "
+                        "were rewound): taking a snapshot of it", self.cfg.name, ", ".join(ahead))
+            await self._snapshot(ahead, "cursor ahead")
+        await self._heal(c.health, c.live)
+
+    async def _heal(self, h: OwnHealth, live: int | None) -> None:
+        """Does the server still hold what this host enforces? Its epoch token gone (the server lost its state:
+        a restart without persistence, a flush, a failover to a replica that missed it), or fewer of its own
+        bans running in its `active` than its outbox holds (`live`): the missing ones are re-asserted. Its own
+        stream with ids ahead of the server's clock (written with its credentials by someone else): re-created."""
+        own = self.cfg.host_id
+        if h.last_id is not None and h.last_id[0] > h.server_ms + FUTURE_MS:
+            await self._reset_own_stream(f"its last id {format_id(h.last_id)} is ahead of the server's clock")
+            return
+        if h.last_id is not None and self._cursors.get(own, (0, 0)) > h.last_id:
+            self._cursors[own] = h.last_id  # re-created (by us, or by someone with our credentials)
+        lost = h.epoch != self._epoch or (live is not None and live > h.active)
+        self._own_count = h.active
+        if lost:
+            n = await self._reassert_by_scores()
+            self.stats.heals += 1
+            why = "epoch marker gone" if h.epoch != self._epoch else "own active bans missing"
+            log.warning("fleet %s: the server lost this host's state (%s): %d own bans re-asserted", self.cfg.name,
+                        why, n)
+            await self._mark_epoch()
+            if self.on_heal is not None:
+                await self.on_heal(why)
+
+    async def _reset_own_stream(self, why: str) -> None:
+        """Our own stream refuses appends or carries ids ahead of the server's clock: delete it (our own key)
+        and re-assert; other hosts notice their cursor ahead of its new ids and take a snapshot of it."""
+        log.warning("fleet %s: this host's stream is unusable (%s); re-creating it", self.cfg.name, why)
+        try:
+            await self.link.reset_stream()
+        except LinkError as exc:
+            log.debug("fleet %s: could not re-create our stream: %s", self.cfg.name, exc)
+            return
+        self.stats.stream_resets += 1
+        self._cursors[self.cfg.host_id] = (0, 0)
+        with contextlib.suppress(LinkError):
+            await self._reassert_by_scores()
 
     # -- lifecycle -----------------------------------------------------------------------------------
 

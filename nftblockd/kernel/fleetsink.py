@@ -12,7 +12,9 @@ Rules, per element of the fleet's blocklist (one entry per address or range, loc
   own allowlist or the never-ban space covers is refused here again (the gate refused it first; the
   allowlist can have changed since). Range rules are the ban state's (kernel/bans.py): a range inside a
   longer one is covered, one inside a shorter one is refused, one around others absorbs them.
-- A fleet unban removes a fleet-origin entry. It removes a local-origin entry only when that ban was made
+- A fleet unban of a host (`FleetUnban.owner`) removes only a fleet-origin entry that host banned (reason
+  "fleet:<owner>"): a member lifts its own bans, never another's nor this host's own. The operator's unban
+  (owner None) removes a fleet-origin entry, and a local-origin entry only when that ban was made
   before the unban (`FleetUnban.at`; None: never): an operator's fleet-wide unban does not cancel a
   detection this host made after it. When a local ban was made is known for bans made since the daemon
   started (`note_local`); a ban restored from the state database counts as made at the daemon's start,
@@ -222,6 +224,9 @@ class EnforcerFleetSink:
             origin = state.origin_of(entries, key)
             if origin is None:
                 continue
+            if u.owner is not None and (origin != "remote"
+                                        or state.info(entries, key).reason != fleet_reason(u.owner)):
+                continue  # a host's unban lifts only the fleet bans that host made (never a local one)
             if origin != "remote" and (u.at is None or self._made(entries.spec.name, key) >= u.at):
                 continue  # a local ban made after the unban stays
             ch = state.unban(Unban(u.net, self.blocklist, "remote"))

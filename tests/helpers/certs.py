@@ -31,3 +31,13 @@ def expired_client(d: Path) -> str:
     _openssl("x509", "-req", "-in", str(d / "client.csr"), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
              "-CAcreateserial", "-days", "-1", "-out", str(d / "expired.crt"), "-extfile", str(d / "client.ext"))
     return str(d / "expired.crt")
+
+
+def client_cert(d: Path, name: str) -> tuple[str, str]:
+    """One more client certificate of `d`'s CA (made by `make_certs(d)`): a member's own (cert, key)."""
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(d / f"{name}.key"),
+             "-out", str(d / f"{name}.csr"))
+    _openssl("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"),
+             "-CAcreateserial", "-days", "2", "-out", str(d / f"{name}.crt"), "-extfile", str(d / "client.ext"))
+    (d / f"{name}.key").chmod(0o600)
+    return str(d / f"{name}.crt"), str(d / f"{name}.key")

@@ -309,7 +309,7 @@ def empty_restart(lab: FleetLab, n: int) -> EmptyFigures:
     missing = len(set(addrs) - lab.banned("b"))
     a.start()
     t0 = time.monotonic()
-    wait_for(lambda: int(lab.redis_cli("ZCARD", f"nftblock:{{{lab.name}}}:active").strip() or 0) >= n, 60, 0.05,
+    wait_for(lambda: int(lab.redis_cli("ZCARD", lab.key("a", "active")).strip() or 0) >= n, 60, 0.05,
              "A re-asserted its bans")
     return EmptyFigures(n, max(missing, base - low), polls, time.monotonic() - t0)
 

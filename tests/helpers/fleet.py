@@ -44,6 +44,10 @@ class FakeSink:
                 self.fleet[b.net] = b.until
                 self.origin[b.net] = b.origin
         for u in change.unbans:
+            if u.owner is not None:  # a host's unban: only a fleet ban that host made
+                if u.net in self.fleet and self.origin.get(u.net) == u.owner:
+                    del self.fleet[u.net]
+                continue
             self.fleet.pop(u.net, None)
             lb = self.local.get(u.net)
             if lb is not None and u.at is not None and lb.created < u.at:
@@ -87,6 +91,13 @@ class Host:
                 await self.task
             self.task = None
         await self.service.close()
+
+
+async def joined(*hosts: Host, limit: float = 15.0) -> None:
+    """Until every host is connected and follows every other's stream (schema 2: one per host, found by
+    discovery, `FleetService._maintain`)."""
+    await until(lambda: all(h.service.stats.connected and h.service.stats.members >= len(hosts) for h in hosts),
+                limit, "all hosts follow each other")
 
 
 async def until(pred: Callable[[], bool], limit: float = 15.0, what: str = "condition") -> None:

@@ -28,7 +28,7 @@ class FleetLab:
         self.tmp = tmp
         self.hosts = hosts
         self.name = fleet
-        self.events_key = f"nftblock:{{{fleet}}}:events"
+        self.events_key = self.key(hosts[0], "events")  # the first host's stream (schema 2: one per host)
         self.maxretry = maxretry
         self.allowlist = allowlist
         self.fleet_extra = fleet_extra
@@ -119,5 +119,10 @@ fleet:
         assert r.returncode == 0 and not r.stdout.startswith("ERR"), r.stdout + r.stderr
         return r.stdout
 
-    def xadd(self, fields: dict[str, str]) -> None:
-        self.redis_cli("XADD", self.events_key, "*", *[x for kv in fields.items() for x in kv])
+    def key(self, host: str, what: str) -> str:
+        """A host's own key (`events`, `active`, `unbanned`, `epoch`)."""
+        return f"nftblock:{{{self.name}}}:h:{host}:{what}"
+
+    def xadd(self, fields: dict[str, str], host: str = "evil") -> None:
+        """An entry in `host`'s stream (a member the daemons follow once their discovery finds it)."""
+        self.redis_cli("XADD", self.key(host, "events"), "*", *[x for kv in fields.items() for x in kv])

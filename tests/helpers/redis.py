@@ -160,3 +160,26 @@ def connections_left_open_fail_their_own_test() -> Iterator[None]:
     where CI once reported one that nobody could attribute. Modules make it autouse."""
     yield
     gc.collect()
+
+
+# -- the ACL docs/fleet.md documents (schema 2), as the fleet tests create their users -----------------
+
+HOST_COMMANDS = ("+ping", "+hello", "+info", "+role", "+time", "+multi", "+exec", "+discard", "+client|setname",
+                 "+xread", "+xrange", "+xinfo|stream", "+scan", "+exists", "+zrange", "+zmscore", "+zcount",
+                 "+get", "+xadd", "+zadd", "+zrem", "+zremrangebyscore", "+set", "+del", "+publish", "+subscribe",
+                 "+unsubscribe")
+
+
+def host_acl(fleet: str, host: str, password: str) -> list[str]:
+    """`ACL SETUSER <host> ...`'s arguments for one member: every fleet key read-only, its own keys writable,
+    nothing else (docs/fleet.md, "ACL")."""
+    return [host, "reset", "on", f">{password}", "resetkeys", "resetchannels", f"&nftblock:{{{fleet}}}:bell",
+            f"%R~nftblock:{{{fleet}}}:*",
+            f"~nftblock:{{{fleet}}}:h:{host}:*", "-@all", *HOST_COMMANDS]
+
+
+def operator_acl(fleet: str, user: str, password: str) -> list[str]:
+    """The operator role: every fleet key writable (its unbans lift any host's bans, docs/fleet.md)."""
+    return [user, "reset", "on", f">{password}", "resetkeys", "resetchannels", f"&nftblock:{{{fleet}}}:bell",
+            f"~nftblock:{{{fleet}}}:*", "-@all",
+            *HOST_COMMANDS, "+zrem", "+xtrim"]

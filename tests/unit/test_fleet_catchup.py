@@ -145,3 +145,12 @@ def test_reassert_own_bans_the_server_lacks() -> None:
     assert [b.oseq for b in out] == [1]
     # a tombstone older than our ban does not stop it
     assert reassert([OwnBan(5, D, NOW + 100, "cli", NOW - 5)], {}, {D: NOW - 20}, NOW)[0].oseq == 5
+
+
+def test_a_hosts_tombstones_lift_only_its_own_fleet_bans_never_a_local_one() -> None:
+    """Schema 2: one owner's snapshot; its bans carry its name, its tombstones name it (the sink lifts only a
+    fleet element that owner banned) and never touch a local ban, however new."""
+    change = reconcile(active={A: NOW + 100}, tombstones={B: NOW - 10, C: NOW - 10}, fleet_elements={B: NOW + 50},
+                       local={C: LocalBan(NOW - 20, NOW + 1000)}, owner="c", origin="c")
+    assert change.bans == (FleetBan(A, NOW + 100, "c"),)
+    assert change.unbans == (FleetUnban(B, None, "c"),)

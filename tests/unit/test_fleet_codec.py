@@ -28,7 +28,7 @@ def _bytes(fields: dict[str, str]) -> dict[bytes, bytes]:
 def test_round_trip_as_redis_returns_it() -> None:
     ev = _ev()
     fields = encode(ev)
-    assert fields["net"] == "203.0.113.7" and fields["v"] == "1"
+    assert fields["net"] == "203.0.113.7" and fields["v"] == "2"
     assert decode(_bytes(fields)) == ev
     assert decode(fields) == ev
 
@@ -43,7 +43,7 @@ def test_permanent_ranges_and_unbans() -> None:
 def test_unknown_fields_are_ignored_but_unknown_version_is_refused() -> None:
     fields = encode(_ev()) | {"future": "x"}
     assert isinstance(decode(fields), FleetEvent)
-    assert decode(fields | {"v": "2"}) == Rejection("version", "'2'")
+    assert decode(fields | {"v": "1"}) == Rejection("version", "'1'")  # schema 1: one shared stream, refused
     no_v = dict(fields)
     del no_v["v"]
     assert isinstance(r := decode(no_v), Rejection) and r.reason == "version"

@@ -41,7 +41,7 @@ def layout_fields(draw: st.DrawFn, odd: str) -> list[tuple[Any, Any]]:
         lambda ms: repr(NOW + ms / 1000).encode()))
     origin = draw(st.sampled_from((b"h1", b"h1", b"h2", ME)))
     oseq, ts = str(draw(st.integers(0, 10**6))).encode(), str(draw(st.integers(0, int(NOW * 1000)))).encode()
-    f = {b"v": b"1", b"op": b"ban", b"net": draw(st.sampled_from(LAYOUT_ADDRESSES)), b"until": until,
+    f = {b"v": b"2", b"op": b"ban", b"net": draw(st.sampled_from(LAYOUT_ADDRESSES)), b"until": until,
          b"origin": origin, b"oseq": oseq, b"src": draw(st.sampled_from((b"jail:sshd", b"cli"))), b"ts": ts}
     if odd == "unban":
         f[b"op"], f[b"until"] = b"unban", b"0"

@@ -347,3 +347,19 @@ async def test_new_keys_with_their_own_ends_are_saved_as_one_timed_row_extended_
     assert rig.saved[-1].packed_saves == [("default", [key("203.0.113.1").to_bytes(4, "big")], T0 + 600, "remote",
                                            "fleet:web-02", "")]  # extended; .2 stays as it was
     assert rig.kernel()[key("203.0.113.1")] == int((T0 + 600) * 1000)
+
+
+async def test_a_hosts_unban_lifts_only_the_fleet_bans_that_host_made(rig: Rig) -> None:
+    """Schema 2 (issue #34 item 2): C's unbans of A's bans, or of this host's own, lift nothing; A's lift A's."""
+    await rig.sink.apply_fleet(FleetChange((FleetBan(net("203.0.113.1"), T0 + 100, "a"),
+                                            FleetBan(net("203.0.113.2"), T0 + 100, "c"))))
+    await rig.enforcer.apply([Ban(net("203.0.113.3"), "default", T0 + 100, "cli")], now=T0)
+    rig.sink.note_local([net("203.0.113.3")], T0)
+    forged = tuple(FleetUnban(net(f"203.0.113.{i}"), T0 + 10, "c") for i in (1, 3))
+    await rig.sink.apply_fleet(FleetChange(unbans=forged))
+    assert {key("203.0.113.1"), key("203.0.113.3")} <= set(rig.kernel())  # A's, and this host's own
+    await rig.sink.apply_fleet(FleetChange(unbans=(FleetUnban(net("203.0.113.2"), T0 + 10, "c"),
+                                                   FleetUnban(net("203.0.113.1"), T0 + 10, "a"))))
+    assert key("203.0.113.1") not in rig.kernel() and key("203.0.113.2") not in rig.kernel()
+    await rig.sink.apply_fleet(FleetChange(unbans=(FleetUnban(net("203.0.113.3"), T0 + 10),)))  # the operator's
+    assert key("203.0.113.3") not in rig.kernel()
