@@ -125,14 +125,13 @@ class FleetWiring:
             self.fleet_sink.note_local([b.target for b in applied if b.blocklist == self.fleet_sink.blocklist], now)
         if self.subnets is not None:
             self.subnets.jail_bans(applied, now)
-        if self.fleet is not None and applied:
-            # every host decides the same ban (fleet/counting.py): the host whose failure crossed the line
-            # publishes it (for hosts that join after the failures are gone), the others hold it as their own
-            # published ban; all of them re-assert it when the server loses it
-            rows = [(b.target, b.until, f"count:{b.jail}") for b in applied]
-            crossed = {d.net for d in decided if d.by == self.cfg.fleet.host_id} if self.cfg.fleet else set()
-            self.fleet.submit_bans([r for r in rows if r[0] in crossed])
-            self.fleet.note_counted([r for r in rows if r[0] not in crossed])
+        if self.fleet is not None and self.cfg.fleet is not None and applied:
+            from nftblockd.fleet.counting import published_and_held
+
+            done = {b.target for b in applied}
+            pub, held = published_and_held([d for d in decided if d.net in done], self.cfg.fleet.host_id)
+            self.fleet.submit_bans(pub)
+            self.fleet.note_counted(held)
 
     async def _run_counter(self) -> None:
         counter = self.fleet_counter

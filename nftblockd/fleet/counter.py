@@ -180,10 +180,12 @@ class FleetCounter:
             now = self.clock()
             self._expire(now)
             tokens = self._refill(now)
-            if tokens < 1:
+            # over the cap: wait for a tenth of the burst (or all that waits), not for each token
+            need = min(sum(w.k for w in self._pending.values()), max(1, self.cfg.count_burst // 10))
+            if tokens < need:
                 for w in self._pending.values():
                     w.capped = True
-                await asyncio.sleep((1 - tokens) / self.cfg.count_rate)
+                await asyncio.sleep((need - tokens) / self.cfg.count_rate)
                 continue
             budget = int(tokens)
             by_jail: dict[str, list[tuple[str, int, int]]] = {}

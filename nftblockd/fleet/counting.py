@@ -92,6 +92,18 @@ class Decided(NamedTuple):
         return f"fleet count: {self.failures} failures seen by {shown}"
 
 
+def published_and_held(decided: Iterable[Decided], host: str
+                       ) -> tuple[list[tuple[IPNet, float, str]], list[tuple[IPNet, float, str]]]:
+    """How host `host` shares the fleet-counted bans it applied, as (target, end, src "count:<jail>") rows:
+    those its own failure crossed it publishes (so a host that joins after the failures are trimmed gets them);
+    the others it holds as its own published bans. Every holder re-asserts them when the server loses them."""
+    pub: list[tuple[IPNet, float, str]] = []
+    held: list[tuple[IPNet, float, str]] = []
+    for d in decided:
+        (pub if d.by == host else held).append((d.net, d.until, f"count:{d.jail}"))
+    return pub, held
+
+
 def offender(host: IPAddr, ipv6_prefix: int) -> str:
     """What a failure counts against: an IPv4 address, or the IPv6 /`ipv6_prefix` (the jail's setting)."""
     a = normalise_address(host)
@@ -315,4 +327,4 @@ class Tally:
 
 
 __all__ = ["FAIL_MAXLEN", "HOST_RE", "MAX_ITEMS", "CountPolicy", "Decided", "Item", "Tally", "TallyStats",
-           "encode_items", "fail_key", "fail_pattern", "host_of_key", "offender", "parse_entry"]
+           "encode_items", "fail_key", "fail_pattern", "host_of_key", "offender", "parse_entry", "published_and_held"]
