@@ -142,11 +142,8 @@ class FleetCounter:
                              self.clock() - down_since)
                     down_since = None
                 self._wake.set()  # what queued while away goes out now
-                async with asyncio.TaskGroup() as tg:
-                    tg.create_task(self._send_loop())
-                    tg.create_task(self._read_loop())
-            except* LinkError as eg:
-                exc = eg.exceptions[0]
+                await self._online()
+            except LinkError as exc:
                 self.stats.connected = False
                 self.stats.last_error = str(exc)
                 now = self.clock()
@@ -156,6 +153,22 @@ class FleetCounter:
                     down_since = now
                 await self.link.close()
                 await asyncio.sleep(retry_delay(now - down_since) * random.uniform(0.8, 1.2))
+
+    async def _online(self) -> None:
+        """The sender and the reader until one of them fails (LinkError, or a bug): both are stopped, and the
+        failure raised. (Not a TaskGroup: one whose child fails while it is being cancelled raises the failure and
+        loses the cancellation.)"""
+        tasks = [asyncio.ensure_future(self._send_loop()), asyncio.ensure_future(self._read_loop())]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for t in done:
+            exc = t.exception()
+            if exc is not None:
+                raise exc
 
     # -- sending -----------------------------------------------------------------------------------------
 

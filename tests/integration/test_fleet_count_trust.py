@@ -47,12 +47,12 @@ pytestmark = [pytest.mark.skipif(not redis_available(), reason="needs redis-serv
 A = ipaddress.ip_address
 POL = {"sshd": CountPolicy(maxretry=3, findtime=600.0, bantime=3600.0)}
 # docs/fleet.md, "One ACL user per host": the counting part, for host H of fleet prod
-COUNT_ACL = "resetkeys %R~nftblock:{prod}:* ~nftblock:{prod}:h:H:* resetchannels -@all +xadd +xtrim +xread +scan +time " \
-            "+ping +hello"
+COUNT_ACL = ("resetkeys %R~nftblock:{prod}:* ~nftblock:{prod}:h:H:* resetchannels -@all +xadd +xtrim +xread +scan "
+             "+time +ping +hello")
 # ... and main's ban link on the fleet's shared keys (the `fleet` branch replaces these with per-host keys)
-BAN_ACL = "~nftblock:{prod}:events ~nftblock:{prod}:active ~nftblock:{prod}:unbanned +xrange +xrevrange " \
-          "+xinfo|stream +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zmscore +multi +exec +discard +info " \
-          "+role"
+BAN_ACL = ("~nftblock:{prod}:events ~nftblock:{prod}:active ~nftblock:{prod}:unbanned +xrange +xrevrange "
+           "+xinfo|stream +zadd +zrem +zrange +zrangebyscore +zremrangebyscore +zmscore +multi +exec +discard +info "
+           "+role")
 
 
 @dataclass
@@ -120,7 +120,7 @@ async def counters(t: Trust, hosts: str, **kw: Any) -> AsyncIterator[Counters]:
 
 async def nopermed(c: Redis, *cmd: Any) -> bool:
     try:
-        await c.execute_command(*cmd)
+        await c.execute_command(*cmd)  # type: ignore[no-untyped-call]
     except rexc.NoPermissionError:
         return True
     except rexc.ResponseError as exc:
@@ -156,8 +156,9 @@ async def test_item4_a_compromised_host_cannot_drain_forge_or_decide(trust: Trus
             # a"), all at once on its own stream: nothing it writes takes from a's, b's or d's buckets, and its
             # failures alone never cross (its share is fleet_maxretry - 1)
             c_key = fail_key("prod", "c")
-            await evil.execute_command("XADD", c_key, "*", "v", "1", "j", "sshd", "origin", "a", "seen", "b,c,a",
-                                       "decided", "a", "f", "203.0.113.66*999")
+            await evil.execute_command(  # type: ignore[no-untyped-call]
+                "XADD", c_key, "*", "v", "1", "j", "sshd", "origin", "a", "seen", "b,c,a", "decided", "a",
+                "f", "203.0.113.66*999")
             pipe = evil.pipeline(transaction=False)
             for i in range(200):
                 pipe.execute_command("XADD", c_key, "*", "v", "1", "j", "sshd",
@@ -231,7 +232,8 @@ async def test_item6_failures_seen_while_cut_off_are_sent_after_the_heal(trust: 
         try:
             for c in f.c.values():
                 c.failure("sshd", A("192.0.2.1"))  # a marker whose send notices the cut at once
-            await until(lambda: not any(c.stats.connected for c in f.c.values()), 20, what="the cut noticed")
+            await until(lambda: not any(c.stats.connected for c in f.c.values()), 20,
+                        what=f"the cut noticed ({[c.stats for c in f.c.values()]})")
             for c in f.c.values():
                 for x in attackers:
                     c.failure("sshd", A(x))
@@ -302,7 +304,7 @@ async def test_item7_every_holder_reasserts_counted_bans_after_an_empty_server(t
         assert by_c <= {str(n) for n in late.host.sink.fleet}  # c's crossings too, from a's and b's re-assert
         assert m["a"].host.service.stats.reasserted + m["b"].host.service.stats.reasserted >= 60
     finally:
-        for x in m.values():
-            await x.stop()
+        for mem in m.values():
+            await mem.stop()
         if late is not None:
             await late.stop()
