@@ -98,20 +98,20 @@ class FleetWiring:
         self.fleet_counter = counter = FleetCounter(fc, CountLink(fc), policies, self._fleet_counted)
         st = counter.stats
         self.metrics.fleet_count_failures.read = lambda: [((k,), getattr(st, k)) for k in (
-            "sent", "accepted", "limited", "skipped", "lost", "dropped", "malformed")]
+            "sent", "deferred", "accepted", "limited", "skipped", "lost", "dropped", "malformed")]
         self.metrics.fleet_count_decisions.read = lambda: [((), st.decided)]
 
     def _fleet_counted(self, decided: list[Decided]) -> None:
-        """Bans this host's count calls decided (the server already put them in the fleet's stream): apply them
-        here, with the jail's blocklist, and tell the tracker (the offender's next failures are ALREADY_BANNED)."""
+        """Fleet-counted bans this host's tally decided (every host decides the same): apply them here, with the
+        jail's blocklist, and tell the tracker (the offender's next failures are ALREADY_BANNED)."""
         jails = {j.name: j for j in self.cfg.jails}
         bans = [Ban(d.net, jails[d.jail].blocklist, d.until, "jail", d.reason(), d.jail) for d in decided
                 if d.jail in jails]
-        task = asyncio.ensure_future(self._apply_counted(bans))
+        task = asyncio.ensure_future(self._apply_counted(bans, decided))
         self._counted_tasks.add(task)
         task.add_done_callback(self._counted_tasks.discard)
 
-    async def _apply_counted(self, bans: list[Ban]) -> None:
+    async def _apply_counted(self, bans: list[Ban], decided: list[Decided]) -> None:
         now = time.time()
         try:
             results = await self.enforcer.apply(bans, now=now)
@@ -125,8 +125,13 @@ class FleetWiring:
             self.fleet_sink.note_local([b.target for b in applied if b.blocklist == self.fleet_sink.blocklist], now)
         if self.subnets is not None:
             self.subnets.jail_bans(applied, now)
-        if self.fleet is not None and applied:  # re-asserted like own bans if the server loses them
-            self.fleet.note_counted([(b.target, b.until, f"count:{b.jail}") for b in applied])
+        if self.fleet is not None and self.cfg.fleet is not None and applied:
+            from nftblockd.fleet.counting import published_and_held
+
+            done = {b.target for b in applied}
+            pub, held = published_and_held([d for d in decided if d.net in done], self.cfg.fleet.host_id)
+            self.fleet.submit_bans(pub)
+            self.fleet.note_counted(held)
 
     async def _run_counter(self) -> None:
         counter = self.fleet_counter
@@ -183,6 +188,8 @@ class FleetWiring:
         """A fleet-wide unban lifted these here: a jail ban among them ends, so new failures can ban again."""
         for n in nets:
             self.tracker.forget_ban(n)
+            if self.fleet_counter is not None:
+                self.fleet_counter.forget(n)
 
     def _fleet_applied(self, n: int, nth: Callable[[int], tuple[str, float | None, str]], gone: list[IPNet],
                        now: float) -> None:

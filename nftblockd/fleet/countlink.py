@@ -1,74 +1,131 @@
-"""The fleet counting's connection to the server: one script call per batch of failures (fleet/counting.py).
+"""The fleet counting's connection to the server: this host's appends to its own failure stream, and the reads of
+every member's (fleet/counting.py has the keys and the rules).
 
-Its own connection, apart from the ban stream's two (fleet/link.py): a count must never queue behind a large
-publish or a blocked `XREAD`, and a crossing's ban must not wait for anything but its own round trip. The
-script is sent by SHA (`EVALSHA`) and loaded on `NOSCRIPT` (a restarted or failed-over server has no scripts).
+Two connections of its own, apart from the ban stream's (fleet/link.py): an append must never queue behind a
+large publish, and the blocking `XREAD` of all members' streams must not hold up an append. The commands are
+the ACL's minimum (docs/fleet.md): `XADD`/`XTRIM` on the host's own key (the ACL refuses any other), `XREAD`,
+`SCAN ... TYPE stream` to find the members' streams, `TIME` for the window's start. No script, no shared key.
 This module decides nothing and reads no clock; errors surface as `link.LinkError`.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from nftblockd.config import FleetConfig
-from nftblockd.fleet.counting import SCRIPT
-from nftblockd.fleet.link import LinkError, RedisLink, _close_client, _error
+from nftblockd.fleet.counting import FAIL_MAXLEN
+from nftblockd.fleet.link import BLOCK_MS, LinkError, RedisLink, _close_client, _connect_error, _error
 
-SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()
+SCAN_COUNT = 1000  # keys per SCAN step
+Read = list[tuple[str, list[tuple[str, Any]]]]  # [(stream key, [(entry id, fields), ...]), ...]
+
+
+class CountEngine(Protocol):
+    """What the fleet counter needs of the server (CountLink; a fake in the unit tests)."""
+
+    async def connect(self) -> int: ...
+    async def close(self) -> None: ...
+    async def append(self, key: str, entries: Sequence[Sequence[str]], trim_minid: str | None) -> str: ...
+    async def members(self, pattern: str, limit: int) -> list[str]: ...
+    async def read(self, cursors: Mapping[str, str], count: int, block_ms: int) -> Read: ...
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class CountLink:
-    def __init__(self, cfg: FleetConfig) -> None:
+    def __init__(self, cfg: FleetConfig, *, block_ms: int = BLOCK_MS) -> None:
         self.cfg = cfg
-        self.client: Redis | None = None
+        self.block_ms = block_ms
+        self.cmd: Redis | None = None
+        self.reader: Redis | None = None
 
-    async def connect(self) -> None:
+    async def connect(self) -> int:
+        """Open both connections; returns the server's time in ms. Raises LinkError."""
         await self.close()
-        cmd, reader = RedisLink(self.cfg)._clients()  # the same connection settings (URL or Sentinel, TLS, ACL)
-        await _close_client(reader)  # never connected: only the command client is needed
         try:
-            await cmd.ping()
-        except (rexc.RedisError, OSError) as exc:
-            await _close_client(cmd)
-            raise _error(exc) from None
-        self.client = cmd
+            # the ban link's connection settings (URL or Sentinel, TLS, ACL user) and timeouts
+            self.cmd, self.reader = RedisLink(self.cfg, block_ms=self.block_ms)._clients()
+            await self.reader.ping()
+            sec, usec = await self.cmd.execute_command("TIME")
+            return int(sec) * 1000 + int(usec) // 1000
+        except (rexc.RedisError, OSError, ValueError) as exc:
+            await self.close()
+            raise _connect_error(exc, self.cfg) from None
 
     async def close(self) -> None:
-        c, self.client = self.client, None
-        if c is not None:
+        clients = [c for c in (self.cmd, self.reader) if c is not None]
+        self.cmd = self.reader = None
+        for c in clients:
             await _close_client(c)
 
-    async def count(self, keys: Sequence[str], argv: Sequence[str]) -> Any:
-        """Run the counting script. Raises LinkError."""
-        c = self.client
+    async def append(self, key: str, entries: Sequence[Sequence[str]], trim_minid: str | None) -> str:
+        """Append `entries` (field lists) to `key` with server IDs, in one round trip, then trim the stream by
+        age if `trim_minid`; returns the last entry's ID. Raises LinkError."""
+        c = self.cmd
         if c is None:
             raise LinkError("not connected to the fleet server")
         try:
-            try:
-                return await c.execute_command("EVALSHA", SHA, len(keys), *keys, *argv)
-            except rexc.NoScriptError:
-                return await c.execute_command("EVAL", SCRIPT, len(keys), *keys, *argv)
+            pipe = c.pipeline(transaction=False)
+            for fields in entries:
+                pipe.execute_command("XADD", key, "MAXLEN", "~", FAIL_MAXLEN, "*", *fields)
+            if trim_minid is not None:
+                pipe.execute_command("XTRIM", key, "MINID", "~", trim_minid)
+            replies = await pipe.execute(raise_on_error=False)
         except (rexc.RedisError, OSError) as exc:
             raise _error(exc) from None
+        for r in replies:
+            if isinstance(r, Exception):
+                raise _error(r)
+        return _s(replies[len(entries) - 1]) if entries else ""
 
-    async def seen(self, decision_key: str, count_key: str) -> tuple[Any, list[Any]]:
-        """(the decision key's value or None, the count key's members), in one MULTI. Raises LinkError."""
-        c = self.client
+    async def members(self, pattern: str, limit: int) -> list[str]:
+        """Stream keys matching `pattern` (at most `limit`). Raises LinkError."""
+        c = self.cmd
         if c is None:
             raise LinkError("not connected to the fleet server")
+        out: list[str] = []
+        cursor: Any = 0
         try:
-            pipe = c.pipeline(transaction=True)
-            pipe.execute_command("GET", decision_key)
-            pipe.execute_command("ZRANGE", count_key, 0, -1)
-            decision, members = await pipe.execute()
+            while True:
+                cursor, keys = await c.execute_command("SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_COUNT,
+                                                       "TYPE", "stream")
+                out += [_s(k) for k in keys]
+                if int(cursor) == 0 or len(out) >= limit:
+                    return sorted(set(out))[:limit]
         except (rexc.RedisError, OSError) as exc:
             raise _error(exc) from None
-        return decision, list(members or [])
+
+    async def read(self, cursors: Mapping[str, str], count: int, block_ms: int) -> Read:
+        """Entries after each stream's cursor, waiting up to `block_ms` for the first. Raises LinkError."""
+        r = self.reader
+        if r is None:
+            raise LinkError("not connected to the fleet server")
+        if not cursors:
+            return []
+        try:
+            reply = await r.execute_command("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", *cursors,
+                                            *cursors.values())
+        except (rexc.RedisError, OSError) as exc:
+            raise _error(exc) from None
+        if not reply:
+            return []
+        pairs = reply.items() if isinstance(reply, dict) else reply  # RESP3 / RESP2
+        out: Read = []
+        for key, entries in pairs:
+            got: list[tuple[str, Any]] = []
+            for e in entries or ():
+                sid, fields = e[0], e[1]
+                if isinstance(fields, list | tuple):
+                    fields = dict(zip(fields[::2], fields[1::2], strict=False))
+                got.append((_s(sid), fields))
+            out.append((_s(key), got))
+        return out
 
 
-__all__ = ["SHA", "CountLink"]
+__all__ = ["CountEngine", "CountLink", "Read"]

@@ -172,7 +172,9 @@ def shares(cfg: FleetConfig, src: str) -> bool:
         return cfg.share_cli
     if src.startswith("jail:"):
         return cfg.share_jails is None or src[5:] in cfg.share_jails
-    return False  # escalations, feeds, imports: each host decides those itself
+    # a fleet-counted ban is published by the host whose failure crossed the line (daemon_fleet.py);
+    # escalations, feeds, imports are not: each host decides those itself
+    return src.startswith("count:")
 
 
 def limits_of(cfg: FleetConfig) -> TrustLimits:
@@ -407,8 +409,8 @@ class FleetService:
         return sum(self._put(("unban", format_target(net), None, src, now)) for net in nets)
 
     def note_counted(self, bans: Iterable[tuple[IPNet, float | None, str]]) -> None:
-        """Own bans this host's count call decided (target, end, src "count:<jail>"): the count script already
-        appended them to the stream, so they are not published; the publisher's next round writes them as
+        """Fleet-counted bans this host holds but did not cross (target, end, src "count:<jail>"; the crossing
+        host publishes them, fleet/counting.py), so they are not published; the publisher's next round writes them as
         published own rows (numbered when it takes them, after its submissions), and a server that restarts
         without them gets them back from the re-assert like any own ban. Never blocks, never raises."""
         now = self.clock()

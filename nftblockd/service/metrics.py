@@ -235,9 +235,10 @@ class Metrics:
         self.fleet_connected = Live("gauge", "nftblock_fleet_connected", "1 while connected to the fleet server",
                                     registry=r)
         self.fleet_count_failures = Live(
-            "counter", "nftblock_fleet_count_failures", "Fleet counting: failures this host sent, and what became "
-            "of them (accepted, limited by the per-host rate, skipped as already banned, lost while the server was "
-            "unreachable, dropped when too many waited; malformed: foreign members removed from count keys)",
+            "counter", "nftblock_fleet_count_failures", "Fleet counting: failures this host sent (deferred: after "
+            "waiting for its rate cap; lost: older than fleet_findtime when the server came back; dropped: too many "
+            "waited) and what became of all members' failures counted here (accepted, limited by their host's rate "
+            "cap, skipped as already banned, malformed)",
             ["result"], registry=r)
         self.fleet_count_decisions = Live("counter", "nftblock_fleet_count_decisions",
                                           "Fleet-counted bans this host's count calls decided", registry=r)

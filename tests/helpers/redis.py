@@ -166,8 +166,8 @@ def connections_left_open_fail_their_own_test() -> Iterator[None]:
 
 HOST_COMMANDS = ("+ping", "+hello", "+info", "+role", "+time", "+multi", "+exec", "+discard", "+client|setname",
                  "+xread", "+xrange", "+xinfo|stream", "+scan", "+exists", "+zrange", "+zmscore", "+zcount",
-                 "+get", "+xadd", "+zadd", "+zrem", "+zremrangebyscore", "+set", "+del", "+publish", "+subscribe",
-                 "+unsubscribe")
+                 "+get", "+xadd", "+xtrim", "+zadd", "+zrem", "+zremrangebyscore", "+set", "+del", "+publish",
+                 "+subscribe", "+unsubscribe")
 
 
 def host_acl(fleet: str, host: str, password: str) -> list[str]:
