@@ -3,8 +3,9 @@ every member's (fleet/counting.py has the keys and the rules).
 
 Two connections of its own, apart from the ban stream's (fleet/link.py): an append must never queue behind a
 large publish, and the blocking `XREAD` of all members' streams must not hold up an append. The commands are
-the ACL's minimum (docs/fleet.md): `XADD`/`XTRIM` on the host's own key (the ACL refuses any other), `XREAD`,
-`SCAN ... TYPE stream` to find the members' streams, `TIME` for the window's start. No script, no shared key.
+the ACL's minimum (docs/fleet.md): `XADD` (its trims included) on the host's own key (the ACL refuses any
+other), `XREAD`, `SCAN ... TYPE stream` to find the members' streams, `TIME` for the window's start. No script,
+no shared key.
 This module decides nothing and reads no clock; errors surface as `link.LinkError`.
 """
 
@@ -72,10 +73,13 @@ class CountLink:
             raise LinkError("not connected to the fleet server")
         try:
             pipe = c.pipeline(transaction=False)
-            for fields in entries:
-                pipe.execute_command("XADD", key, "MAXLEN", "~", FAIL_MAXLEN, "*", *fields)
-            if trim_minid is not None:
-                pipe.execute_command("XTRIM", key, "MINID", "~", trim_minid)
+            # The age trim rides on the last XADD (one strategy per XADD: the others keep the length bound), so a
+            # host needs no XTRIM in its ACL; with nothing to append the trim waits for the next append.
+            last = len(entries) - 1
+            for i, fields in enumerate(entries):
+                trim = ("MINID", "~", trim_minid) if i == last and trim_minid is not None else ("MAXLEN", "~",
+                                                                                               FAIL_MAXLEN)
+                pipe.execute_command("XADD", key, *trim, "*", *fields)
             replies = await pipe.execute(raise_on_error=False)
         except (rexc.RedisError, OSError) as exc:
             raise _error(exc) from None

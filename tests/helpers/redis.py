@@ -166,7 +166,7 @@ def connections_left_open_fail_their_own_test() -> Iterator[None]:
 
 HOST_COMMANDS = ("+ping", "+hello", "+info", "+role", "+time", "+multi", "+exec", "+discard", "+client|setname",
                  "+xread", "+xrange", "+xinfo|stream", "+scan", "+exists", "+zrange", "+zmscore", "+zcount",
-                 "+get", "+xadd", "+xtrim", "+zadd", "+zrem", "+zremrangebyscore", "+set", "+del", "+publish",
+                 "+get", "+xadd", "+zadd", "+zrem", "+zremrangebyscore", "+set", "+del", "+publish",
                  "+subscribe", "+unsubscribe")
 
 

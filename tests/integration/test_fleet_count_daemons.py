@@ -76,8 +76,9 @@ def test_server_gone_local_detection_goes_on_and_counting_resumes(lab: FleetLab)
     lab.server.start()  # back without its data (the lab's server keeps none)
     # the counted ban of the first test: every host holds it as its own published ban and re-asserts it
     ns, port = lab.server_ns, str(lab.server.port)
-    wait_for(lambda: ns.run("redis-cli", "-p", port, "ZSCORE", "nftblock:{cnt}:active", "198.51.100.20"
-                            ).stdout.strip() != "", 40, 0.1, "the fleet-counted ban re-asserted")
+    for h in ("a", "b", "c"):  # each in its own `active` (schema 2: per-host keys)
+        wait_for(lambda h=h: ns.run("redis-cli", "-p", port, "ZSCORE", f"nftblock:{{cnt}}:h:{h}:active",  # type: ignore[misc]
+                                    "198.51.100.20").stdout.strip() != "", 40, 0.1, f"{h} re-asserted the counted ban")
     for h in ("a", "b", "c"):
         wait_for(lambda h=h: lab.fleet(h)["counting"]["connected"], 40, 0.1, f"{h} counting again")  # type: ignore[misc]
     for h in ("a", "b", "c"):

@@ -134,23 +134,24 @@ async def test_item4_a_compromised_host_cannot_drain_forge_or_decide(trust: Trus
     attackers = [f"198.51.100.{i}" for i in range(50)]
     try:
         async with counters(trust, "abd") as f:
-            # every command a counting host must not have, or not on another host's keys
+            # every command a counting host must not have, or not on another host's keys (reading every fleet
+            # key, and deleting its own, are a member's: docs/fleet.md, "ACL")
             denied = [("XADD", a_key, "*", "v", "1", "j", "sshd", "f", "203.0.113.1*3"),
                       ("XTRIM", a_key, "MAXLEN", "0"), ("DEL", a_key), ("XDEL", a_key, "0-1"),
                       ("XGROUP", "DESTROY", a_key, "g"), ("UNLINK", a_key), ("RENAME", a_key, "x"),
                       ("EVAL", "return 1", "0"), ("EVALSHA", "0" * 40, "0"), ("FCALL", "f", "0"),
                       ("FUNCTION", "FLUSH"), ("SCRIPT", "FLUSH"),
-                      ("SET", "nftblock:{prod}:fd:sshd:198.51.100.1", "x"), ("GET", "nftblock:{prod}:fd:sshd:x"),
+                      ("SET", "nftblock:{prod}:fd:sshd:198.51.100.1", "x"),
                       ("HSET", "nftblock:{prod}:fcrate", "a", "0:0"), ("HINCRBY", "nftblock:{prod}:fcrate", "a", "1"),
                       ("ZADD", "nftblock:{prod}:fc:sshd:198.51.100.1", "1", "a|1"),
-                      ("PEXPIRE", a_key, "1"), ("EXPIRE", a_key, "1"), ("DEL", fail_key("prod", "c")),
+                      ("PEXPIRE", a_key, "1"), ("EXPIRE", a_key, "1"),
                       ("RESTORE", a_key, "0", "x"), ("COPY", fail_key("prod", "c"), a_key), ("MIGRATE", "x", "0", a_key,
                                                                                           "0", "0"),
                       ("FLUSHALL",), ("FLUSHDB",), ("CONFIG", "SET", "maxmemory", "1"), ("KEYS", "*"),
                       ("ACL", "SETUSER", "c", "+@all"), ("CLIENT", "KILL", "TYPE", "normal"),
                       ("XADD", "nftblock:{other}:h:c:fail", "*", "v", "1")]
-            refused = [cmd[0] for cmd in denied if await nopermed(evil, *cmd)]
-            assert refused == [cmd[0] for cmd in denied]
+            refused = [cmd for cmd in denied if await nopermed(evil, *cmd)]
+            assert [c for c in denied if c not in refused] == []
             # C drains "its" quota and more, and forges a crossing of its choice ("seen by b, c, a, decided by
             # a"), all at once on its own stream: nothing it writes takes from a's, b's or d's buckets, and its
             # failures alone never cross (its share is fleet_maxretry - 1)

@@ -24,7 +24,7 @@ from nftblockd.clitargets import canonical_target
 from nftblockd.control.protocol import COMMANDS, ControlError, parse_args
 from nftblockd.control.server import Peer
 from nftblockd.feeds.parse import FeedFormatError, parse_feed
-from nftblockd.fleet.codec import REASONS, Rejection, decode
+from nftblockd.fleet.codec import REASONS, SCHEMA, Rejection, decode
 from nftblockd.fleet.gate import Accepted, Gate, TrustLimits
 from tests.helpers.apirig import api_rig
 from tests.helpers.spans import inside, written_span
@@ -151,7 +151,7 @@ _GATE_NOW = 1_700_000_000.0
        st.one_of(st.floats(0, 5e9).map(lambda f: repr(f).encode()), st.just(b"inf")))
 @example("45.67.89.10/9", b"ban", b"1800000000.0")
 def test_a_fleet_event_carries_the_net_written_or_a_reason(text: str, op: bytes, until: bytes) -> None:
-    fields = {b"v": b"1", b"op": op, b"net": text.encode(errors="surrogatepass"), b"until": until,
+    fields = {b"v": SCHEMA.encode(), b"op": op, b"net": text.encode(errors="surrogatepass"), b"until": until,
               b"origin": b"web-02", b"oseq": b"7", b"src": b"jail:sshd", b"ts": b"0"}
     ev = decode(fields)
     if isinstance(ev, Rejection):
