@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import alternating, record
 from bench.feedgen import make_entries
 from nftblockd import addr
-from nftblockd.clitargets import canonical_target
+from nftblockd.cli.targets import canonical_target
 
 ROUNDS = int(os.environ.get("NFTBLOCK_BENCH_ROUNDS", "5"))
 N = 50_000

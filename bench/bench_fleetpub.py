@@ -45,7 +45,7 @@ from bench.common import paired_ratio, record, settle  # noqa: E402
 from nftblockd.addr import IPNet  # noqa: E402
 from nftblockd.allowlist import Allowlist  # noqa: E402
 from nftblockd.config import FleetConfig, parse_config  # noqa: E402
-from nftblockd.daemon import tune_gc  # noqa: E402
+from nftblockd.daemon.root import tune_gc  # noqa: E402
 from nftblockd.events import FleetChange, LocalBan  # noqa: E402
 from nftblockd.fleet.codec import FleetEvent, encode  # noqa: E402
 from nftblockd.fleet.link import CHUNK, Keys, RedisLink  # noqa: E402
@@ -240,7 +240,7 @@ def catch_up_rounds(url: str, tmp: Path) -> tuple[list[float], list[float]]:
 
 
 def main() -> None:
-    tune_gc()  # the daemon's collector settings (daemon.py): a burst's short-lived objects are not collected often
+    tune_gc()  # the daemon's collector settings (daemon/root.py): a burst's short-lived objects are not collected often
     tmp = Path(tempfile.mkdtemp(prefix="nbb-fleetpub-"))
     server = RedisServer(tmp / "redis").start()
     pubs: list[float] = []

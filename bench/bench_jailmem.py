@@ -41,7 +41,7 @@ from nftblockd.actions.f2baction import F2bAction, load_action
 from nftblockd.actions.hub import ActionHub
 from nftblockd.actions.render import Run
 from nftblockd.config import Config, parse_config
-from nftblockd.daemon import tune_gc
+from nftblockd.daemon.root import tune_gc
 from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.tracker import BanRecord, JailPolicy, Tracker

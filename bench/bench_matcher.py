@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import fieldlogs
 from bench.authlog import LogStats, server_log
 from bench.common import record
-from nftblockd.daemon import tune_gc
+from nftblockd.daemon.root import tune_gc
 from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.matcher import Match, MatchContext
 

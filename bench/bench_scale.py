@@ -54,7 +54,7 @@ SHIPPED = not JIT and ctypes.CDLL(None).prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_G
 from bench import bench_e2e, bench_enforce, bench_fleetpub, bench_ops  # noqa: E402
 from bench.common import record, settle  # noqa: E402
 from bench.feedgen import make_entries  # noqa: E402
-from nftblockd.daemon import tune_gc  # noqa: E402
+from nftblockd.daemon.root import tune_gc  # noqa: E402
 from nftblockd.detect.filterload import load_filter  # noqa: E402
 from tests.helpers.daemon import DaemonProc  # noqa: E402
 from tests.helpers.netns import NetNS  # noqa: E402

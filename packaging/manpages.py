@@ -2,8 +2,8 @@
 
     python3 packaging/manpages.py OUT_DIR [--example config/nftblockd.yaml] [--version V] [--date YYYY-MM-DD]
 
-writes OUT_DIR/nftblockd.8 (from nftblockd.daemon_main.build_parser), OUT_DIR/nftblock.8 (from
-nftblockd.cli.build_parser, every command and sub-command) and OUT_DIR/nftblockd.yaml.5 (from the commented
+writes OUT_DIR/nftblockd.8 (from nftblockd.daemon.main.build_parser), OUT_DIR/nftblock.8 (from
+nftblockd.cli.main.build_parser, every command and sub-command) and OUT_DIR/nftblockd.yaml.5 (from the commented
 example config: each top-level key with the comment above it and its example). packaging/build-deb.sh runs
 it at build time, so a new option, command or config section reaches the pages without anyone editing them
 (and KEY_REFERENCE below lists every config key: a key the reader learns without an entry fails the test);
@@ -88,7 +88,7 @@ top-level key at a time."""
 
 
 # Every key the config reader knows, with its default: tests/unit/test_manpages.py checks that none is missing
-# (it reads the keys from nftblockd/config.py and config_sections.py). NAME stands for a name of the operator's.
+# (it reads the keys from nftblockd/config/load.py and config/sections.py). NAME stands for a name of the operator's.
 KEY_REFERENCE: tuple[tuple[str, str], ...] = (
     ('table',
      'The nftables table nftblockd owns, "inet NAME" or a mapping (default inet nftblock). Only a restart '
@@ -412,8 +412,8 @@ def config_page(example: Path, version: str, date: str) -> str:
 def render(out_dir: Path, example: Path, version: str, date: str) -> list[Path]:
     os.environ["COLUMNS"] = "100"  # argparse wraps usage lines to the terminal; pages must not depend on it
     sys.path.insert(0, str(ROOT))
-    from nftblockd.cli import build_parser as cli_parser
-    from nftblockd.daemon_main import build_parser as daemon_parser
+    from nftblockd.cli.main import build_parser as cli_parser
+    from nftblockd.daemon.main import build_parser as daemon_parser
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pages = {

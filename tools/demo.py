@@ -96,7 +96,7 @@ def main() -> int:
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(notify_path)
     env = dict(os.environ, NOTIFY_SOCKET=notify_path)
-    cli = [sys.executable, "-m", "nftblockd.cli", "--socket", cfg["control"]["socket"]]
+    cli = [sys.executable, "-m", "nftblockd.cli.main", "--socket", cfg["control"]["socket"]]
     daemon: subprocess.Popen[bytes] | None = None
     log_file = open(work / "daemon.log", "wb")  # noqa: SIM115 (the daemon writes to it until the finally)
     try:
@@ -104,7 +104,7 @@ def main() -> int:
         run("ip", "netns", "add", NS)
         run("ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up")
         say("starting nftblockd on the example config")
-        daemon = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", "nftblockd.daemon_main",
+        daemon = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-m", "nftblockd.daemon.main",
                                    "--config", str(cfg_path)], stdout=log_file, stderr=subprocess.STDOUT, env=env)
         notify.settimeout(30)
         t0 = time.monotonic()

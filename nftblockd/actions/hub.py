@@ -34,7 +34,7 @@ from nftblockd.events import Ban
 log = logging.getLogger("nftblockd.actions")
 
 # A reload that replaces or removes an action lets its old runner run what it had queued for this long (as the
-# daemon's stop does, ACTIONS_STOP_GRACE in daemon.py) before its actionstop: a reload to fix a typo in a mail
+# daemon's stop does, ACTIONS_STOP_GRACE in daemon/root.py) before its actionstop: a reload to fix a typo in a mail
 # action's recipient must not throw away the bans of the minute before. What is left then is counted skipped.
 RELOAD_DRAIN = 5.0
 

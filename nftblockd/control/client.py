@@ -1,6 +1,6 @@
 """A small blocking client for the control socket (the CLI is synchronous).
 
-It raises typed errors and never prints or exits: turning them into messages and exit codes is `cli.py`'s job.
+It raises typed errors and never prints or exits: turning them into messages and exit codes is `cli/main.py`'s job.
 One connection is reused for successive calls; requests are sent one at a time.
 """
 

@@ -1,7 +1,7 @@
 """The control socket: a UNIX stream server that checks each peer's credentials and calls one handler.
 
 This module owns the socket file, the peer-credential check and the request/response loop; it knows nothing
-about bans. What a command does is the handler's business (`daemon.py` supplies it); the wire format is
+about bans. What a command does is the handler's business (`daemon/root.py` supplies it); the wire format is
 `protocol.py`'s. It never lets a handler's exception end the server: `ControlError` becomes the error the
 client sees, anything else becomes `internal` with the traceback in the log.
 

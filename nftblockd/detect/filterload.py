@@ -143,7 +143,7 @@ _BASE_VARS = {
 
 def load_yaml_filter(path: Path, opts: Mapping[str, str] | None = None) -> FilterDef:
     """Read one YAML filter into a FilterDef, applying `opts` (option overrides from the spec)."""
-    from nftblockd.yamlsrc import YamlError, load_yaml
+    from nftblockd.config.yamlsrc import YamlError, load_yaml
 
     try:
         text = boundedread.read_text(path, boundedread.FILTER_MAX_BYTES)

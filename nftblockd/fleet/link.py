@@ -43,7 +43,7 @@ from redis.backoff import NoBackoff
 from nftblockd import boundedread
 from nftblockd.addr import format_target
 from nftblockd.config import FleetConfig
-from nftblockd.config_sections import FLEET_HOST_RE
+from nftblockd.config.sections import FLEET_HOST_RE
 from nftblockd.fleet.catchup import ServerView, StreamId, format_id, parse_id
 from nftblockd.fleet.codec import SCHEMA, FleetEvent, encode
 from nftblockd.fleet.rawread import Entry, RawEntries

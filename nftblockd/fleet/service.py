@@ -172,7 +172,7 @@ def shares(cfg: FleetConfig, src: str) -> bool:
         return cfg.share_cli
     if src.startswith("jail:"):
         return cfg.share_jails is None or src[5:] in cfg.share_jails
-    # a fleet-counted ban is published by the host whose failure crossed the line (daemon_fleet.py);
+    # a fleet-counted ban is published by the host whose failure crossed the line (daemon/fleet.py);
     # escalations, feeds, imports are not: each host decides those itself
     return src.startswith("count:")
 

@@ -19,7 +19,7 @@ at its first ban. So the import reads each action's scripts, as they will run, a
 
 The drop-in's format is the one docs/actions.md ("Actions that reach the network") documents.
 
-Pure: this module must NOT read files, resolve names or look at the clock; the caller (cli.py, through
+Pure: this module must NOT read files, resolve names or look at the clock; the caller (cli/main.py, through
 migrate/host.py) hands it the action scripts and what it found on this host.
 """
 

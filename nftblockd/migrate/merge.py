@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nftblockd.config.yamlsrc import Located, YamlError, load_yaml
 from nftblockd.migrate.f2bjail import ActionPlan, Migration
 from nftblockd.migrate.render import (
     ACTIONS_COMMENT,
@@ -43,7 +44,6 @@ from nftblockd.migrate.render import (
     render_jail,
     yaml_scalar,
 )
-from nftblockd.yamlsrc import Located, YamlError, load_yaml
 
 __all__ = ["BEGIN", "END", "MergeError", "Merged", "merge_config"]
 

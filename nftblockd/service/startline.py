@@ -7,7 +7,7 @@ runs and where the allowlist is. Pure: it formats a Config, it reads nothing.
 
 from __future__ import annotations
 
-from nftblockd.config_model import Config, JailConfig
+from nftblockd.config.model import Config, JailConfig
 from nftblockd.durations import format_duration
 
 

@@ -60,7 +60,7 @@ class DaemonProc:
         env.pop("INVOCATION_ID", None)
         env.pop("JOURNAL_STREAM", None)
         log = open(self.log_path, "ab")  # noqa: SIM115 (handed to the child, closed right after)
-        self.proc = self.ns.popen(sys.executable, "-m", "nftblockd.daemon_main", "--config", str(self.config_path),
+        self.proc = self.ns.popen(sys.executable, "-m", "nftblockd.daemon.main", "--config", str(self.config_path),
                                   "--socket", self.socket, "--state-dir", self.state_dir, *self.extra_args,
                                   stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
@@ -89,7 +89,7 @@ class DaemonProc:
 
     def cli(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        return subprocess.run([sys.executable, "-m", "nftblockd.cli", "--socket", self.socket, *args],
+        return subprocess.run([sys.executable, "-m", "nftblockd.cli.main", "--socket", self.socket, *args],
                               capture_output=True, text=True, input=input, env=env, timeout=120)
 
     def cli_json(self, *args: str, ok: tuple[int, ...] = (0,)) -> Any:

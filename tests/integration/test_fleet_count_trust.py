@@ -252,7 +252,7 @@ async def test_item6_failures_seen_while_cut_off_are_sent_after_the_heal(trust: 
 
 class Member:
     """A fleet member without a kernel: the ban service (tests/helpers/fleet.py's Host) and the counter, wired as
-    daemon_fleet.py wires them (`published_and_held`)."""
+    daemon/fleet.py wires them (`published_and_held`)."""
 
     def __init__(self, t: Trust, host: str) -> None:
         self.host = Host(t.cfg(host))

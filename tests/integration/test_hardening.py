@@ -135,7 +135,7 @@ def test_without_cap_net_admin_the_daemon_names_the_capability(netns: NetNS, tmp
     env.pop("NOTIFY_SOCKET", None)
     # root without CAP_NET_ADMIN: dropped from the bounding set, so the exec'd Python never has it
     r = subprocess.run(["ip", "netns", "exec", netns.name, "setpriv", "--bounding-set=-net_admin",
-                        "--inh-caps=-net_admin", "--", sys.executable, "-m", "nftblockd.daemon_main", "--config",
+                        "--inh-caps=-net_admin", "--", sys.executable, "-m", "nftblockd.daemon.main", "--config",
                         str(cfg), "--socket", str(tmp_path / "c.sock"), "--state-dir", str(tmp_path / "state")],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 1, r.stderr

@@ -178,7 +178,7 @@ def test_the_byte_code_is_the_releases_python_s(box: Container) -> None:
     # The unit cannot write __pycache__ (ProtectSystem=strict): postinst compiles for the release's python3,
     # and the runtime.d hook compiles again when the default python3 changes (Debian 12 -> 13).
     probe = ("import importlib.util, os; print(os.path.isfile(importlib.util.cache_from_source("
-             "'/usr/lib/nftblockd/nftblockd/daemon.py')))")
+             "'/usr/lib/nftblockd/nftblockd/daemon/root.py')))")
     assert box.run("python3", "-c", probe).stdout.strip() == "True"
     box.run("find", "/usr/lib/nftblockd", "-name", "__pycache__", "-prune", "-exec", "rm", "-r", "{}", "+")
     assert box.run("python3", "-c", probe).stdout.strip() == "False"

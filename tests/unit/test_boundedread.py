@@ -98,7 +98,7 @@ def test_a_yaml_filter_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
 def test_ban_from_stdin_is_bounded_per_line_and_in_targets() -> None:
     # `ban - < /dev/zero` read forever (no newline ever came); a list over what one request carries was read
     # whole, then refused by the daemon.
-    from nftblockd.clitargets import MAX_STDIN_LINE, MAX_STDIN_TARGETS, UsageError, targets_from_stream
+    from nftblockd.cli.targets import MAX_STDIN_LINE, MAX_STDIN_TARGETS, UsageError, targets_from_stream
 
     with open("/dev/zero") as zero, pytest.raises(UsageError, match=f"stdin line 1: longer than {MAX_STDIN_LINE}"):
         targets_from_stream(zero)
@@ -109,7 +109,7 @@ def test_ban_from_stdin_is_bounded_per_line_and_in_targets() -> None:
 
 def test_import_fail2ban_config_refuses_an_include_of_a_fifo_or_device_in_one_line(tmp_path: Path) -> None:
     # Before: /dev/zero was read to 3.7 GB, then a traceback; a FIFO hung the command.
-    from nftblockd.cli import main
+    from nftblockd.cli.main import main
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

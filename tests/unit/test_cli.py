@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from nftblockd import __version__
 from nftblockd.addr import AddressError, format_target, parse_target
-from nftblockd.cli import main
-from nftblockd.clitargets import canonical_target
+from nftblockd.cli.main import main
+from nftblockd.cli.targets import canonical_target
 from nftblockd.control.protocol import encode_error
 from nftblockd.control.server import ControlServer, Peer
 from nftblockd.durations import PERMANENT, Permanent
@@ -596,7 +596,7 @@ _TOKENS = ["ban", "unban", "list", "--socket", "--socket=/s", "/s", "--json", "-
        | st.lists(st.sampled_from(_TOKENS), max_size=7).map(lambda t: ["ban", "192.0.2.1", *t])
        | st.lists(st.sampled_from(_TOKENS), max_size=7).map(lambda t: ["unban", *t, "2001:db8::1"]))
 def test_quick_parse_agrees_with_argparse(argv: list[str]) -> None:
-    from nftblockd.cli import _ArgumentError, _ParserExit, _quick_parse, build_parser
+    from nftblockd.cli.main import _ArgumentError, _ParserExit, _quick_parse, build_parser
 
     quick = _quick_parse(argv)
     if quick is None:
@@ -609,7 +609,7 @@ def test_quick_parse_agrees_with_argparse(argv: list[str]) -> None:
 
 
 def test_quick_parse_takes_the_shapes_scripts_use() -> None:
-    from nftblockd.cli import _quick_parse
+    from nftblockd.cli.main import _quick_parse
 
     for argv in (["ban", "192.0.2.1", "--timeout", "600s", "--set", "default", "--comment", "f2b sshd",
                   "--jail", "sshd", "--origin", "fail2ban"],
@@ -631,7 +631,7 @@ _ZEROISH = st.lists(st.sampled_from([0, 0, 0, 1, 0xFFFF, 0xABC]), min_size=8, ma
        | st.ip_addresses(v=4).map(lambda a: f"::ffff:{a}") | st.ip_addresses(v=4).map(lambda a: f"::{a}")
        | st.text(alphabet="0123456789abcdefABCDEF:.%/ ", max_size=45))
 def test_quick_canonical_agrees_with_parse_target(text: str) -> None:
-    from nftblockd.clitargets import quick_canonical
+    from nftblockd.cli.targets import quick_canonical
 
     quick = quick_canonical(text)
     if quick is None:
@@ -661,7 +661,7 @@ def test_a_ban_process_imports_only_what_it_needs(tmp_path: Path) -> None:
     # daemon's side (start-up time, see bench/bench_cli.py). The daemon is absent: the path up to connect()
     # is the whole client path.
     root = str(Path(__file__).resolve().parents[2])
-    code = (f"import sys\nsys.path.insert(0, {root!r})\nfrom nftblockd.cli import main\n"
+    code = (f"import sys\nsys.path.insert(0, {root!r})\nfrom nftblockd.cli.main import main\n"
             f"rc = main(['--socket', {str(tmp_path / 'none.sock')!r}, 'ban', '192.0.2.1', '2001:db8::1', "
             "'--timeout', '600s', '--comment', 'f2b sshd', '--jail', 'sshd', '--origin', 'fail2ban'])\n"
             "print(rc, ' '.join(sorted(sys.modules)))\n")
@@ -715,7 +715,7 @@ def test_the_installed_script_flushes_its_output_and_keeps_the_exit_code(tmp_pat
 def test_environ_reads_as_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from nftblockd.cli import _Environ
+    from nftblockd.cli.main import _Environ
 
     for value in ("/run/x.sock", "/tmp/ünï.sock", os.fsdecode(b"/tmp/\xff.sock")):
         monkeypatch.setenv("NFTBLOCK_SOCKET", value)
@@ -725,7 +725,8 @@ def test_environ_reads_as_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_cli_comment_limit_is_the_protocols() -> None:
-    from nftblockd import cli, events
+    import nftblockd.cli.main as cli
+    from nftblockd import events
 
     assert cli.MAX_REASON == events.MAX_REASON
 
@@ -744,7 +745,7 @@ _LINE = st.one_of(st.ip_addresses(v=4).map(str), st.ip_addresses(v=6).map(str), 
 def test_stdin_read_by_blocks_gives_what_the_line_reader_gives(lines: list[tuple[str, str]], block: int) -> None:
     # targets_from_stream (blocks of whole lines, a C-level check of plain IPv4 blocks) against the plain
     # per-line reader over the text layer, for the bytes under sys.stdin and for a text-only stream
-    from nftblockd.clitargets import UsageError, targets_from_lines, targets_from_stream
+    from nftblockd.cli.targets import UsageError, targets_from_lines, targets_from_stream
 
     text = "".join(line + end for line, end in lines)
 
@@ -771,7 +772,7 @@ def test_stdin_read_by_blocks_gives_what_the_line_reader_gives(lines: list[tuple
 
 
 def test_stdin_that_is_not_text_is_refused_with_its_line_number() -> None:
-    from nftblockd.clitargets import UsageError, targets_from_stream
+    from nftblockd.cli.targets import UsageError, targets_from_stream
 
     data = b"192.0.2.1\r\n192.0.2.2\n\n198.51.100.\xff\n192.0.2.3\n"
     for block in (3, 1 << 20):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nftblockd.config import ConfigError, examine_text, load_config, parse_config
-from nftblockd.daemon_build import build_filters
+from nftblockd.daemon.build import build_filters
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def test_bad_filter_is_a_config_error_at_the_filter_line(tmp_path: Path) -> None
     cfg.write_text(f"jails:\n  web:\n    files: [/tmp/x.log]\n    filter: {bad}\n")
     with pytest.raises(ConfigError, match=r"c.yaml:4: jails.web.filter:"):
         build_filters(load_config(cfg))
-    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--check-config", str(cfg)],
+    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon.main", "--check-config", str(cfg)],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 1 and "c.yaml:4" in r.stderr
 
@@ -67,7 +67,7 @@ def test_feed_blocklists_are_not_for_jails() -> None:
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--check-config", str(path)],
+    return subprocess.run([sys.executable, "-m", "nftblockd.daemon.main", "--check-config", str(path)],
                           capture_output=True, text=True, cwd=REPO)
 
 
@@ -179,7 +179,7 @@ def test_zero_and_overlong_durations_are_refused_with_their_line(tmp_path: Path)
                    "    findtime: 0\n    bantime: 1.0e+308\n    escalation: {max: 99999d}\n"
                    "feeds:\n  f:\n    path: /tmp/f\n    blocklist: fb\n    refresh: 0s\n"
                    "blocklists: {default: {}, fb: {timeout: 10000000000000000000000000000000}}\n")
-    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--check-config", str(cfg)],
+    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon.main", "--check-config", str(cfg)],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     lines = r.stderr.splitlines()
@@ -193,7 +193,7 @@ def test_zero_and_overlong_durations_are_refused_with_their_line(tmp_path: Path)
 
 def test_unknown_keys_are_listed_up_to_a_bound_then_counted() -> None:
     # 200k unknown keys made 200k problems (12-21 s, 344 MB), each repeating the known keys.
-    from nftblockd.config_reader import MAX_UNKNOWN_KEYS
+    from nftblockd.config.reader import MAX_UNKNOWN_KEYS
 
     text = "jails:\n  x:\n" + "".join(f"    k{i}: 1\n" for i in range(2000))
     _cfg, problems = examine_text(text, "c.yaml")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nftblockd.config import ActionConfig, ConfigError, examine_text, parse_config
-from nftblockd.daemon_build import compile_actions
+from nftblockd.daemon.build import compile_actions
 
 F2B = Path("/etc/fail2ban/action.d")
 needs_f2b = pytest.mark.skipif(not (F2B / "sendmail-whois-matches.conf").is_file(),

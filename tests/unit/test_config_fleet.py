@@ -27,7 +27,7 @@ def _problems(text: str) -> list[str]:
 
 
 def test_absent_is_single_host_and_does_not_import_redis() -> None:
-    code = ("import sys; from nftblockd.config import parse_config; import nftblockd.daemon; "
+    code = ("import sys; from nftblockd.config import parse_config; import nftblockd.daemon.root; "
             "c = parse_config('jails: {}'); assert c.fleet is None; "
             "assert not [m for m in sys.modules if m == 'redis' or m.startswith(('redis.', 'nftblockd.fleet'))]")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
@@ -129,17 +129,17 @@ def test_check_config_refuses_a_readable_password_file(tmp_path: Path) -> None:
     pw.chmod(0o604)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"fleet:\n  name: prod\n  url: redis://127.0.0.1:1\n  password_file: {pw}\n")
-    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--check-config", str(cfg)],
+    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon.main", "--check-config", str(cfg)],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 1 and "c.yaml:4: fleet.password_file:" in r.stderr and "0604" in r.stderr
     pw.chmod(0o600)
-    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--check-config", str(cfg)],
+    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon.main", "--check-config", str(cfg)],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
 
 
 def test_a_daemon_built_without_a_fleet_imports_no_redis() -> None:
-    code = ("import sys, asyncio; from nftblockd.config import parse_config; from nftblockd.daemon import Daemon; "
+    code = ("import sys, asyncio; from nftblockd.config import parse_config; from nftblockd.daemon.root import Daemon; "
             "d = Daemon(parse_config('allowlist_self: false\\n')); assert d.fleet is None and d.fleet_sink is None; "
             "d._build_fleet(); "
             "assert not [m for m in sys.modules if m == 'redis' or m.startswith(('redis.', 'nftblockd.fleet'))]")

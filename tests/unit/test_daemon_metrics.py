@@ -12,9 +12,9 @@ from typing import Any, cast
 
 import pytest
 
-import nftblockd.daemon_fleet as daemon_fleet
+import nftblockd.daemon.fleet as daemon_fleet
 from nftblockd.config import parse_config
-from nftblockd.daemon import Daemon
+from nftblockd.daemon.root import Daemon
 from nftblockd.detect.jails import JailRunner, JailStats
 from nftblockd.detect.tracker import JailPolicy, Tracker
 from nftblockd.events import Hit

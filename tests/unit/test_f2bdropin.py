@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftblockd.cli import main
+from nftblockd.cli.main import main
+from nftblockd.config.yamlsrc import load_yaml
 from nftblockd.migrate import netfacts
 from nftblockd.migrate.dropin import (
     MARKER,
@@ -25,7 +26,6 @@ from nftblockd.migrate.dropin import (
     render_dropin,
     url_hosts,
 )
-from nftblockd.yamlsrc import load_yaml
 from tests.unit.test_f2bmigrate import _setup, _valid
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "nftblockd.yaml"

@@ -8,12 +8,12 @@ from __future__ import annotations
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from nftblockd.config.yamlsrc import load_yaml
 from nftblockd.detect.f2b import F2bConfig, _parse_ini
 from nftblockd.detect.matcher import FilterError
 from nftblockd.migrate.f2bjail import plan_migration
 from nftblockd.migrate.merge import MergeError, merge_config
 from nftblockd.migrate.render import render_config
-from nftblockd.yamlsrc import load_yaml
 from tests.unit.test_f2bmigrate import FakeHost
 
 _OPTIONS = ["enabled", "filter", "logpath", "backend", "journalmatch", "maxretry", "findtime", "bantime",

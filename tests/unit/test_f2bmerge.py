@@ -16,11 +16,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nftblockd.cli import main
+from nftblockd.cli.main import main
+from nftblockd.config.yamlsrc import load_yaml
 from nftblockd.migrate.f2bjail import ActionPlan, JailPlan, Migration
 from nftblockd.migrate.merge import MergeError, merge_config
 from nftblockd.migrate.render import BEGIN
-from nftblockd.yamlsrc import load_yaml
 from tests.unit.test_f2bmigrate import _setup, _valid
 from tests.unit.test_f2bmigrate import no_host_network as no_host_network  # autouse: the drop-in's host facts
 

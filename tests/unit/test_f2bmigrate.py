@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftblockd.cli import main
-from nftblockd.daemon_main import check_config
+from nftblockd.cli.main import main
+from nftblockd.config.yamlsrc import load_yaml
+from nftblockd.daemon.main import check_config
 from nftblockd.detect.f2b import F2bConfig, _parse_ini
 from nftblockd.durations import PERMANENT
 from nftblockd.migrate.f2bjail import Migration, f2b_seconds, our_jail, plan_migration, split_spec
 from nftblockd.migrate.host import FsHost, read_jails
 from nftblockd.migrate.render import BEGIN, render_config, yaml_scalar
-from nftblockd.yamlsrc import load_yaml
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fail2ban"
 

@@ -55,11 +55,11 @@ def test_check_config_and_start_refuse_an_old_client_in_one_line(tmp_path: Path)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(FLEET)
     env = _fake_client(tmp_path / "site", "4.3.4")
-    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--check-config", str(cfg)],
+    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon.main", "--check-config", str(cfg)],
                        capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 1
     assert r.stderr.startswith(f"{cfg}:1: fleet: fleet mode needs python3-redis >= 6.1 (found 4.3.4): ")
-    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--config", str(cfg)],
+    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon.main", "--config", str(cfg)],
                        capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
@@ -72,7 +72,7 @@ def test_a_client_that_does_not_import_is_refused_in_one_line(tmp_path: Path) ->
     env = _fake_client(tmp_path / "site", "6.1.0")
     (tmp_path / "site" / "redis").mkdir()
     (tmp_path / "site" / "redis" / "__init__.py").write_text("import async_timeout_not_here\n")
-    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--config", str(cfg)],
+    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon.main", "--config", str(cfg)],
                        capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert "fleet mode cannot import python3-redis 6.1.0 (No module named 'async_timeout_not_here')" in r.stderr
@@ -81,6 +81,6 @@ def test_a_client_that_does_not_import_is_refused_in_one_line(tmp_path: Path) ->
 def test_without_a_fleet_the_client_is_not_asked(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("allowlist_self: false\n")
-    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--check-config", str(cfg)],
+    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon.main", "--check-config", str(cfg)],
                        capture_output=True, text=True, cwd=tmp_path, env=_fake_client(tmp_path / "site", "4.3.4"))
     assert r.returncode == 0, r.stderr

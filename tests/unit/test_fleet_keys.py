@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nftblockd.config_sections import FLEET_HOST_RE
+from nftblockd.config.sections import FLEET_HOST_RE
 from nftblockd.fleet.link import OPERATOR, Keys
 from nftblockd.fleet.service import format_cursors, parse_cursors
 

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from nftblockd.cli import EXIT_DEGRADED, main
+from nftblockd.cli.main import EXIT_DEGRADED, main
 from nftblockd.service.health import REASONS, Degraded, assess, samples
 from tests.helpers.apirig import api_rig, serve
 

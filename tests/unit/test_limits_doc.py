@@ -51,16 +51,16 @@ def test_each_bound_on_the_page_is_the_codes_value(dotted: str, param: str, writ
 def test_the_new_bounds_are_all_on_the_page() -> None:
     named = {d + (f"({p})" if p else "") for d, p, _v in _named()}
     for name in ("boundedread.CONFIG_MAX_BYTES", "boundedread.FILTER_MAX_BYTES", "boundedread.SECRET_MAX_BYTES",
-                 "boundedread.LOG_SAMPLE_MAX_BYTES", "clitargets.MAX_STDIN_LINE", "clitargets.MAX_STDIN_TARGETS",
-                 "yamlsrc.MAX_NUMBER_DIGITS", "config_reader.MAX_UNKNOWN_KEYS", "control.server.MAX_BUFFERED",
+                 "boundedread.LOG_SAMPLE_MAX_BYTES", "cli.targets.MAX_STDIN_LINE", "cli.targets.MAX_STDIN_TARGETS",
+                 "config.yamlsrc.MAX_NUMBER_DIGITS", "config.reader.MAX_UNKNOWN_KEYS", "control.server.MAX_BUFFERED",
                  "control.protocol.MAX_TARGETS", "control.api.MAX_INVALID_TARGETS", "control.wire.DEFAULT_MAX_REQUEST",
-                 "sources.linesplit.DEFAULT_MAX_LINE", "detect.jails.QUEUE_BATCHES", "yamlsrc.MAX_DEPTH"):
+                 "sources.linesplit.DEFAULT_MAX_LINE", "detect.jails.QUEUE_BATCHES", "config.yamlsrc.MAX_DEPTH"):
         assert f"nftblockd.{name}" in named, name
     assert len(named) >= 40
 
 
 def test_the_cli_repeats_the_protocols_target_bound() -> None:
-    from nftblockd.clitargets import MAX_STDIN_TARGETS
+    from nftblockd.cli.targets import MAX_STDIN_TARGETS
     from nftblockd.control.protocol import MAX_TARGETS
 
     assert MAX_STDIN_TARGETS == MAX_TARGETS

@@ -15,8 +15,8 @@ from types import ModuleType
 
 import pytest
 
-from nftblockd.cli import build_parser as cli_parser
-from nftblockd.daemon_main import build_parser as daemon_parser
+from nftblockd.cli.main import build_parser as cli_parser
+from nftblockd.daemon.main import build_parser as daemon_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config" / "nftblockd.yaml"
@@ -86,8 +86,8 @@ def test_every_daemon_option_is_in_nftblockd_8(pages: dict[str, str]) -> None:
 
 
 def config_top_level_keys() -> set[str]:
-    """The keys config.py accepts at the top level: the set literal build() hands to self.mapping()."""
-    tree = ast.parse((ROOT / "nftblockd" / "config.py").read_text())
+    """The keys config/load.py accepts at the top level: the set literal build() hands to self.mapping()."""
+    tree = ast.parse((ROOT / "nftblockd" / "config" / "load.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "build":
             for call in ast.walk(node):
@@ -95,7 +95,7 @@ def config_top_level_keys() -> set[str]:
                         and call.func.attr == "mapping" and len(call.args) == 3
                         and isinstance(call.args[2], ast.Set)):
                     return {ast.literal_eval(e) for e in call.args[2].elts}
-    raise AssertionError("config.py's top-level keys not found")
+    raise AssertionError("config/load.py's top-level keys not found")
 
 
 def test_every_config_key_is_documented_in_the_example_and_the_page(pages: dict[str, str]) -> None:
@@ -137,7 +137,7 @@ def test_man_renders_the_pages_without_warnings(pages: dict[str, str], tmp_path:
         assert re.search(r"\S", proc.stdout)
 
 
-# The config reader's sections: the function of config.py / config_sections.py that reads it -> the path of
+# The config reader's sections: the function of config/load.py / config/sections.py that reads it -> the path of
 # its keys in the page's KEY REFERENCE (a function that reads nested mappings, such as jails' escalation or
 # fleet's tls, has their keys too: each must be somewhere below that path).
 READERS = {"build": "", "table": "table.", "chain": "chain.", "control": "control.", "batch": "batch.",
@@ -150,7 +150,7 @@ def reader_keys() -> dict[str, set[str]]:
     """Every key each reader function accepts: the string sets given to SectionReader.mapping, directly or
     through a local name (an action's `common | specific[type]`)."""
     out: dict[str, set[str]] = {}
-    for name in ("config.py", "config_sections.py"):
+    for name in ("config/load.py", "config/sections.py"):
         tree = ast.parse((ROOT / "nftblockd" / name).read_text())
         for fn in ast.walk(tree):
             if not isinstance(fn, ast.FunctionDef):

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nftblockd import __version__
-from nftblockd.daemon_main import main as nftblockd_main
+from nftblockd.daemon.main import main as nftblockd_main
 from nftblockd.detect import matcher, native
 from nftblockd.detect.filterload import builtin_filters, load_filter, load_yaml_filter
 from nftblockd.detect.matcher import Filter, FilterDef, MatchContext, RegexSource, compile_filter

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from nftblockd.addr import AddressError, IPNet, parse_target
 from nftblockd.allowlist import build_allowlist
-from nftblockd.clitargets import canonical_target
+from nftblockd.cli.targets import canonical_target
 from nftblockd.control.protocol import COMMANDS, ControlError, parse_args
 from nftblockd.control.server import Peer
 from nftblockd.feeds.parse import FeedFormatError, parse_feed

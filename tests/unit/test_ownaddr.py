@@ -95,8 +95,8 @@ def test_same_addresses_as_ip_addr() -> None:
 SNIPPET = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING)
-from nftblockd.daemon_build import own_addresses
-import nftblockd.daemon_main
+from nftblockd.daemon.build import own_addresses
+import nftblockd.daemon.main
 assert own_addresses(), "no addresses"
 print(sorted(m for m in sys.modules if m.split(".")[0] == "pyroute2"))
 """

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nftblockd.config import examine_text
+from nftblockd.config.yamlsrc import MAX_DEPTH, MAX_NUMBER_DIGITS, YamlError, load_yaml
 from nftblockd.detect.f2b import read_filter
 from nftblockd.detect.matcher import FilterDef, FilterError
-from nftblockd.yamlsrc import MAX_DEPTH, MAX_NUMBER_DIGITS, YamlError, load_yaml
 
 # Pieces that make YAML (and fail2ban INI) interesting: indicators, tags, anchors, merge keys, numbers, the
 # config's own keys, and line structure.

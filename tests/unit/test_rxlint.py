@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nftblockd.config import load_config
-from nftblockd.daemon_build import compile_filters, regex_warnings
+from nftblockd.daemon.build import compile_filters, regex_warnings
 from nftblockd.detect.filterload import builtin_filters, load_filter
 from nftblockd.detect.matcher import FilterError, UnsupportedRegex, expand_tags
 from nftblockd.detect.rxlint import exponential_risk
@@ -84,7 +84,7 @@ def test_a_regex_python_cannot_compile_is_a_problem_not_a_traceback(tmp_path: Pa
 def test_the_daemon_refuses_a_filter_that_does_not_compile_without_a_traceback(tmp_path: Path) -> None:
     # It fails while building its filters, before any kernel, socket or state work.
     cfg = _config(tmp_path, "^(<HOST>")
-    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "-c", str(cfg)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "nftblockd.daemon.main", "-c", str(cfg)], capture_output=True,
                        text=True, timeout=60, check=False)
     assert r.returncode == 1
     assert "Traceback" not in r.stderr

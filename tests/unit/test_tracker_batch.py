@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from nftblockd.addr import IPAddr
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import parse_config
-from nftblockd.config_model import Escalation
+from nftblockd.config.model import Escalation
 from nftblockd.detect import tracker as tracker_mod
 from nftblockd.detect.filterload import load_filter
 from nftblockd.detect.jails import JailRunner

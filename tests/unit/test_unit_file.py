@@ -177,7 +177,7 @@ MDWE_PROBE = textwrap.dedent("""
     import asyncio, hashlib, json, socket, sqlite3, ssl
     import asyncinotify, prometheus_client, yaml
     from systemd import journal
-    import nftblockd.daemon, nftblockd.service.logsetup, nftblockd.service.sdnotify
+    import nftblockd.daemon.root, nftblockd.service.logsetup, nftblockd.service.sdnotify
 
     async def main():
         db = sqlite3.connect(":memory:")

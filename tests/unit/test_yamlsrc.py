@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nftblockd.config import ConfigError, parse_config
-from nftblockd.yamlsrc import YamlError, load_yaml
+from nftblockd.config.yamlsrc import YamlError, load_yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,7 +64,7 @@ def test_check_config_reports_both_with_file_and_line(tmp_path: Path) -> None:
     for name, text in (("bomb.yaml", BOMB), ("loop.yaml", "jails: &j {sshd: *j}\n")):
         cfg = tmp_path / name
         cfg.write_text(text)
-        r = subprocess.run([sys.executable, "-m", "nftblockd.daemon_main", "--check-config", str(cfg)],
+        r = subprocess.run([sys.executable, "-m", "nftblockd.daemon.main", "--check-config", str(cfg)],
                            capture_output=True, text=True, cwd=REPO, timeout=120)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.startswith(f"{cfg}:"), r.stderr

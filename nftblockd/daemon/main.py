@@ -7,8 +7,7 @@ import sys
 
 from nftblockd import __version__
 from nftblockd.config import Config, ConfigError, Problem, examine_config, in_file_order, load_config
-from nftblockd.daemon import run
-from nftblockd.daemon_build import (
+from nftblockd.daemon.build import (
     Overrides,
     apply_overrides,
     compile_actions,
@@ -18,6 +17,7 @@ from nftblockd.daemon_build import (
     log_file_warnings,
     regex_warnings,
 )
+from nftblockd.daemon.root import run
 from nftblockd.detect import native
 from nftblockd.service.logsetup import setup_logging
 

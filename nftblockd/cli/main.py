@@ -26,7 +26,7 @@ import posix  # not os: importing os (posixpath, stat, ...) is 1 ms of a 15 ms `
 import sys
 import time
 
-from nftblockd.clitargets import (
+from nftblockd.cli.targets import (
     Targets,
     UsageError,
     canonical_plain,
@@ -380,7 +380,7 @@ def _quick_parse(argv: list[str]) -> Any:  # noqa: C901
     return _Namespace(**found) if found["targets"] else None
 
 
-# --- targets (nftblockd/clitargets.py) -------------------------------------------------------------
+# --- targets (nftblockd/cli/targets.py) -------------------------------------------------------------
 
 
 def _targets_from_args(ctx: _Context, targets: list[str]) -> Targets:

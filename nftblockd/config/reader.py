@@ -1,7 +1,7 @@
 """The typed getters the config builder reads sections with: each records a Problem and returns a default.
 
-It must NOT know any section of the config (which keys a jail or a fleet has): config.py and
-config_sections.py do; it reads no file beyond checking the ones a config names (secret and plain files).
+It must NOT know any section of the config (which keys a jail or a fleet has): config/load.py and
+config/sections.py do; it reads no file beyond checking the ones a config names (secret and plain files).
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import stat
 from typing import Any
 
 from nftblockd.addr import AddressError, IPNet, parse_target
-from nftblockd.config_model import Problem
+from nftblockd.config.model import Problem
+from nftblockd.config.yamlsrc import Located, Path_
 from nftblockd.durations import (
     BanLength,
     format_duration,
     parse_duration,
     parse_timeout,
 )
-from nftblockd.yamlsrc import Located, Path_
 
 # Unknown keys listed per mapping: 200k of them took 12-21 s and 344 MB of problems, each with the known keys.
 MAX_UNKNOWN_KEYS = 20

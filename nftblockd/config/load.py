@@ -6,8 +6,8 @@ checking the permissions of the secret files it names (a fleet password file rea
 here, so both `--check-config` and the daemon refuse it); compiling filters happens in the daemon's build
 step, which reports with the line numbers kept here.
 
-This module loads the file and reads the core sections; the values live in config_model.py, the typed
-getters in config_reader.py and the actions:/fleet: sections in config_sections.py. Importers keep using
+This module loads the file and reads the core sections; the values live in config/model.py, the typed
+getters in config/reader.py and the actions:/fleet: sections in config/sections.py. Importers keep using
 `from nftblockd.config import X` for every name in __all__.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nftblockd import boundedread
-from nftblockd.config_model import (
+from nftblockd.config.model import (
     ACTION_EVENTS,
     ACTION_TYPES,
     HOOK_PRIORITIES,
@@ -42,13 +42,13 @@ from nftblockd.config_model import (
     in_file_order,
     interface_name_problem,
 )
-from nftblockd.config_sections import ActionFleetSections
+from nftblockd.config.sections import ActionFleetSections
+from nftblockd.config.yamlsrc import Path_, YamlError, load_yaml
 from nftblockd.durations import (
     MAX_TIMEOUT,
     PERMANENT,
     PERMANENT_WORDS,
 )
-from nftblockd.yamlsrc import Path_, YamlError, load_yaml
 
 
 def load_config(path: str | Path) -> Config:
@@ -92,7 +92,7 @@ def examine_text(text: str, file: str = "<config>") -> tuple[Config | None, list
 
 class _Builder(ActionFleetSections):
     """Walks the document once, collecting problems instead of stopping at the first: the core sections
-    here, actions: and fleet: in config_sections.py, the typed getters in config_reader.py."""
+    here, actions: and fleet: in config/sections.py, the typed getters in config/reader.py."""
 
     def build(self) -> Config:
         top = self.mapping(self.doc.value, (), {

@@ -1,7 +1,7 @@
 """The daemon's reload: re-read the config, refuse a broken or kernel-changing one, apply jail, feed and action
 changes in place, and say what became of it (a Verdict).
 
-A mixin of Daemon (daemon.py), which owns the attributes and methods declared below. This module must NOT
+A mixin of Daemon (daemon/root.py), which owns the attributes and methods declared below. This module must NOT
 raise out of a reload (enforcement survives any reload), change the table or its sets (that takes a
 restart), or read the config anywhere but config.load_config.
 """
@@ -19,7 +19,7 @@ from nftblockd.actions.hub import ActionHub
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import Config, ConfigError, FeedConfig, FleetConfig, JailConfig, load_config
 from nftblockd.control.api import ControlAPI
-from nftblockd.daemon_build import (
+from nftblockd.daemon.build import (
     Overrides,
     Verdict,
     apply_overrides,

@@ -1,7 +1,7 @@
 """The validated config's values: frozen dataclasses, the Problem type and the name rules they share.
 
-This module only declares values; it must NOT read files, parse YAML or validate sections (config_reader.py,
-config_sections.py and config.py do that), so every module that only needs the types imports it cheaply.
+This module only declares values; it must NOT read files, parse YAML or validate sections (config/reader.py,
+config/sections.py and config/load.py do that), so every module that only needs the types imports it cheaply.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import re
 from dataclasses import dataclass, field
 
 from nftblockd.addr import IPNet
+from nftblockd.config.yamlsrc import Path_
 from nftblockd.durations import (
     PERMANENT,
     BanLength,
 )
-from nftblockd.yamlsrc import Path_
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,23}$")
 TABLE_FAMILIES = ("inet",)

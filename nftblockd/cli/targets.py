@@ -2,7 +2,7 @@
 anything is sent, from the command line or from stdin a block of lines at a time.
 
 Pure text work (and reading the given stream): no socket, no daemon, nothing from the daemon's side. Like
-cli.py, whose start-up it is part of, it imports only what a plain IPv4 ban needs: `ipaddress` (through
+cli/main.py, whose start-up it is part of, it imports only what a plain IPv4 ban needs: `ipaddress` (through
 addr.py) is imported only for a target the quick rules cannot decide.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import _socket  # not socket: see control/client.py
 import itertools
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (cli.py); mypy reads it the same way
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (cli/main.py); mypy reads it the same way
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import BinaryIO, TextIO

@@ -1,7 +1,7 @@
 """Validation of the config's actions: and fleet: sections (docs/actions.md, docs/fleet.md).
 
 It builds ActionConfig and FleetConfig values and checks action references; it must NOT read the other
-sections (config.py does) nor touch the network, the kernel or any file other than the secrets a fleet names.
+sections (config/load.py does) nor touch the network, the kernel or any file other than the secrets a fleet names.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from nftblockd.argtemplate import TemplateError, parse_template
-from nftblockd.config_model import (
+from nftblockd.config.model import (
     ACTION_EVENTS,
     ACTION_TYPES,
     NAME_RE,
@@ -22,8 +22,8 @@ from nftblockd.config_model import (
     FleetConfig,
     FleetTLS,
 )
-from nftblockd.config_reader import SectionReader
-from nftblockd.yamlsrc import Path_
+from nftblockd.config.reader import SectionReader
+from nftblockd.config.yamlsrc import Path_
 
 # a host id names the host's own keys and its ACL user (docs/fleet.md): lower case, and no ':' or glob
 # character, so `nftblock:{F}:h:<id>:*` covers that host's keys and no other host's

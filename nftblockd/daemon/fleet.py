@@ -1,13 +1,13 @@
 """The daemon's fleet wiring: building the fleet service and fleet counting, running them restarted on failure,
 their status for `nftblock`, and what the kernel side reports back to the tracker and the actions.
 
-A mixin of Daemon (daemon.py), which owns the attributes declared here; it must NOT be used alone, nor
+A mixin of Daemon (daemon/root.py), which owns the attributes declared here; it must NOT be used alone, nor
 import `redis` before a `fleet:` block asks for it (the services are imported inside the build methods).
 """
 
 from __future__ import annotations
 
-import asyncio  # noqa: TID251 (an IO edge: part of the composition root, daemon.py)
+import asyncio  # noqa: TID251 (an IO edge: part of the composition root, daemon/root.py)
 import logging
 import time
 from collections.abc import Callable
@@ -17,7 +17,7 @@ from nftblockd.actions.hub import ActionHub
 from nftblockd.addr import IPNet
 from nftblockd.allowlist import Allowlist
 from nftblockd.config import Config, FleetConfig
-from nftblockd.daemon_build import guarded
+from nftblockd.daemon.build import guarded
 from nftblockd.detect.subnetrun import SubnetRunner
 from nftblockd.detect.tracker import Tracker
 from nftblockd.events import Ban

@@ -5,8 +5,8 @@ metrics → sources → READY=1 — and shutdown is its bounded reverse. Signals
 stop, SIGHUP reloads (a broken new config is refused and the old one keeps running). No polling loops beyond
 the cheap kernel generation check and the periodic reconcile.
 
-Its parts: daemon_build.py (build steps and checks), and the Daemon's mixins daemon_fleet.py (fleet wiring)
-and daemon_reload.py (reloads).
+Its parts: daemon/build.py (build steps and checks), and the Daemon's mixins daemon/fleet.py (fleet wiring)
+and daemon/reload.py (reloads).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from nftblockd.allowlist import Allowlist, build_allowlist
 from nftblockd.config import Config, FeedConfig, JailConfig
 from nftblockd.control.api import ControlAPI
 from nftblockd.control.server import ControlServer
-from nftblockd.daemon_build import (
+from nftblockd.daemon.build import (
     Overrides,
     Verdict,
     _origin,
@@ -45,8 +45,8 @@ from nftblockd.daemon_build import (
     own_addresses,
     regex_warnings,
 )
-from nftblockd.daemon_fleet import FleetWiring
-from nftblockd.daemon_reload import ReloadLogic
+from nftblockd.daemon.fleet import FleetWiring
+from nftblockd.daemon.reload import ReloadLogic
 from nftblockd.detect.jails import JailRunner
 from nftblockd.detect.subnet import SubnetEscalator
 from nftblockd.detect.subnetrun import SubnetRunner

@@ -2,7 +2,7 @@
 interfaces, log files and own addresses that `--check-config` shares with a start.
 
 Functions of the Config (and of the host's addresses and devices) only; it must NOT hold daemon state, start
-tasks or touch nftables: daemon.py composes what these build.
+tasks or touch nftables: daemon/root.py composes what these build.
 """
 
 from __future__ import annotations
