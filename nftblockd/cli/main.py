@@ -919,7 +919,10 @@ def _write_dropin(ctx: _Context, ns: Any, plan: Migration, renamed: Mapping[str,
     if drop.text is None:
         ctx.err.write(f"nftblock: {drop.said[0]}\n")
         if path is not None and _ours(path, MARKER):
-            os.unlink(path)  # an earlier import's allowances, no longer needed
+            try:
+                os.unlink(path)  # an earlier import's allowances, no longer needed
+            except OSError as exc:
+                raise Failed(f"{path}: {exc.strerror}; remove it by hand") from None
             ctx.err.write(f"nftblock: removed {path}, which an earlier import wrote\n")
         return
     if path is None:

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nftblockd.detect.rxlint import REGEX_ERRORS
 from nftblockd.detect.timestamps import FAST_SYSLOG, DateParser
 
 __all__ = ["Built", "Hooks", "Parts", "Rule", "Untranslatable", "available", "build", "compile_pcre2", "describe",
@@ -232,7 +233,7 @@ def _split(rx: re.Pattern[str]) -> tuple[Any, bytes, int, tuple[int, ...], Any, 
     a_text, lit, b_text = parts
     try:
         a_re, b_re = re.compile(a_text, rx.flags), re.compile(b_text, rx.flags)
-    except re.error:
+    except REGEX_ERRORS:
         return None
     if a_re.groups != len(a_re.groupindex) or b_re.groups != len(b_re.groupindex):
         return None  # an unnamed capturing group

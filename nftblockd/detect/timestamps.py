@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
+from nftblockd.detect.rxlint import REGEX_ERRORS
+
 __all__ = ["DateParser", "DatePatternError", "Stamp", "parse_timestamp"]
 
 
@@ -225,7 +227,7 @@ def _finish(body: str, line_begin: bool, unbounded: bool, begin: bool = True, en
         body = _LINE_BEGIN + body
     try:
         return _Template(re.compile(body), group, anchored)
-    except (re.error, OverflowError, RecursionError) as exc:
+    except REGEX_ERRORS as exc:
         raise DatePatternError(f"invalid datepattern {body!r}: {exc}") from None
 
 
@@ -295,7 +297,7 @@ def _first_chars(pattern: str) -> frozenset[str] | None:
     """The ASCII characters a match of an anchored pattern can begin with; None when that is unknown."""
     try:
         items = list(_sre.parse(pattern))
-    except (re.error, OverflowError, RecursionError):
+    except REGEX_ERRORS:
         return None
     chars: set[str] = set()
     try:

@@ -25,7 +25,6 @@ from nftblockd.detect.f2b import F2bConfig
 from nftblockd.detect.filterload import parse_spec
 from nftblockd.detect.matcher import FilterError
 from nftblockd.durations import MAX_TIMEOUT, PERMANENT, BanLength
-from nftblockd.neverban import never_ban_reason
 
 __all__ = ["ActionPlan", "Dropped", "Host", "JailPlan", "Migration", "f2b_seconds", "our_jail", "plan_migration",
            "secret_options", "split_spec"]
@@ -556,8 +555,7 @@ def _ignoreip(jail: _Jail, drop: _Drop) -> tuple[frozenset[str], bool]:
         except HostBitsError as exc:
             # fail2ban masks 127.0.0.1/8 to 127.0.0.0/8; nftblockd widens no range on any path, an allowed one
             # included (docs/addresses.md). The stock `127.0.0.1/8` loses nothing: loopback is never banned.
-            never = never_ban_reason(exc.network)
-            if never and "overlaps" not in never:
+            if exc.network.is_loopback:
                 continue  # fail2ban's own default `127.0.0.1/8`: nothing is lost (loopback is never banned)
             drop(f"ignoreip {word}", f"host bits set: not a network, and nftblockd never widens one to {exc.network}; "
                  f"write {exc.network} to allow the range, or the address alone")

@@ -31,9 +31,9 @@ from nftblockd.migrate.sandbox import (
 __all__ = ["FsHost", "read_jails"]
 
 _UNIT_DIRS = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
-_JOURNALMATCH = "journalmatch: "
+_JOURNALMATCH = "journalmatch: "  # how read_filter reports a filter's journalmatch (Filter.notes)
 _MAX_MATCHES = 64  # a logpath glob's files looked at (the first, in order)
-_GLOB = frozenset("*?[")  # how read_filter reports a filter's journalmatch (Filter.notes)
+_GLOB = frozenset("*?[")  # the characters that make a logpath a glob
 
 
 def read_jails(confdir: str | Path) -> F2bConfig:

@@ -7,6 +7,7 @@ runs and where the allowlist is. Pure: it formats a Config, it reads nothing.
 
 from __future__ import annotations
 
+from nftblockd.addr import format_target
 from nftblockd.config.model import Config, JailConfig
 from nftblockd.durations import format_duration
 
@@ -27,8 +28,7 @@ def _jail(j: JailConfig) -> str:
 def start_line(cfg: Config, config_path: str) -> str:
     jails = [j for j in cfg.jails if j.enabled]
     live = "; ".join(_jail(j) for j in jails) if jails else "none"
-    allowed = ", ".join(str(n.network_address) if n.prefixlen == n.max_prefixlen else str(n)
-                        for n in cfg.allowlist) or "nothing"
+    allowed = ", ".join(map(format_target, cfg.allowlist)) or "nothing"
     own = " and this host's own addresses" if cfg.allowlist_self else ""
     return (f"jails live: {live}. Never banned: {allowed}{own}. To keep your own network from being banned, "
             f"add it under allowlist: in {config_path} and run `systemctl reload nftblockd`")
