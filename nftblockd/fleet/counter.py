@@ -46,8 +46,8 @@ from nftblockd.fleet.counting import (
     offender,
     parse_entry,
 )
-from nftblockd.fleet.countlink import CountEngine
-from nftblockd.fleet.link import LinkError
+from nftblockd.fleet.countlink import CountEngine, Read
+from nftblockd.fleet.link import FUTURE_MS, LinkError
 from nftblockd.fleet.retry import retry_delay
 
 log = logging.getLogger("nftblockd.fleet")
@@ -70,6 +70,7 @@ class CountStats:
     limited: int = 0  # ... refused: over their host's rate cap (a host that does not pace itself)
     skipped: int = 0  # ... of offenders banned already
     malformed: int = 0  # entry items that do not parse (never counted)
+    future: int = 0  # entries whose id is more than FUTURE_MS ahead of the server's clock (never counted)
     evicted: int = 0  # offenders forgotten for memory
     decided: int = 0  # fleet-counted bans decided here (every host decides each one)
     crossed: int = 0  # ... of them crossed by this host's failure (this host publishes those)
@@ -253,6 +254,30 @@ class FleetCounter:
     def _server_now_ms(self) -> int:
         return self._server_ms + int((self.clock() - self._server_at) * 1000)
 
+    def _tally_read(self, got: Read) -> list[Decided]:
+        """One read's entries into the tally (cursors moved past each); the crossings they made."""
+        decided: list[Decided] = []
+        # a member chooses its own ids (XADD with an explicit id): one far ahead would end a ban decades on
+        future = self._server_now_ms() + FUTURE_MS
+        for key, entries in got:
+            host = host_of_key(self.cfg.name, key)
+            if host is None:
+                continue
+            for sid, fields in entries:
+                self._cursors[key] = sid
+                ms = sid.partition("-")[0]
+                parsed = parse_entry(fields, self.policies) if ms.isdigit() else ([], 1)
+                if parsed is None:
+                    continue
+                if ms.isdigit() and int(ms) > future:
+                    self.stats.future += 1
+                    continue
+                items, bad = parsed
+                self.stats.malformed += bad
+                if items:
+                    decided += self.tally.add(host, int(ms), items)
+        return decided
+
     async def _read_loop(self) -> None:
         name = self.cfg.name
         next_look = self.clock()
@@ -262,28 +287,14 @@ class FleetCounter:
                 self._cursors[k] = floor
         while True:
             if self.clock() >= next_look:
-                for k in await self.link.members(fail_pattern(name), MAX_MEMBERS):
-                    if k not in self._cursors and host_of_key(name, k) is not None:
+                for k in await self.link.members(fail_pattern(name), MAX_MEMBERS,
+                                                 lambda k: host_of_key(name, k) is not None):
+                    if k not in self._cursors:
                         self._cursors[k] = f"{max(0, self._server_now_ms() - self._window_ms)}-0"
                 self.stats.members = len(self._cursors)
                 next_look = self.clock() + self.discover
             block = max(1, int(min(1.0, max(0.0, next_look - self.clock())) * 1000))
-            got = await self.link.read(self._cursors, READ_COUNT, block)
-            decided: list[Decided] = []
-            for key, entries in got:
-                host = host_of_key(name, key)
-                if host is None:
-                    continue
-                for sid, fields in entries:
-                    self._cursors[key] = sid
-                    ms = sid.partition("-")[0]
-                    parsed = parse_entry(fields, self.policies) if ms.isdigit() else ([], 1)
-                    if parsed is None:
-                        continue
-                    items, bad = parsed
-                    self.stats.malformed += bad
-                    if items:
-                        decided += self.tally.add(host, int(ms), items)
+            decided = self._tally_read(await self.link.read(self._cursors, READ_COUNT, block))
             self._sync_tally()
             if decided:
                 now_s = self._server_now_ms() / 1000

@@ -11,7 +11,7 @@ This module decides nothing and reads no clock; errors surface as `link.LinkErro
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from redis import exceptions as rexc
@@ -31,7 +31,7 @@ class CountEngine(Protocol):
     async def connect(self) -> int: ...
     async def close(self) -> None: ...
     async def append(self, key: str, entries: Sequence[Sequence[str]], trim_minid: str | None) -> str: ...
-    async def members(self, pattern: str, limit: int) -> list[str]: ...
+    async def members(self, pattern: str, limit: int, valid: Callable[[str], bool]) -> list[str]: ...
     async def read(self, cursors: Mapping[str, str], count: int, block_ms: int) -> Read: ...
 
 
@@ -88,8 +88,9 @@ class CountLink:
                 raise _error(r)
         return _s(replies[len(entries) - 1]) if entries else ""
 
-    async def members(self, pattern: str, limit: int) -> list[str]:
-        """Stream keys matching `pattern` (at most `limit`). Raises LinkError."""
+    async def members(self, pattern: str, limit: int, valid: Callable[[str], bool]) -> list[str]:
+        """Stream keys matching `pattern` that `valid` takes (at most `limit`: keys it refuses do not count, so a
+        member's junk keys under its own prefix cannot crowd out the others'). Raises LinkError."""
         c = self.cmd
         if c is None:
             raise LinkError("not connected to the fleet server")
@@ -99,7 +100,7 @@ class CountLink:
             while True:
                 cursor, keys = await c.execute_command("SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_COUNT,
                                                        "TYPE", "stream")
-                out += [_s(k) for k in keys]
+                out += [s for s in map(_s, keys) if valid(s)]
                 if int(cursor) == 0 or len(out) >= limit:
                     return sorted(set(out))[:limit]
         except (rexc.RedisError, OSError) as exc:

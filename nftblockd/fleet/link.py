@@ -75,6 +75,9 @@ class LinkError(Exception):
         self.stream_full = stream_full
 
 
+# a stream id more than this ahead of the server's TIME is not the server's (a member may XADD an explicit id to its
+# own streams): the ban receiver refuses such entries (`future_id`) and the failure counter skips them
+FUTURE_MS = 60_000
 OPERATOR = "@operator"  # the owner label of the operator role's keys: no host id can be it (FLEET_HOST_RE)
 MAX_MEMBERS = 4096  # streams a host follows at most (a bound on what discovery takes from the server)
 

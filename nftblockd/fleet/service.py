@@ -83,7 +83,7 @@ from nftblockd.fleet.catchup import (
 )
 from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net
 from nftblockd.fleet.gate import Gate, TrustLimits
-from nftblockd.fleet.link import OPERATOR, Engine, Entry, LinkError, OwnHealth, SnapshotPart
+from nftblockd.fleet.link import FUTURE_MS, OPERATOR, Engine, Entry, LinkError, OwnHealth, SnapshotPart
 from nftblockd.fleet.rawread import good_ids, plain_bans
 from nftblockd.fleet.retry import retry_delay
 from nftblockd.state.store import OutboxItem, OutboxRow
@@ -116,8 +116,6 @@ CHECK_BUDGET = 8192
 def check_batch(members: int) -> int:
     return max(1, min(CHECK_BATCH, CHECK_BUDGET // max(1, members)))
 
-# a stream id more than this ahead of the server's TIME is not the server's: its entries are refused
-FUTURE_MS = 60_000
 
 
 class FleetSink(Protocol):

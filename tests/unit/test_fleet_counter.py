@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from nftblockd.fleet.counter import FleetCounter
@@ -63,10 +63,10 @@ class FakeServer:
         self.appends.append([list(e) for e in entries])
         return [self.xadd(key, e) for e in entries][-1]
 
-    async def members(self, pattern: str, limit: int) -> list[str]:
+    async def members(self, pattern: str, limit: int, valid: Callable[[str], bool]) -> list[str]:
         if not self.up:
             raise LinkError("gone")
-        return sorted(self.streams)
+        return sorted(k for k in self.streams if valid(k))[:limit]
 
     async def read(self, cursors: Mapping[str, str], count: int, block_ms: int) -> Read:
         def after(sid: str, cur: str) -> bool:
@@ -132,6 +132,26 @@ async def test_batches_fold_repeats_and_the_members_streams_decide() -> None:
         srv.xadd(fail_key("prod", "b"), ["v", "1", "j", "sshd", "f", "198.51.100.0/24,1.2.3.4"])
         await until(lambda: c.stats.malformed == 1, what="malformed")
         assert c.stats.accepted == 6 + 1 + 1  # a's six, b's crossing one and its good one
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_members_future_ids_and_junk_keys_are_not_counted() -> None:
+    # a member may XADD explicit ids to its own streams and create keys under its own prefix: an id far ahead of
+    # the server's clock would end a ban decades on, and junk keys must not crowd the others out of discovery
+    srv, clock = FakeServer(), Clock()
+    c, got = counter(srv, clock)
+    srv.streams["nftblock:{prod}:h:c:x1:fail"] = []  # not a host's failure stream
+    task = asyncio.ensure_future(c.run())
+    try:
+        await until(lambda: c.stats.connected and fail_key("prod", "a") in srv.streams, what="connected")
+        far = f"{srv.ms + 10 * 365 * 86400 * 1000}-0"
+        srv.streams.setdefault(fail_key("prod", "c"), []).append(
+            (far, {b"v": b"1", b"j": b"sshd", b"f": b"198.51.100.9*2"}))
+        srv.xadd(fail_key("prod", "b"), ["v", "1", "j", "sshd", "f", "198.51.100.9"])
+        await until(lambda: c.stats.future == 1 and c.stats.accepted >= 1, what="read")
+        assert got == [] and c.stats.members == 3  # a, b, c: not the junk key
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
