@@ -19,7 +19,15 @@ from redis.asyncio import Redis
 
 from nftblockd.config import FleetConfig
 from nftblockd.fleet.counting import FAIL_MAXLEN
-from nftblockd.fleet.link import BLOCK_MS, LinkError, RedisLink, _close_client, _connect_error, _error
+from nftblockd.fleet.link import (
+    BLOCK_MS,
+    LinkError,
+    RedisLink,
+    _close_client,
+    _connect_error,
+    _error,
+    honour_cancel,
+)
 
 SCAN_COUNT = 1000  # keys per SCAN step
 Read = list[tuple[str, list[tuple[str, Any]]]]  # [(stream key, [(entry id, fields), ...]), ...]
@@ -83,6 +91,7 @@ class CountLink:
             replies = await pipe.execute(raise_on_error=False)
         except (rexc.RedisError, OSError) as exc:
             raise _error(exc) from None
+        honour_cancel()
         for r in replies:
             if isinstance(r, Exception):
                 raise _error(r)
@@ -100,6 +109,7 @@ class CountLink:
             while True:
                 cursor, keys = await c.execute_command("SCAN", cursor, "MATCH", pattern, "COUNT", SCAN_COUNT,
                                                        "TYPE", "stream")
+                honour_cancel()
                 out += [s for s in map(_s, keys) if valid(s)]
                 if int(cursor) == 0 or len(out) >= limit:
                     return sorted(set(out))[:limit]
@@ -118,6 +128,7 @@ class CountLink:
                                             *cursors.values())
         except (rexc.RedisError, OSError) as exc:
             raise _error(exc) from None
+        honour_cancel()
         if not reply:
             return []
         pairs = reply.items() if isinstance(reply, dict) else reply  # RESP3 / RESP2

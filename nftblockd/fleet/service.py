@@ -83,7 +83,16 @@ from nftblockd.fleet.catchup import (
 )
 from nftblockd.fleet.codec import FleetEvent, PlainBans, Rejection, decode, parse_net
 from nftblockd.fleet.gate import Gate, TrustLimits
-from nftblockd.fleet.link import FUTURE_MS, OPERATOR, Engine, Entry, LinkError, OwnHealth, SnapshotPart
+from nftblockd.fleet.link import (
+    FUTURE_MS,
+    OPERATOR,
+    Engine,
+    Entry,
+    LinkError,
+    OwnHealth,
+    SnapshotPart,
+    honour_cancel,
+)
 from nftblockd.fleet.rawread import good_ids, plain_bans
 from nftblockd.fleet.retry import retry_delay
 from nftblockd.state.store import OutboxItem, OutboxRow
@@ -319,13 +328,6 @@ async def _first(fut: asyncio.Future[Any], event: asyncio.Event) -> None:
         waiter.cancel()
 
 
-def _honour_cancel(task: asyncio.Task[Any] | None) -> None:
-    """redis-py can swallow a CancelledError that lands while it waits for a reply (seen with XREAD BLOCK on
-    8.1, one stop in ~10): the request to stop is still counted on the task, so honour it after each call."""
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
 class FleetService:
     def __init__(self, cfg: FleetConfig, link: Engine, state: FleetState, sink: FleetSink, allow: Allowlist, *,
                  clock: Callable[[], float] = time.time, cursor_interval: float = 1.0,
@@ -438,7 +440,7 @@ class FleetService:
                 await self._load_oseq()
             try:
                 await self._publish_pending()
-                _honour_cancel(asyncio.current_task())
+                honour_cancel()
                 failing_since = None
             except Exception as exc:  # LinkError expected; anything else must not end fleet mode either
                 if not isinstance(exc, LinkError):
@@ -800,7 +802,6 @@ class FleetService:
         stream. The next read's request goes out before the apply starts (one turn of the loop). Once every
         MAINTAIN_INTERVAL a check of the server runs beside the loop (`_check`), and the loop acts on what it
         found between two applies (`_maintain`)."""
-        task = asyncio.current_task()
         reading: asyncio.Future[list[tuple[str, Sequence[Entry]]]] | None = asyncio.ensure_future(
             self.link.read(dict(self._cursors), self.read_count, self._block()))
         # The periodic cursor save runs beside the loop, one at a time: inline, its wait for the queued ban
@@ -812,7 +813,7 @@ class FleetService:
             while True:
                 assert reading is not None
                 got = await reading
-                _honour_cancel(task)
+                honour_cancel()
                 nxt = dict(self._cursors)
                 full = False
                 for owner, entries in got:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
 
+from nftblockd.config import FleetConfig
+from nftblockd.fleet.countlink import CountLink
 from nftblockd.fleet.link import LinkError, _xget
 
 FIELDS = [b"length", 2, b"last-generated-id", b"5-0", b"entries-added", 3, b"first-entry", [b"4-0", [b"k", b"v"]]]
@@ -48,3 +53,41 @@ def test_a_tls_host_without_a_certificate_dropped_at_connect_is_told_to_set_one(
     assert "signed by another CA" in str(_connect_error(unknown_ca, with_cert))
     plain = FleetConfig("prod", "web-01", url="redis://r:6379")
     assert not _connect_error(reset, plain).refused
+
+
+class _Swallowing:
+    """A client that loses a stop the way redis-py sometimes does while it waits for a reply: the CancelledError
+    is caught and an empty reply returned (the task's cancel request stays counted). `broken` ends a loop that
+    did not stop, so a failing test fails instead of hanging."""
+
+    broken = False
+
+    async def execute_command(self, *args: object) -> object:
+        if self.broken:
+            raise OSError("the test is over")
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.02)
+        return [] if args[0] != "SCAN" else (0, [])
+
+
+@pytest.mark.parametrize("call", ["read", "members"])
+async def test_a_loop_over_the_count_link_stops_though_the_client_swallowed_the_cancel(call: str) -> None:
+    link = CountLink(FleetConfig("prod", "web-01", url="redis://r:6379"))
+    client = _Swallowing()
+    link.cmd = link.reader = client  # type: ignore[assignment]
+
+    async def loop() -> None:  # as the counter's read loop goes round
+        while True:
+            if call == "read":
+                await link.read({"k": "0-0"}, 10, 1000)
+            else:
+                await link.members("k*", 10, lambda k: True)
+
+    task = asyncio.ensure_future(loop())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    client.broken = True
+    with contextlib.suppress(BaseException):
+        await task
+    assert done and task.cancelled()
