@@ -62,10 +62,12 @@ class CountLink:
             self.cmd, self.reader = RedisLink(self.cfg, block_ms=self.block_ms)._clients()
             await self.reader.ping()
             sec, usec = await self.cmd.execute_command("TIME")
-            return int(sec) * 1000 + int(usec) // 1000
+            server_ms = int(sec) * 1000 + int(usec) // 1000
         except (rexc.RedisError, OSError, ValueError) as exc:
             await self.close()
             raise _connect_error(exc, self.cfg) from None
+        honour_cancel()  # the counter connects again after an error: a lost stop would loop for ever
+        return server_ms
 
     async def close(self) -> None:
         clients = [c for c in (self.cmd, self.reader) if c is not None]

@@ -350,10 +350,12 @@ class RedisLink:
                 pool = self.cmd.connection_pool
                 host, port = await pool.get_master_address()  # type: ignore[attr-defined]
                 self.server = f"{host}:{port}"
-            return _info_field(info, "run_id")
+            run_id = _info_field(info, "run_id")
         except (rexc.RedisError, OSError) as exc:
             await self.close()
             raise _connect_error(exc, self.cfg) from None
+        honour_cancel()  # the receive loop connects again after an error: a lost stop would loop for ever
+        return run_id
 
     async def close(self) -> None:
         clients = [c for c in (self.cmd, self.reader) if c is not None]
